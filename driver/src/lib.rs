@@ -1,0 +1,4 @@
+//! vireo: the virt driver a compute agent loads.
+//!
+//! # Layout
+//! `ComputeDriver`, VIF plugging, network-service clients and the agent.

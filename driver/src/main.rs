@@ -1,0 +1,2 @@
+//! The `vireo` binary.
+fn main() {}

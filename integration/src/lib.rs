@@ -1,0 +1,1 @@
+//! Integration-tier helpers; the tests live in `integration/tests/`.
