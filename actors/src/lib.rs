@@ -2,5 +2,9 @@
 //!
 //! # Layout
 //! - [`vif`]: the VIF model, parsed strictly from Nova's `network_info`.
+//! - [`external`]: Nova-shaped external events and the sink that receives them.
+//! - [`wiring`]: what is wired on this host, as a stream.
 
+pub mod external;
 pub mod vif;
+pub mod wiring;
