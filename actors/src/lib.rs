@@ -3,8 +3,10 @@
 //! # Layout
 //! - [`vif`]: the VIF model, parsed strictly from Nova's `network_info`.
 //! - [`external`]: Nova-shaped external events and the sink that receives them.
+//! - [`lifecycle`]: the instance lifecycle state machine and which requests each state accepts.
 //! - [`wiring`]: what is wired on this host, as a stream.
 
 pub mod external;
+pub mod lifecycle;
 pub mod vif;
 pub mod wiring;

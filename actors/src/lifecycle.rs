@@ -1,0 +1,387 @@
+//! The instance lifecycle as a pure state machine.
+//!
+//! An [`InstanceState`] is what one host's instance actor knows about its instance: stable
+//! states (running, stopped, ...) and the transient states a multi-step operation passes
+//! through (building, migrating, ...). [`valid_transition`] is the whole rule book: the actor
+//! refuses to move along any other edge, and a test walks every from/to pair.
+//!
+//! [`Request`] is every operation a caller can ask of an instance; [`accepts`] says in which
+//! states each is legal. A request that is illegal in the current state is refused with a typed
+//! error before anything is touched.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+/// Where an instance is in its life on this host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum InstanceState {
+    /// Not (yet) on this host: the actor exists, the domain does not.
+    Absent,
+    /// Spawn in progress: defined, VIFs being plugged, waiting for events.
+    Building,
+    /// Domain running.
+    Running,
+    /// Domain paused (vCPUs stopped, memory kept).
+    Paused,
+    /// Domain saved to disk (managed save) or suspended.
+    Suspended,
+    /// Domain defined and shut off.
+    Stopped,
+    /// Source side of a live migration in progress.
+    Migrating,
+    /// Destination side of a live migration: devices pre-wired, domain arriving.
+    Incoming,
+    /// Source side of a resize or cold migration: powered off, kept until confirm or revert.
+    ResizeSource,
+    /// Destination side of a resize: finished here, waiting for confirm or revert.
+    ResizeTarget,
+    /// Something failed and could not be rolled back; only destroy, hard reboot or power
+    /// off/on are accepted.
+    Error,
+    /// Destroyed, departed to another host, or released for a reschedule. Terminal.
+    Gone,
+}
+
+impl InstanceState {
+    /// Every state.
+    pub const ALL: [InstanceState; 12] = [
+        InstanceState::Absent,
+        InstanceState::Building,
+        InstanceState::Running,
+        InstanceState::Paused,
+        InstanceState::Suspended,
+        InstanceState::Stopped,
+        InstanceState::Migrating,
+        InstanceState::Incoming,
+        InstanceState::ResizeSource,
+        InstanceState::ResizeTarget,
+        InstanceState::Error,
+        InstanceState::Gone,
+    ];
+
+    /// The kebab-case name used in the API and the domain metadata.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            InstanceState::Absent => "absent",
+            InstanceState::Building => "building",
+            InstanceState::Running => "running",
+            InstanceState::Paused => "paused",
+            InstanceState::Suspended => "suspended",
+            InstanceState::Stopped => "stopped",
+            InstanceState::Migrating => "migrating",
+            InstanceState::Incoming => "incoming",
+            InstanceState::ResizeSource => "resize-source",
+            InstanceState::ResizeTarget => "resize-target",
+            InstanceState::Error => "error",
+            InstanceState::Gone => "gone",
+        }
+    }
+
+    /// States in which a domain exists on this host.
+    pub fn has_domain(&self) -> bool {
+        !matches!(self, InstanceState::Absent | InstanceState::Gone)
+    }
+}
+
+impl fmt::Display for InstanceState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Whether the lifecycle may move from `from` to `to`.
+///
+/// Staying in the same state is valid for the stable states an operation can leave unchanged
+/// (a reboot keeps `Running`; a failed power-on keeps `Stopped`).
+pub fn valid_transition(from: InstanceState, to: InstanceState) -> bool {
+    use InstanceState::*;
+    match (from, to) {
+        // Terminal.
+        (Gone, _) => false,
+        // Anything that exists may be destroyed or fail.
+        (_, Gone) => true,
+        (Absent, Error) => false,
+        (_, Error) => true,
+        // Arrivals.
+        (Absent, Building | Incoming | ResizeTarget) => true,
+        (Building, Running | Paused | Stopped) => true,
+        (Incoming, Running | Paused) => true,
+        // Power and pause.
+        (Running, Running | Stopped | Paused | Suspended) => true,
+        (Paused, Paused | Running | Stopped | Suspended) => true,
+        (Suspended, Suspended | Running | Stopped) => true,
+        (Stopped, Stopped | Running) => true,
+        // Resize / cold migration, source side.
+        (Running | Stopped, ResizeSource) => true,
+        (ResizeSource, Running | Stopped) => true,
+        // Resize, destination side: confirm keeps the domain here.
+        (ResizeTarget, Running | Stopped) => true,
+        // Live migration, source side: rollback returns to the prior state.
+        (Running | Paused, Migrating) => true,
+        (Migrating, Running | Paused) => true,
+        // Recovery from error.
+        (Error, Running | Stopped) => true,
+        _ => false,
+    }
+}
+
+/// Every operation a caller can ask of one instance.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Request {
+    /// Build and start the instance here.
+    Spawn,
+    /// Destroy the domain, unplug, undefine. Idempotent.
+    Destroy,
+    /// Graceful shutdown with a timeout, then hard.
+    PowerOff,
+    /// Start a stopped instance.
+    PowerOn,
+    /// ACPI reboot.
+    RebootSoft,
+    /// Destroy and recreate the domain.
+    RebootHard,
+    /// Pause vCPUs.
+    Pause,
+    /// Resume vCPUs.
+    Unpause,
+    /// Save to disk.
+    Suspend,
+    /// Restore from disk.
+    Resume,
+    /// Source: power off and hand over to the destination (resize / cold migrate).
+    ResizeOut,
+    /// Destination: create the resized instance here.
+    FinishResize,
+    /// Source: the resize was confirmed, clean up here.
+    ConfirmResize,
+    /// Destination: the resize is reverted, remove the instance here.
+    RevertResizeTarget,
+    /// Source: the resize is reverted, bring the instance back here.
+    FinishRevertResize,
+    /// Source: live-migrate to another host.
+    LiveMigrate,
+    /// Destination: prepare devices before a live migration.
+    PreLiveMigration,
+    /// Destination: the migration succeeded; take over.
+    PostLiveMigrationAtDestination,
+    /// Destination: the migration failed; remove what was prepared.
+    RollbackLiveMigrationAtDestination,
+    /// Hot-plug an interface.
+    AttachInterface,
+    /// Hot-unplug an interface.
+    DetachInterface,
+    /// Release networking after a failed build so the build can be rescheduled.
+    CleanupForReschedule,
+}
+
+impl Request {
+    /// Every request.
+    pub const ALL: [Request; 22] = [
+        Request::Spawn,
+        Request::Destroy,
+        Request::PowerOff,
+        Request::PowerOn,
+        Request::RebootSoft,
+        Request::RebootHard,
+        Request::Pause,
+        Request::Unpause,
+        Request::Suspend,
+        Request::Resume,
+        Request::ResizeOut,
+        Request::FinishResize,
+        Request::ConfirmResize,
+        Request::RevertResizeTarget,
+        Request::FinishRevertResize,
+        Request::LiveMigrate,
+        Request::PreLiveMigration,
+        Request::PostLiveMigrationAtDestination,
+        Request::RollbackLiveMigrationAtDestination,
+        Request::AttachInterface,
+        Request::DetachInterface,
+        Request::CleanupForReschedule,
+    ];
+
+    /// The kebab-case name.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Request::Spawn => "spawn",
+            Request::Destroy => "destroy",
+            Request::PowerOff => "power-off",
+            Request::PowerOn => "power-on",
+            Request::RebootSoft => "reboot-soft",
+            Request::RebootHard => "reboot-hard",
+            Request::Pause => "pause",
+            Request::Unpause => "unpause",
+            Request::Suspend => "suspend",
+            Request::Resume => "resume",
+            Request::ResizeOut => "resize-out",
+            Request::FinishResize => "finish-resize",
+            Request::ConfirmResize => "confirm-resize",
+            Request::RevertResizeTarget => "revert-resize-target",
+            Request::FinishRevertResize => "finish-revert-resize",
+            Request::LiveMigrate => "live-migrate",
+            Request::PreLiveMigration => "pre-live-migration",
+            Request::PostLiveMigrationAtDestination => "post-live-migration-at-destination",
+            Request::RollbackLiveMigrationAtDestination => "rollback-live-migration-at-destination",
+            Request::AttachInterface => "attach-interface",
+            Request::DetachInterface => "detach-interface",
+            Request::CleanupForReschedule => "cleanup-for-reschedule",
+        }
+    }
+
+    /// The states a successful run of this request can end in, from `from`.
+    pub fn targets(&self, from: InstanceState) -> &'static [InstanceState] {
+        use InstanceState::*;
+        match self {
+            Request::Spawn => &[Running],
+            Request::Destroy | Request::CleanupForReschedule => &[Gone],
+            Request::PowerOff => &[Stopped],
+            Request::PowerOn | Request::RebootSoft | Request::RebootHard => &[Running],
+            Request::Pause => &[Paused],
+            Request::Unpause | Request::Resume => &[Running],
+            Request::Suspend => &[Suspended],
+            Request::ResizeOut => &[ResizeSource],
+            Request::FinishResize => &[ResizeTarget],
+            Request::ConfirmResize | Request::RevertResizeTarget => &[Gone],
+            Request::FinishRevertResize => &[Running, Stopped],
+            Request::LiveMigrate => &[Gone],
+            Request::PreLiveMigration => &[Incoming],
+            Request::PostLiveMigrationAtDestination => &[Running, Paused],
+            Request::RollbackLiveMigrationAtDestination => &[Gone],
+            Request::AttachInterface | Request::DetachInterface => match from {
+                Running => &[Running],
+                Paused => &[Paused],
+                _ => &[Stopped],
+            },
+        }
+    }
+}
+
+impl fmt::Display for Request {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Whether `request` may start while the instance is in `state`.
+pub fn accepts(state: InstanceState, request: Request) -> bool {
+    use InstanceState::*;
+    use Request::*;
+    match request {
+        Spawn | FinishResize | PreLiveMigration => state == Absent,
+        // Destroy is always accepted (idempotent), even when nothing is here.
+        Destroy => true,
+        CleanupForReschedule => matches!(state, Absent | Building | Error),
+        PowerOff => matches!(state, Running | Paused | Suspended | Error | Stopped),
+        PowerOn => matches!(state, Stopped | Error),
+        RebootSoft => state == Running,
+        RebootHard => matches!(state, Running | Paused | Stopped | Error),
+        Pause => state == Running,
+        Unpause => state == Paused,
+        Suspend => matches!(state, Running | Paused),
+        Resume => state == Suspended,
+        ResizeOut => matches!(state, Running | Stopped),
+        ConfirmResize | FinishRevertResize => state == ResizeSource,
+        RevertResizeTarget => state == ResizeTarget,
+        LiveMigrate => matches!(state, Running | Paused),
+        PostLiveMigrationAtDestination | RollbackLiveMigrationAtDestination => state == Incoming,
+        AttachInterface | DetachInterface => matches!(state, Running | Paused | Stopped),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::InstanceState::*;
+    use super::*;
+
+    /// The full table, written out independently of `valid_transition`'s match arms.
+    fn expected(from: InstanceState, to: InstanceState) -> bool {
+        let allowed: &[InstanceState] = match from {
+            Absent => &[Building, Incoming, ResizeTarget, Gone],
+            Building => &[Running, Paused, Stopped, Error, Gone],
+            Running => &[
+                Running,
+                Stopped,
+                Paused,
+                Suspended,
+                ResizeSource,
+                Migrating,
+                Error,
+                Gone,
+            ],
+            Paused => &[Paused, Running, Stopped, Suspended, Migrating, Error, Gone],
+            Suspended => &[Suspended, Running, Stopped, Error, Gone],
+            Stopped => &[Stopped, Running, ResizeSource, Error, Gone],
+            Migrating => &[Running, Paused, Error, Gone],
+            Incoming => &[Running, Paused, Error, Gone],
+            ResizeSource => &[Running, Stopped, Error, Gone],
+            ResizeTarget => &[Running, Stopped, Error, Gone],
+            Error => &[Running, Stopped, Error, Gone],
+            Gone => &[],
+        };
+        allowed.contains(&to)
+    }
+
+    #[test]
+    fn every_from_to_pair() {
+        for from in InstanceState::ALL {
+            for to in InstanceState::ALL {
+                assert_eq!(
+                    valid_transition(from, to),
+                    expected(from, to),
+                    "{from} -> {to}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn every_request_target_is_a_valid_transition_from_every_accepting_state() {
+        for state in InstanceState::ALL {
+            for req in Request::ALL {
+                if !accepts(state, req) || state == Gone {
+                    continue;
+                }
+                for &target in req.targets(state) {
+                    // A spawn passes through Building on its way.
+                    let ok = if (state, req) == (Absent, Request::Spawn) {
+                        valid_transition(Absent, Building) && valid_transition(Building, target)
+                    } else {
+                        valid_transition(state, target)
+                    };
+                    assert!(ok, "{req} from {state} to {target}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn illegal_requests_per_state() {
+        // Spot the rules an operator relies on.
+        assert!(!accepts(Stopped, Request::Pause));
+        assert!(!accepts(Building, Request::RebootHard));
+        assert!(!accepts(Migrating, Request::ResizeOut));
+        assert!(!accepts(ResizeTarget, Request::LiveMigrate));
+        assert!(!accepts(Running, Request::Spawn));
+        assert!(accepts(Gone, Request::Destroy), "destroy is idempotent");
+        // Nothing but destroy is accepted once gone.
+        for req in Request::ALL {
+            assert_eq!(accepts(Gone, req), req == Request::Destroy, "{req}");
+        }
+        // Transient states accept nothing but destroy (and their own completions).
+        for req in Request::ALL {
+            if accepts(Migrating, req) {
+                assert_eq!(req, Request::Destroy, "{req} in migrating");
+            }
+            if accepts(Building, req) {
+                assert!(
+                    matches!(req, Request::Destroy | Request::CleanupForReschedule),
+                    "{req}"
+                );
+            }
+        }
+    }
+}
