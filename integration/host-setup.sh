@@ -588,19 +588,19 @@ restore_after_agent() {
       while read -r rule; do
         [[ -n $rule ]] || continue
         eval "\"$ipt\" -t \"$t\" ${rule/#-A/-D}" 2>/dev/null || true
-      done < <("$ipt" -t "$t" -S | grep -E '^-A ' | grep -vE '^-A neutron-' | grep -E -- '-j neutron-' || true)
+      done < <("$ipt" -t "$t" -S 2>/dev/null | grep -E '^-A ' | grep -vE '^-A neutron-' | grep -E -- '-j neutron-' || true)
       while read -r chain; do
         "$ipt" -t "$t" -F "$chain" 2>/dev/null || true
-      done < <("$ipt" -t "$t" -S | awk '$1 == "-N" && $2 ~ /^neutron-/ { print $2 }')
+      done < <("$ipt" -t "$t" -S 2>/dev/null | awk '$1 == "-N" && $2 ~ /^neutron-/ { print $2 }')
       while read -r chain; do
         "$ipt" -t "$t" -X "$chain" 2>/dev/null || true
-      done < <("$ipt" -t "$t" -S | awk '$1 == "-N" && $2 ~ /^neutron-/ { print $2 }')
+      done < <("$ipt" -t "$t" -S 2>/dev/null | awk '$1 == "-N" && $2 ~ /^neutron-/ { print $2 }')
     done
   done
   if command -v ipset >/dev/null; then
-    ipset list -n 2>/dev/null | grep -E '^NIPv[46]' | while read -r chain; do
+    while read -r chain; do
       ipset destroy "$chain" 2>/dev/null || true
-    done
+    done < <(ipset list -n 2>/dev/null | grep -E '^NIPv[46]' || true)
   fi
   if ovs_answers >/dev/null 2>&1; then
     ovs-vsctl --if-exists del-br br-tun
