@@ -494,23 +494,24 @@ start_neutron_agent() {
   record start-neutron-ovs-agent "$s"
 }
 
-stop_neutron_agent() { stop_bg neutron-ovs-agent 30; }
+stop_neutron_agent() { stop_bg neutron-ovs-agent 5; }
 
-start_second_host() {
-  if alive second-host-reporter; then
-    return
-  fi
-  local s
-  s=$(now)
+launch_second_host() {
+  alive second-host-reporter && return
+  SECOND_HOST_START=$(now)
   start_bg second-host-reporter "$PY" "$SETUP_DIR/second_host_state_reporter.py" \
     --config-file "$ETC_DIR/neutron.conf" --host "$SECOND_HOST" \
     --firewall-driver "$FIREWALL" --bridge-mappings physnet1:br-phys --tunnel-types vxlan
   echo "$SECOND_HOST" >"$STATE_DIR/second_host"
+}
+
+wait_second_host() {
+  local s=${SECOND_HOST_START:-$(now)}
   wait_alive second-host-reporter 60 "the state of $SECOND_HOST" agent_alive "$SECOND_HOST" "$(hybrid_for "$FIREWALL")" || {
     tail -30 "$LOG_DIR/second-host-reporter.log" >&2
     die "the state reporter for $SECOND_HOST did not get through"
   }
-  record start-second-host-reporter "$s"
+  record second-host-reporter-reported "$s"
 }
 
 # Creates (once) the vxlan tenant network and its subnet the tests use; prints their ids.
@@ -566,8 +567,9 @@ start_neutron() {
   create_neutron_db
   timed start-rabbitmq start_rabbitmq
   start_neutron_server
+  launch_second_host
   start_neutron_agent
-  start_second_host
+  wait_second_host
   ensure_test_network
   local b
   b=$(probe_binding "$SECOND_HOST")
@@ -761,6 +763,7 @@ cmd_status() {
 cmd_neutron_firewall() {
   local want=$1 start
   hybrid_for "$want" >/dev/null
+  log "switching the firewall driver to $want"
   [[ -s $ENV_FILE ]] || die "Neutron is not set up here: run 'up --with-neutron' first"
   # shellcheck disable=SC1090
   . "$ENV_FILE"
@@ -771,13 +774,14 @@ cmd_neutron_firewall() {
   start=$(now)
   FIREWALL=$want
   write_neutron_config
-  stop_bg second-host-reporter 10
+  stop_bg second-host-reporter 10 &
   stop_neutron_agent
+  wait
   # The agent's iptables chains belong to the old driver: remove them before it starts again.
-  ovs-vsctl --if-exists del-br br-tun
   restore_after_agent
+  launch_second_host
   start_neutron_agent
-  start_second_host
+  wait_second_host
   local b
   b=$(probe_binding "$HOST")
   [[ $b == "ovs $(hybrid_for "$want")" ]] || die "a port bound after the switch shows: $b"
