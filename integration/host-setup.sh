@@ -214,13 +214,14 @@ debian_mirror() {
   echo http://deb.debian.org/debian
 }
 
-# Adds <codename>-backports (main) unless some apt source already provides it.
+# Adds <codename>-backports (main) unless some apt source already provides it; returns 0 when
+# it added the source.
 ensure_backports_source() {
   local suite f
   suite="$(os_codename)-backports"
   for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list /etc/apt/sources.list.d/*.sources; do
     [[ -f $f ]] || continue
-    if grep -qE "^[[:space:]]*(Suites:.*[[:space:]]$suite([[:space:]]|\$)|deb[[:space:]].*[[:space:]]$suite[[:space:]])" "$f"; then
+    if grep -qE "^[[:space:]]*(Suites:.*[[:space:]]$suite([[:space:]]|\$)|deb[[:space:]].*[[:space:]]${suite}[[:space:]])" "$f"; then
       return 1
     fi
   done
@@ -250,8 +251,8 @@ apt_install() { # apt_install [apt options] -- PKGS...
 }
 
 install_packages() {
-  local with_neutron=$1 need_update=0 added_policy=0
-  ensure_backports_source && need_update=1
+  local with_neutron=$1 added_policy=0
+  ensure_backports_source || true
   local bpo base neu
   mapfile -t bpo < <(missing_pkgs "${BPO_PKGS[@]}")
   mapfile -t base < <(missing_pkgs "${BASE_PKGS[@]}")
@@ -277,8 +278,7 @@ install_packages() {
   ((${#bpo[@]})) && apt_install -t "$suite" -- "${BPO_PKGS[@]}"
   ((${#base[@]})) && apt_install --no-install-recommends -- "${base[@]}"
   ((${#neu[@]})) && apt_install --no-install-recommends -- "${neu[@]}"
-  ((added_policy)) && rm -f /usr/sbin/policy-rc.d
-  : "$need_update"
+  if ((added_policy)); then rm -f /usr/sbin/policy-rc.d; fi
 }
 
 # ---------------------------------------------------------------------------------------------
@@ -328,7 +328,7 @@ start_ovs() {
 
 MYSQL_RUN=$RUN_DIR/mysqld
 
-mysql_cli() { mariadb --defaults-file="$ETC_DIR/mariadb.cnf" -uroot "$@"; }
+mysql_cli() { mariadb --defaults-file="$ETC_DIR/mariadb.cnf" -uroot; }
 mariadb_answers() { mariadb-admin --defaults-file="$ETC_DIR/mariadb.cnf" -uroot ping; }
 
 start_mariadb() {
