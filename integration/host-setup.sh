@@ -166,7 +166,20 @@ render() { # render TEMPLATE OUT
     -e "s|@FIREWALL_DRIVER@|$FIREWALL|g" \
     -e "s|@SEND_EVENTS_INTERVAL@|$SEND_EVENTS_INTERVAL|g" \
     "$SETUP_DIR/$1" >"$2.tmp"
-  mv "$2.tmp" "$2"
+  if cmp -s "$2.tmp" "$2"; then
+    rm -f "$2.tmp"
+  else
+    [[ -e $2 ]] && CHANGED+=("$(basename "$2")")
+    mv "$2.tmp" "$2"
+  fi
+}
+CHANGED=()
+changed() { # changed FILE...: was one of these configs rewritten with new content?
+  local f c
+  for f in "$@"; do
+    for c in "${CHANGED[@]}"; do [[ $c == "$f" ]] && return 0; done
+  done
+  return 1
 }
 
 api() { # api METHOD PATH [JSON]
@@ -335,7 +348,6 @@ start_mariadb() {
   mkdir -p "$MYSQL_RUN"
   chown mysql:mysql "$MYSQL_RUN"
   render mariadb.cnf.in "$ETC_DIR/mariadb.cnf"
-  sed -i "s|$RUN_DIR/mysqld\.|$MYSQL_RUN/mysqld.|g" "$ETC_DIR/mariadb.cnf"
   if alive mariadb && mariadb_answers >/dev/null 2>&1; then
     return
   fi
@@ -428,14 +440,16 @@ stop_rabbitmq() {
 
 neutron_answers() { api GET /v2.0/networks?limit=1; }
 
-agent_alive() { # agent_alive HOST [OVS_HYBRID_PLUG]
+# agent_alive HOST [OVS_HYBRID_PLUG [SINCE]]: an Open vSwitch agent on HOST is alive (with that
+# ovs_hybrid_plug, and started — first report with start_flag — at or after unix time SINCE).
+agent_alive() {
   local out
   out=$(api GET "/v2.0/agents?host=$1&agent_type=Open+vSwitch+agent") || return 1
-  if [[ $# -ge 2 ]]; then
-    jq -e --argjson h "$2" '.agents | length > 0 and all(.alive and .configurations.ovs_hybrid_plug == $h)' <<<"$out" >/dev/null
-  else
-    jq -e '.agents | length > 0 and all(.alive)' <<<"$out" >/dev/null
-  fi
+  jq -e --arg h "${2:-any}" --argjson since "${3:-0}" '.agents | length > 0 and all(
+      .alive
+      and ($h == "any" or (.configurations.ovs_hybrid_plug | tostring) == $h)
+      and ((.started_at | sub("\\.[0-9]+$"; "") | strptime("%Y-%m-%d %H:%M:%S") | mktime) >= $since))' \
+    <<<"$out" >/dev/null
 }
 
 write_neutron_config() {
@@ -447,6 +461,10 @@ write_neutron_config() {
 }
 
 start_neutron_server() {
+  if alive neutron-server && changed neutron.conf ml2_conf.ini; then
+    log "configuration changed: restarting neutron-server"
+    stop_bg neutron-server 30
+  fi
   if alive neutron-server && neutron_answers >/dev/null 2>&1; then
     return
   fi
@@ -480,6 +498,12 @@ start_neutron_agent() {
   if ! ovs-vsctl br-exists br-phys; then
     ovs-vsctl --may-exist add-br br-phys -- set Bridge br-phys datapath_type=netdev
   fi
+  if alive neutron-ovs-agent && changed neutron.conf openvswitch_agent.ini; then
+    log "configuration changed: restarting the Open vSwitch agent"
+    stop_neutron_agent
+    restore_after_agent
+    ovs-vsctl --may-exist add-br br-phys -- set Bridge br-phys datapath_type=netdev
+  fi
   if alive neutron-ovs-agent; then
     return
   fi
@@ -487,7 +511,8 @@ start_neutron_agent() {
   s=$(now)
   start_bg neutron-ovs-agent neutron-openvswitch-agent --config-file "$ETC_DIR/neutron.conf" \
     --config-file "$ETC_DIR/openvswitch_agent.ini" --log-file "$LOG_DIR/neutron-openvswitch-agent.log"
-  wait_alive neutron-ovs-agent 120 "the Open vSwitch agent on $HOST" agent_alive "$HOST" "$(hybrid_for "$FIREWALL")" || {
+  wait_alive neutron-ovs-agent 120 "the Open vSwitch agent on $HOST" \
+    agent_alive "$HOST" "$(hybrid_for "$FIREWALL")" "${s%.*}" || {
     tail -30 "$LOG_DIR/neutron-openvswitch-agent.log" >&2
     die "the Open vSwitch agent did not report alive"
   }
@@ -497,7 +522,11 @@ start_neutron_agent() {
 stop_neutron_agent() { stop_bg neutron-ovs-agent 5; }
 
 launch_second_host() {
+  if alive second-host-reporter && [[ $(cat "$STATE_DIR/second_host.args" 2>/dev/null) != "$SECOND_HOST $FIREWALL" ]] || changed neutron.conf; then
+    stop_bg second-host-reporter 10
+  fi
   alive second-host-reporter && return
+  echo "$SECOND_HOST $FIREWALL" >"$STATE_DIR/second_host.args"
   SECOND_HOST_START=$(now)
   start_bg second-host-reporter "$PY" "$SETUP_DIR/second_host_state_reporter.py" \
     --config-file "$ETC_DIR/neutron.conf" --host "$SECOND_HOST" \
@@ -506,12 +535,13 @@ launch_second_host() {
 }
 
 wait_second_host() {
-  local s=${SECOND_HOST_START:-$(now)}
-  wait_alive second-host-reporter 60 "the state of $SECOND_HOST" agent_alive "$SECOND_HOST" "$(hybrid_for "$FIREWALL")" || {
+  local s=${SECOND_HOST_START:-0}
+  wait_alive second-host-reporter 60 "the state of $SECOND_HOST" \
+    agent_alive "$SECOND_HOST" "$(hybrid_for "$FIREWALL")" "${s%.*}" || {
     tail -30 "$LOG_DIR/second-host-reporter.log" >&2
     die "the state reporter for $SECOND_HOST did not get through"
   }
-  record second-host-reporter-reported "$s"
+  [[ $s == 0 ]] || record second-host-reporter-reported "$s"
 }
 
 # Creates (once) the vxlan tenant network and its subnet the tests use; prints their ids.
@@ -638,7 +668,7 @@ stop_neutron() {
   stop_rabbitmq
   stop_mariadb
   rm -rf "$STATE_DIR/mysql" "$STATE_DIR/rabbitmq" "$STATE_DIR/neutron" "$ENV_FILE" \
-    "$STATE_DIR/firewall" "$STATE_DIR/second_host"
+    "$STATE_DIR/firewall" "$STATE_DIR/second_host" "$STATE_DIR/second_host.args"
 }
 
 # ---------------------------------------------------------------------------------------------
