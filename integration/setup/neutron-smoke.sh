@@ -54,7 +54,7 @@ trap cleanup EXIT
 wait_event() { # wait_event NAME TAG SECONDS
   local i
   for ((i = 0; i < $3 * 10; i++)); do
-    jq -e --arg n "$1" --arg t "$2" 'select(.name == $n and .tag == $t)' "$WORK/events" >/dev/null 2>&1 && return 0
+    jq -n -e --arg n "$1" --arg t "$2" 'any(inputs; .name == $n and .tag == $t)' "$WORK/events" >/dev/null 2>&1 && return 0
     sleep 0.1
   done
   return 1
