@@ -664,9 +664,12 @@ stop_neutron() {
   stop_bg second-host-reporter 10
   stop_neutron_agent
   stop_bg neutron-server 30
-  restore_after_agent
+  # Only a host where this script configured the agent gets the agent's changes undone.
+  [[ -e $ETC_DIR/openvswitch_agent.ini ]] && restore_after_agent
   stop_rabbitmq
   stop_mariadb
+  rm -f "$ETC_DIR/neutron.conf" "$ETC_DIR/ml2_conf.ini" "$ETC_DIR/openvswitch_agent.ini" \
+    "$ETC_DIR/mariadb.cnf"
   rm -rf "$STATE_DIR/mysql" "$STATE_DIR/rabbitmq" "$STATE_DIR/neutron" "$ENV_FILE" \
     "$STATE_DIR/firewall" "$STATE_DIR/second_host" "$STATE_DIR/second_host.args"
 }
