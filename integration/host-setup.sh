@@ -1,0 +1,884 @@
+#!/usr/bin/env bash
+# integration/host-setup.sh — install and run what vireo's integration tier needs on one host.
+#
+#   host-setup.sh up     [--with-neutron] [--firewall iptables_hybrid|openvswitch]
+#                        [--nova-port PORT] [--second-host NAME]
+#   host-setup.sh down   [--neutron-only]
+#   host-setup.sh status [--with-neutron]
+#   host-setup.sh neutron-firewall iptables_hybrid|openvswitch
+#   host-setup.sh env    (prints the VIREO_* variables of a running Neutron set-up)
+#
+# Runs as root on Debian 12 (bookworm) without systemd as PID 1. Idempotent: `up` on a host where
+# everything already runs only checks it. See integration/README.md.
+set -euo pipefail
+
+SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+SETUP_DIR=$SCRIPT_DIR/setup
+
+STATE_DIR=${VIREO_STATE_DIR:-/var/lib/vireo-integration}
+RUN_DIR=$STATE_DIR/run
+LOG_DIR=$STATE_DIR/log
+ETC_DIR=$STATE_DIR/etc
+MARK_DIR=$STATE_DIR/started
+ENV_FILE=$STATE_DIR/neutron.env
+
+HOST=${VIREO_NEUTRON_HOST:-$(hostname)}
+SECOND_HOST=${VIREO_SECOND_HOST:-h2}
+NOVA_PORT=${VIREO_NOVA_PORT:-8774}
+NEUTRON_PORT=${VIREO_NEUTRON_PORT:-9696}
+FIREWALL=${VIREO_FIREWALL:-iptables_hybrid}
+SEND_EVENTS_INTERVAL=${VIREO_SEND_EVENTS_INTERVAL:-2}
+RABBIT_PORT=5672
+DB_PORT=3306
+DB_PASSWORD=vireo-neutron
+NET_NAME=vireo-net
+SUBNET_NAME=vireo-subnet
+SUBNET_CIDR=${VIREO_SUBNET_CIDR:-192.0.2.0/24}
+NEUTRON_URL=http://127.0.0.1:$NEUTRON_PORT
+PY=/usr/bin/python3 # Debian's python: the one the neutron packages install into
+
+BPO_PKGS=(qemu-system-x86 libvirt-daemon-system libvirt-dev libvirt-clients)
+BASE_PKGS=(pkg-config libxml2-utils openvswitch-switch iproute2 cpio busybox-static
+  linux-image-amd64 kmod xz-utils zstd jq curl procps iptables)
+NEUTRON_PKGS=(neutron-server neutron-openvswitch-agent rabbitmq-server mariadb-server
+  python3-pymysql sudo ipset conntrack)
+
+export DEBIAN_FRONTEND=noninteractive
+
+# ---------------------------------------------------------------------------------------------
+# helpers
+
+log() { printf '[host-setup %s] %s\n' "$(date +%T)" "$*" >&2; }
+die() {
+  log "ERROR: $*"
+  exit 1
+}
+now() { date +%s.%N; }
+elapsed() { awk -v s="$1" -v e="$(now)" 'BEGIN { printf "%.1f", e - s }'; }
+
+TIMINGS=()
+# timed LABEL CMD...: runs CMD and records how long it took.
+timed() {
+  local label=$1 start
+  shift
+  start=$(now)
+  "$@"
+  local d
+  d=$(elapsed "$start")
+  TIMINGS+=("$label=${d}s")
+  log "$label took ${d}s"
+}
+# record LABEL START: records the time since START.
+record() {
+  local d
+  d=$(elapsed "$2")
+  TIMINGS+=("$1=${d}s")
+  log "$1 took ${d}s"
+}
+print_timings() {
+  local t
+  for t in "${TIMINGS[@]}"; do echo "TIMING $t"; done
+}
+
+# wait_for SECONDS DESCRIPTION CMD...: polls CMD every 0.5 s until it succeeds.
+wait_for() {
+  local timeout=$1 what=$2 start
+  shift 2
+  start=$(now)
+  while ! "$@" >/dev/null 2>&1; do
+    if awk -v s="$start" -v e="$(now)" -v t="$timeout" 'BEGIN { exit !(e - s > t) }'; then
+      log "timed out after ${timeout}s waiting for $what"
+      return 1
+    fi
+    sleep 0.5
+  done
+}
+
+# wait_alive NAME SECONDS DESCRIPTION CMD...: like wait_for, but gives up at once when the
+# process started as NAME has exited.
+wait_alive() {
+  local name=$1 timeout=$2 what=$3 start
+  shift 3
+  start=$(now)
+  while ! "$@" >/dev/null 2>&1; do
+    if ! alive "$name"; then
+      log "$name exited while waiting for $what"
+      return 1
+    fi
+    if awk -v s="$start" -v e="$(now)" -v t="$timeout" 'BEGIN { exit !(e - s > t) }'; then
+      log "timed out after ${timeout}s waiting for $what"
+      return 1
+    fi
+    sleep 0.5
+  done
+}
+
+pkg_installed() { [[ $(dpkg-query -W -f='${db:Status-Status}' "$1" 2>/dev/null) == installed ]]; }
+missing_pkgs() {
+  local p
+  for p in "$@"; do pkg_installed "$p" || echo "$p"; done
+}
+
+pid_of() { [[ -s $RUN_DIR/$1.pid ]] && cat "$RUN_DIR/$1.pid"; }
+alive() {
+  local pid
+  pid=$(pid_of "$1") || return 1
+  [[ -n $pid ]] && kill -0 "$pid" 2>/dev/null
+}
+
+# start_bg NAME CMD...: starts CMD in its own session (process group = its pid), logs to
+# $LOG_DIR/NAME.log, records its pid in $RUN_DIR/NAME.pid.
+start_bg() {
+  local name=$1
+  shift
+  setsid "$@" >>"$LOG_DIR/$name.log" 2>&1 </dev/null &
+  echo $! >"$RUN_DIR/$name.pid"
+}
+
+# stop_bg NAME [TIMEOUT]: TERM to the process group started by start_bg, KILL after TIMEOUT.
+stop_bg() {
+  local name=$1 timeout=${2:-20} pid i
+  pid=$(pid_of "$name") || return 0
+  if [[ -n $pid ]] && kill -0 "$pid" 2>/dev/null; then
+    log "stopping $name (pid $pid)"
+    kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
+    for ((i = 0; i < timeout * 2; i++)); do
+      kill -0 "$pid" 2>/dev/null || break
+      sleep 0.5
+    done
+    kill -KILL -- "-$pid" 2>/dev/null || true
+  fi
+  # Children that outlived their leader keep the process group id.
+  kill -KILL -- "-$pid" 2>/dev/null || true
+  rm -f "$RUN_DIR/$name.pid"
+}
+
+render() { # render TEMPLATE OUT
+  sed -e "s|@HOST@|$HOST|g" \
+    -e "s|@NEUTRON_PORT@|$NEUTRON_PORT|g" \
+    -e "s|@NOVA_PORT@|$NOVA_PORT|g" \
+    -e "s|@RABBIT_PORT@|$RABBIT_PORT|g" \
+    -e "s|@DB_PORT@|$DB_PORT|g" \
+    -e "s|@DB_PASSWORD@|$DB_PASSWORD|g" \
+    -e "s|@STATE_DIR@|$STATE_DIR|g" \
+    -e "s|@RUN_DIR@|$RUN_DIR|g" \
+    -e "s|@LOG_DIR@|$LOG_DIR|g" \
+    -e "s|@FIREWALL_DRIVER@|$FIREWALL|g" \
+    -e "s|@SEND_EVENTS_INTERVAL@|$SEND_EVENTS_INTERVAL|g" \
+    "$SETUP_DIR/$1" >"$2.tmp"
+  if cmp -s "$2.tmp" "$2"; then
+    rm -f "$2.tmp"
+  else
+    [[ -e $2 ]] && CHANGED+=("$(basename "$2")")
+    mv "$2.tmp" "$2"
+  fi
+}
+CHANGED=()
+changed() { # changed FILE...: was one of these configs rewritten with new content?
+  local f c
+  for f in "$@"; do
+    for c in "${CHANGED[@]}"; do [[ $c == "$f" ]] && return 0; done
+  done
+  return 1
+}
+
+api() { # api METHOD PATH [JSON]
+  local args=(-sS -f --max-time 30 -X "$1" -H 'Content-Type: application/json'
+    -H 'X-Project-Id: vireo' -H 'X-Roles: admin')
+  [[ $# -ge 3 ]] && args+=(-d "$3")
+  curl "${args[@]}" "$NEUTRON_URL$2"
+}
+
+mark() { touch "$MARK_DIR/$1"; }
+marked() { [[ -e $MARK_DIR/$1 ]]; }
+
+# ---------------------------------------------------------------------------------------------
+# packages
+
+os_codename() { . /etc/os-release && echo "${VERSION_CODENAME:-bookworm}"; }
+
+# The mirror the machine already uses for the main suite (deb822 or one-line format).
+debian_mirror() {
+  local f m
+  for f in /etc/apt/sources.list.d/*.sources; do
+    [[ -e $f ]] || continue
+    m=$(awk -v suite="$(os_codename)" 'BEGIN { RS = ""; FS = "\n" }
+      {
+        uris = ""; ok = 0
+        for (i = 1; i <= NF; i++) {
+          if ($i ~ /^[ \t]*#/) continue
+          if ($i ~ /^URIs:/) { split($i, a, /[ \t]+/); uris = a[2] }
+          if ($i ~ /^Suites:/) { n = split($i, s, /[ \t]+/); for (j = 2; j <= n; j++) if (s[j] == suite) ok = 1 }
+        }
+        if (ok && uris != "") { print uris; exit }
+      }' "$f")
+    [[ -n $m ]] && {
+      echo "$m"
+      return
+    }
+  done
+  if [[ -f /etc/apt/sources.list ]]; then
+    m=$(awk -v suite="$(os_codename)" '$1 == "deb" && $3 == suite { print $2; exit }' /etc/apt/sources.list)
+    [[ -n $m ]] && {
+      echo "$m"
+      return
+    }
+  fi
+  echo http://deb.debian.org/debian
+}
+
+# Adds <codename>-backports (main) unless some apt source already provides it; returns 0 when
+# it added the source.
+ensure_backports_source() {
+  local suite f
+  suite="$(os_codename)-backports"
+  for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list /etc/apt/sources.list.d/*.sources; do
+    [[ -f $f ]] || continue
+    if grep -qE "^[[:space:]]*(Suites:.*[[:space:]]$suite([[:space:]]|\$)|deb[[:space:]].*[[:space:]]${suite}[[:space:]])" "$f"; then
+      return 1
+    fi
+  done
+  local mirror
+  mirror=$(debian_mirror)
+  log "adding apt source $suite on $mirror"
+  cat >/etc/apt/sources.list.d/vireo-backports.sources <<EOF
+# Added by vireo integration/host-setup.sh: qemu-system-x86 and libvirt from $suite.
+Types: deb
+URIs: $mirror
+Suites: $suite
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+EOF
+  return 0
+}
+
+apt_install() { # apt_install [apt options] -- PKGS...
+  local opts=()
+  while [[ $1 != -- ]]; do
+    opts+=("$1")
+    shift
+  done
+  shift
+  apt-get -y -q -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold \
+    install "${opts[@]}" "$@"
+}
+
+install_packages() {
+  local with_neutron=$1 added_policy=0
+  ensure_backports_source || true
+  local bpo base neu
+  mapfile -t bpo < <(missing_pkgs "${BPO_PKGS[@]}")
+  mapfile -t base < <(missing_pkgs "${BASE_PKGS[@]}")
+  neu=()
+  [[ $with_neutron == 1 ]] && mapfile -t neu < <(missing_pkgs "${NEUTRON_PKGS[@]}")
+  if ((${#bpo[@]} + ${#base[@]} + ${#neu[@]} == 0)); then
+    log "all packages present"
+    return
+  fi
+  log "installing: ${bpo[*]} ${base[*]} ${neu[*]}"
+  # Package scripts must not try to start services (there is no init system to ask).
+  if [[ ! -e /usr/sbin/policy-rc.d ]]; then
+    printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d
+    chmod 755 /usr/sbin/policy-rc.d
+    added_policy=1
+  fi
+  apt-get -q update >"$LOG_DIR/apt-update.log" 2>&1 || {
+    cat "$LOG_DIR/apt-update.log" >&2
+    die "apt-get update failed"
+  }
+  local suite
+  suite="$(os_codename)-backports"
+  ((${#bpo[@]})) && apt_install -t "$suite" -- "${BPO_PKGS[@]}"
+  ((${#base[@]})) && apt_install --no-install-recommends -- "${base[@]}"
+  ((${#neu[@]})) && apt_install --no-install-recommends -- "${neu[@]}"
+  if ((added_policy)); then rm -f /usr/sbin/policy-rc.d; fi
+}
+
+# ---------------------------------------------------------------------------------------------
+# libvirt and Open vSwitch
+
+libvirt_answers() { virsh -c qemu:///system version; }
+
+start_libvirt() {
+  if ! pgrep -x virtlogd >/dev/null; then
+    timed start-virtlogd virtlogd -d
+    mark virtlogd
+  fi
+  if ! pgrep -x libvirtd >/dev/null; then
+    local s
+    s=$(now)
+    libvirtd -d
+    mark libvirtd
+    wait_for 60 "libvirtd to answer" libvirt_answers || die "libvirtd does not answer"
+    record start-libvirtd "$s"
+  else
+    wait_for 30 "libvirtd to answer" libvirt_answers || die "libvirtd runs but does not answer"
+  fi
+}
+
+ovs_answers() { ovs-vsctl --timeout=3 show; }
+
+start_ovs() {
+  if ! ovs_answers >/dev/null 2>&1; then
+    local s
+    s=$(now)
+    /usr/share/openvswitch/scripts/ovs-ctl start >"$LOG_DIR/ovs-ctl.log" 2>&1 || {
+      cat "$LOG_DIR/ovs-ctl.log" >&2
+      die "ovs-ctl start failed"
+    }
+    mark ovs
+    wait_for 30 "ovsdb" ovs_answers || die "Open vSwitch does not answer"
+    record start-ovs "$s"
+  fi
+  if ! ovs-vsctl br-exists br-int; then
+    ovs-vsctl --may-exist add-br br-int -- set Bridge br-int datapath_type=netdev
+    mark br-int
+  fi
+}
+
+# ---------------------------------------------------------------------------------------------
+# Neutron: MariaDB, RabbitMQ, neutron-server, neutron-openvswitch-agent, second-host reporter
+
+MYSQL_RUN=$RUN_DIR/mysqld
+
+mysql_cli() { mariadb --defaults-file="$ETC_DIR/mariadb.cnf" -uroot; }
+mariadb_answers() { mariadb-admin --defaults-file="$ETC_DIR/mariadb.cnf" -uroot ping; }
+
+start_mariadb() {
+  mkdir -p "$MYSQL_RUN"
+  chown mysql:mysql "$MYSQL_RUN"
+  render mariadb.cnf.in "$ETC_DIR/mariadb.cnf"
+  if alive mariadb && mariadb_answers >/dev/null 2>&1; then
+    return
+  fi
+  if [[ ! -d $STATE_DIR/mysql/mysql ]]; then
+    mkdir -p "$STATE_DIR/mysql"
+    chown mysql:mysql "$STATE_DIR/mysql"
+    mariadb-install-db --defaults-file="$ETC_DIR/mariadb.cnf" --user=mysql \
+      --auth-root-authentication-method=socket --skip-test-db \
+      >"$LOG_DIR/mariadb-install-db.log" 2>&1 || {
+      cat "$LOG_DIR/mariadb-install-db.log" >&2
+      die "mariadb-install-db failed"
+    }
+  fi
+  touch "$LOG_DIR/mariadb.log"
+  chown mysql:mysql "$LOG_DIR/mariadb.log"
+  start_bg mariadb mysqld_safe --defaults-file="$ETC_DIR/mariadb.cnf"
+  wait_alive mariadb 60 "MariaDB" mariadb_answers || {
+    tail -20 "$LOG_DIR/mariadb.log" >&2
+    die "MariaDB did not start"
+  }
+}
+
+create_neutron_db() {
+  mysql_cli <<EOF
+CREATE DATABASE IF NOT EXISTS neutron CHARACTER SET utf8mb4;
+CREATE USER IF NOT EXISTS 'neutron'@'127.0.0.1' IDENTIFIED BY '$DB_PASSWORD';
+GRANT ALL PRIVILEGES ON neutron.* TO 'neutron'@'127.0.0.1';
+FLUSH PRIVILEGES;
+EOF
+}
+
+stop_mariadb() {
+  if [[ -f $ETC_DIR/mariadb.cnf ]] && mariadb_answers >/dev/null 2>&1; then
+    log "stopping MariaDB"
+    mariadb-admin --defaults-file="$ETC_DIR/mariadb.cnf" -uroot shutdown || true
+  fi
+  stop_bg mariadb 30
+}
+
+# RabbitMQ: every Erlang command (server, rabbitmqctl, epmd) sees these variables, so epmd and
+# the distribution port bind to loopback only.
+rabbit_env() {
+  export ERL_EPMD_ADDRESS=127.0.0.1
+  export RABBITMQ_NODENAME=rabbit@localhost
+  export RABBITMQ_NODE_IP_ADDRESS=127.0.0.1
+  export RABBITMQ_NODE_PORT=$RABBIT_PORT
+  export RABBITMQ_DIST_PORT=25672
+  export RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS="-kernel inet_dist_use_interface {127,0,0,1}"
+  export RABBITMQ_CTL_ERL_ARGS="-kernel inet_dist_use_interface {127,0,0,1}"
+  export RABBITMQ_MNESIA_BASE=$STATE_DIR/rabbitmq/mnesia
+  export RABBITMQ_LOG_BASE=$LOG_DIR/rabbitmq
+  export RABBITMQ_PID_FILE=$STATE_DIR/rabbitmq/rabbit.pid
+  export RABBITMQ_ENABLED_PLUGINS_FILE=$STATE_DIR/rabbitmq/enabled_plugins
+  export HOME=/var/lib/rabbitmq
+}
+rabbitmqctl_() { (rabbit_env && runuser -u rabbitmq -- env HOME=/var/lib/rabbitmq rabbitmqctl -q "$@"); }
+rabbit_answers() { rabbitmqctl_ status; }
+
+start_rabbitmq() {
+  if alive rabbitmq && rabbit_answers >/dev/null 2>&1; then
+    return
+  fi
+  mkdir -p "$STATE_DIR/rabbitmq/mnesia" "$LOG_DIR/rabbitmq"
+  [[ -e $STATE_DIR/rabbitmq/enabled_plugins ]] || echo '[].' >"$STATE_DIR/rabbitmq/enabled_plugins"
+  chown -R rabbitmq:rabbitmq "$STATE_DIR/rabbitmq" "$LOG_DIR/rabbitmq"
+  (
+    rabbit_env
+    start_bg rabbitmq runuser -u rabbitmq -- env HOME=/var/lib/rabbitmq /usr/lib/rabbitmq/bin/rabbitmq-server
+  )
+  wait_alive rabbitmq 90 "RabbitMQ" rabbitmqctl_ await_startup --timeout 5 || {
+    tail -30 "$LOG_DIR/rabbitmq.log" >&2
+    die "RabbitMQ did not start"
+  }
+}
+
+stop_rabbitmq() {
+  if alive rabbitmq; then
+    log "stopping RabbitMQ"
+    rabbitmqctl_ stop >/dev/null 2>&1 || true
+  fi
+  stop_bg rabbitmq 30
+  # epmd was started by our RabbitMQ (it daemonizes out of the process group): stop it unless
+  # some other Erlang node still uses it.
+  if (rabbit_env && epmd -names 2>/dev/null | grep -q '^name '); then
+    log "epmd still serves other Erlang nodes: left running"
+  else
+    (rabbit_env && epmd -kill >/dev/null 2>&1) || true
+  fi
+}
+
+neutron_answers() { api GET /v2.0/networks?limit=1; }
+
+# agent_alive HOST [OVS_HYBRID_PLUG [SINCE]]: an Open vSwitch agent on HOST is alive (with that
+# ovs_hybrid_plug, and started — first report with start_flag — at or after unix time SINCE).
+agent_alive() {
+  local out
+  out=$(api GET "/v2.0/agents?host=$1&agent_type=Open+vSwitch+agent") || return 1
+  jq -e --arg h "${2:-any}" --argjson since "${3:-0}" '.agents | length > 0 and all(
+      .alive
+      and ($h == "any" or (.configurations.ovs_hybrid_plug | tostring) == $h)
+      and ((.started_at | sub("\\.[0-9]+$"; "") | strptime("%Y-%m-%d %H:%M:%S") | mktime) >= $since))' \
+    <<<"$out" >/dev/null
+}
+
+write_neutron_config() {
+  mkdir -p "$STATE_DIR/neutron/lock"
+  render neutron.conf.in "$ETC_DIR/neutron.conf"
+  render ml2_conf.ini.in "$ETC_DIR/ml2_conf.ini"
+  render openvswitch_agent.ini.in "$ETC_DIR/openvswitch_agent.ini"
+  echo "$FIREWALL" >"$STATE_DIR/firewall"
+}
+
+start_neutron_server() {
+  if alive neutron-server && changed neutron.conf ml2_conf.ini; then
+    log "configuration changed: restarting neutron-server"
+    stop_bg neutron-server 30
+  fi
+  if alive neutron-server && neutron_answers >/dev/null 2>&1; then
+    return
+  fi
+  local s
+  s=$(now)
+  neutron-db-manage --config-file "$ETC_DIR/neutron.conf" --config-file "$ETC_DIR/ml2_conf.ini" \
+    upgrade heads >"$LOG_DIR/neutron-db-manage.log" 2>&1 || {
+    tail -30 "$LOG_DIR/neutron-db-manage.log" >&2
+    die "neutron-db-manage upgrade heads failed"
+  }
+  record neutron-db-manage "$s"
+  s=$(now)
+  start_bg neutron-server neutron-server --config-file "$ETC_DIR/neutron.conf" \
+    --config-file "$ETC_DIR/ml2_conf.ini" --log-file "$LOG_DIR/neutron-server.log"
+  wait_alive neutron-server 90 "neutron-server API" neutron_answers || {
+    tail -30 "$LOG_DIR/neutron-server.log" >&2
+    die "neutron-server did not answer"
+  }
+  record start-neutron-server "$s"
+}
+
+hybrid_for() { # firewall driver -> ovs_hybrid_plug
+  case $1 in
+  iptables_hybrid) echo true ;;
+  openvswitch | noop) echo false ;;
+  *) die "unknown firewall driver $1" ;;
+  esac
+}
+
+start_neutron_agent() {
+  if ! ovs-vsctl br-exists br-phys; then
+    ovs-vsctl --may-exist add-br br-phys -- set Bridge br-phys datapath_type=netdev
+  fi
+  if alive neutron-ovs-agent && changed neutron.conf openvswitch_agent.ini; then
+    log "configuration changed: restarting the Open vSwitch agent"
+    stop_neutron_agent
+    restore_after_agent
+    ovs-vsctl --may-exist add-br br-phys -- set Bridge br-phys datapath_type=netdev
+  fi
+  if alive neutron-ovs-agent; then
+    return
+  fi
+  local s
+  s=$(now)
+  start_bg neutron-ovs-agent neutron-openvswitch-agent --config-file "$ETC_DIR/neutron.conf" \
+    --config-file "$ETC_DIR/openvswitch_agent.ini" --log-file "$LOG_DIR/neutron-openvswitch-agent.log"
+  wait_alive neutron-ovs-agent 120 "the Open vSwitch agent on $HOST" \
+    agent_alive "$HOST" "$(hybrid_for "$FIREWALL")" "${s%.*}" || {
+    tail -30 "$LOG_DIR/neutron-openvswitch-agent.log" >&2
+    die "the Open vSwitch agent did not report alive"
+  }
+  record start-neutron-ovs-agent "$s"
+}
+
+stop_neutron_agent() { stop_bg neutron-ovs-agent 5; }
+
+launch_second_host() {
+  if alive second-host-reporter && [[ $(cat "$STATE_DIR/second_host.args" 2>/dev/null) != "$SECOND_HOST $FIREWALL" ]] || changed neutron.conf; then
+    stop_bg second-host-reporter 10
+  fi
+  alive second-host-reporter && return
+  echo "$SECOND_HOST $FIREWALL" >"$STATE_DIR/second_host.args"
+  SECOND_HOST_START=$(now)
+  start_bg second-host-reporter "$PY" "$SETUP_DIR/second_host_state_reporter.py" \
+    --config-file "$ETC_DIR/neutron.conf" --host "$SECOND_HOST" \
+    --firewall-driver "$FIREWALL" --bridge-mappings physnet1:br-phys --tunnel-types vxlan
+  echo "$SECOND_HOST" >"$STATE_DIR/second_host"
+}
+
+wait_second_host() {
+  local s=${SECOND_HOST_START:-0}
+  wait_alive second-host-reporter 60 "the state of $SECOND_HOST" \
+    agent_alive "$SECOND_HOST" "$(hybrid_for "$FIREWALL")" "${s%.*}" || {
+    tail -30 "$LOG_DIR/second-host-reporter.log" >&2
+    die "the state reporter for $SECOND_HOST did not get through"
+  }
+  [[ $s == 0 ]] || record second-host-reporter-reported "$s"
+}
+
+# Creates (once) the vxlan tenant network and its subnet the tests use; prints their ids.
+ensure_test_network() {
+  local net sub
+  net=$(api GET "/v2.0/networks?name=$NET_NAME" | jq -r '.networks[0].id // empty')
+  if [[ -z $net ]]; then
+    net=$(api POST /v2.0/networks "{\"network\": {\"name\": \"$NET_NAME\", \"project_id\": \"vireo\",
+      \"provider:network_type\": \"vxlan\", \"admin_state_up\": true}}" | jq -r .network.id)
+  fi
+  sub=$(api GET "/v2.0/subnets?name=$SUBNET_NAME&network_id=$net" | jq -r '.subnets[0].id // empty')
+  if [[ -z $sub ]]; then
+    sub=$(api POST /v2.0/subnets "{\"subnet\": {\"name\": \"$SUBNET_NAME\", \"project_id\": \"vireo\",
+      \"network_id\": \"$net\", \"ip_version\": 4, \"cidr\": \"$SUBNET_CIDR\",
+      \"enable_dhcp\": false, \"gateway_ip\": null}}" | jq -r .subnet.id)
+  fi
+  [[ -n $net && $net != null && -n $sub && $sub != null ]] || die "could not create the test network"
+  NETWORK_ID=$net
+  SUBNET_ID=$sub
+}
+
+write_env_file() {
+  cat >"$ENV_FILE.tmp" <<EOF
+VIREO_NEUTRON_URL=$NEUTRON_URL
+VIREO_NEUTRON_HOST=$HOST
+VIREO_NEUTRON_SECOND_HOST=$SECOND_HOST
+VIREO_NEUTRON_NETWORK_ID=$NETWORK_ID
+VIREO_NEUTRON_SUBNET_ID=$SUBNET_ID
+VIREO_NEUTRON_FIREWALL=$FIREWALL
+VIREO_NOVA_PORT=$NOVA_PORT
+EOF
+  mv "$ENV_FILE.tmp" "$ENV_FILE"
+}
+
+# Binds a fresh port to HOST and prints its binding (vif_type ovs_hybrid_plug); deletes it.
+probe_binding() { # probe_binding HOST
+  local port out
+  port=$(api POST /v2.0/ports "{\"port\": {\"network_id\": \"$NETWORK_ID\", \"project_id\": \"vireo\",
+    \"name\": \"vireo-probe\", \"device_owner\": \"compute:nova\",
+    \"device_id\": \"$(cat /proc/sys/kernel/random/uuid)\", \"binding:host_id\": \"$1\"}}") || return 1
+  out=$(jq -r '.port | "\(."binding:vif_type") \(."binding:vif_details".ovs_hybrid_plug)"' <<<"$port")
+  api DELETE "/v2.0/ports/$(jq -r .port.id <<<"$port")" >/dev/null || true
+  echo "$out"
+}
+
+start_neutron() {
+  mkdir -p "$ETC_DIR"
+  # FIREWALL from the command line wins; otherwise keep what a previous `up` chose.
+  [[ $FIREWALL_SET == 1 || ! -s $STATE_DIR/firewall ]] || FIREWALL=$(cat "$STATE_DIR/firewall")
+  hybrid_for "$FIREWALL" >/dev/null
+  write_neutron_config
+  timed start-mariadb start_mariadb
+  create_neutron_db
+  timed start-rabbitmq start_rabbitmq
+  start_neutron_server
+  launch_second_host
+  start_neutron_agent
+  wait_second_host
+  ensure_test_network
+  local b
+  b=$(probe_binding "$SECOND_HOST")
+  [[ $b == "ovs $(hybrid_for "$FIREWALL")" ]] || die "binding a port to $SECOND_HOST gave: $b"
+  log "a port binds to $SECOND_HOST: vif_type/ovs_hybrid_plug = $b"
+  write_env_file
+}
+
+# Removes what the Open vSwitch agent added: its iptables chains and ipsets, br-tun, br-phys and
+# its controller, fail mode, flows and patch ports on br-int.
+restore_after_agent() {
+  local t ipt chain rule
+  for ipt in iptables ip6tables; do
+    command -v "$ipt" >/dev/null || continue
+    for t in filter nat mangle raw; do
+      "$ipt" -t "$t" -S >/dev/null 2>&1 || continue
+      # Rules in other chains that jump into neutron chains.
+      while read -r rule; do
+        [[ -n $rule ]] || continue
+        eval "\"$ipt\" -t \"$t\" ${rule/#-A/-D}" 2>/dev/null || true
+      done < <("$ipt" -t "$t" -S 2>/dev/null | grep -E '^-A ' | grep -vE '^-A neutron-' | grep -E -- '-j neutron-' || true)
+      while read -r chain; do
+        "$ipt" -t "$t" -F "$chain" 2>/dev/null || true
+      done < <("$ipt" -t "$t" -S 2>/dev/null | awk '$1 == "-N" && $2 ~ /^neutron-/ { print $2 }')
+      while read -r chain; do
+        "$ipt" -t "$t" -X "$chain" 2>/dev/null || true
+      done < <("$ipt" -t "$t" -S 2>/dev/null | awk '$1 == "-N" && $2 ~ /^neutron-/ { print $2 }')
+    done
+  done
+  if command -v ipset >/dev/null; then
+    while read -r chain; do
+      ipset destroy "$chain" 2>/dev/null || true
+    done < <(ipset list -n 2>/dev/null | grep -E '^NIPv[46]' || true)
+  fi
+  if ovs_answers >/dev/null 2>&1; then
+    ovs-vsctl --if-exists del-br br-tun
+    ovs-vsctl --if-exists del-br br-phys
+    # The agent's ovsdbapp registers its connection as a Manager; ovsdb-server keeps serving the
+    # socket from its command line.
+    local m
+    for m in $(ovs-vsctl --bare --columns=_uuid find Manager target='"punix:/var/run/openvswitch/db.sock"'); do
+      ovs-vsctl remove Open_vSwitch . manager_options "$m"
+    done
+    if ovs-vsctl br-exists br-int; then
+      local p
+      for p in $(ovs-vsctl list-ports br-int); do
+        if [[ $(ovs-vsctl get Interface "$p" type) == patch ]]; then
+          ovs-vsctl --if-exists del-port br-int "$p"
+        fi
+      done
+      ovs-vsctl del-controller br-int -- del-fail-mode br-int \
+        -- clear Bridge br-int protocols \
+        -- remove Bridge br-int other_config mac-table-size \
+        -- remove Bridge br-int other_config mcast-snooping-disable-flood-unregistered
+      ovs-ofctl del-flows br-int
+      ovs-ofctl add-flow br-int priority=0,actions=NORMAL
+    fi
+  fi
+}
+
+stop_neutron() {
+  stop_bg second-host-reporter 10
+  stop_neutron_agent
+  stop_bg neutron-server 30
+  # Only a host where this script configured the agent gets the agent's changes undone.
+  [[ -e $ETC_DIR/openvswitch_agent.ini ]] && restore_after_agent
+  stop_rabbitmq
+  stop_mariadb
+  rm -f "$ETC_DIR/neutron.conf" "$ETC_DIR/ml2_conf.ini" "$ETC_DIR/openvswitch_agent.ini" \
+    "$ETC_DIR/mariadb.cnf"
+  rm -rf "$STATE_DIR/mysql" "$STATE_DIR/rabbitmq" "$STATE_DIR/neutron" "$ENV_FILE" \
+    "$STATE_DIR/firewall" "$STATE_DIR/second_host" "$STATE_DIR/second_host.args"
+}
+
+# ---------------------------------------------------------------------------------------------
+# commands
+
+cmd_up() {
+  local start
+  start=$(now)
+  mkdir -p "$RUN_DIR" "$LOG_DIR" "$ETC_DIR" "$MARK_DIR"
+  timed install install_packages "$WITH_NEUTRON"
+  start_libvirt
+  start_ovs
+  if [[ $WITH_NEUTRON == 1 ]]; then
+    start_neutron
+    echo "neutron: $NEUTRON_URL host=$HOST second_host=$SECOND_HOST firewall=$FIREWALL"
+    echo "network: $NETWORK_ID ($NET_NAME, vxlan)"
+    echo "subnet: $SUBNET_ID ($SUBNET_NAME, $SUBNET_CIDR)"
+    echo "env file: $ENV_FILE"
+  fi
+  record total "$start"
+  print_timings
+}
+
+cmd_down() {
+  mkdir -p "$RUN_DIR" "$MARK_DIR"
+  stop_neutron
+  if [[ $NEUTRON_ONLY == 1 ]]; then
+    log "down --neutron-only: libvirtd, virtlogd, Open vSwitch and br-int left running"
+    return
+  fi
+  # Full down: stop only what `up` started itself (a host whose daemons ran before keeps them).
+  if marked br-int && ovs_answers >/dev/null 2>&1; then
+    ovs-vsctl --if-exists del-br br-int
+    rm -f "$MARK_DIR/br-int"
+  fi
+  if marked ovs; then
+    /usr/share/openvswitch/scripts/ovs-ctl stop >/dev/null 2>&1 || true
+    rm -f "$MARK_DIR/ovs"
+  fi
+  local d
+  for d in libvirtd virtlogd; do
+    if marked "$d"; then
+      if [[ -s /run/$d.pid ]]; then
+        local pid
+        pid=$(cat "/run/$d.pid")
+        log "stopping $d (pid $pid)"
+        kill -TERM "$pid" 2>/dev/null || true
+        local i
+        for ((i = 0; i < 40; i++)); do
+          kill -0 "$pid" 2>/dev/null || break
+          sleep 0.5
+        done
+      fi
+      rm -f "$MARK_DIR/$d"
+    fi
+  done
+}
+
+cmd_status() {
+  local bad=0 v
+  report() { printf '%-28s %-5s %s\n' "$1" "$2" "${3:-}"; }
+  if pgrep -x virtlogd >/dev/null; then report virtlogd up "pid $(pgrep -x virtlogd | head -1)"; else
+    report virtlogd DOWN
+    bad=1
+  fi
+  if v=$(virsh -c qemu:///system version 2>/dev/null); then
+    report libvirtd up "$(awk '/Using library|Running hypervisor/ { printf "%s ", $0 }' <<<"$v")"
+  else
+    report libvirtd DOWN
+    bad=1
+  fi
+  if ovs_answers >/dev/null 2>&1; then
+    report openvswitch up "$(ovs-vsctl --version | head -1)"
+    if ovs-vsctl br-exists br-int; then report br-int up "datapath_type=$(ovs-vsctl get Bridge br-int datapath_type)"; else
+      report br-int DOWN
+      bad=1
+    fi
+  else
+    report openvswitch DOWN
+    bad=1
+  fi
+  if [[ -e /dev/kvm ]]; then report kvm up /dev/kvm; else report kvm none "(guests run under TCG)"; fi
+  [[ $WITH_NEUTRON == 1 || -s $ENV_FILE ]] || {
+    return $bad
+  }
+  local second=$SECOND_HOST
+  [[ -s $STATE_DIR/second_host ]] && second=$(cat "$STATE_DIR/second_host")
+  if [[ -f $ETC_DIR/mariadb.cnf ]] && mariadb_answers >/dev/null 2>&1; then
+    report mariadb up "$(mariadb --version | awk '{ print $5 }' | tr -d ,)"
+  else
+    report mariadb DOWN
+    bad=1
+  fi
+  if rabbit_answers >/dev/null 2>&1; then
+    report rabbitmq up "$(dpkg-query -W -f='${Version}' rabbitmq-server)"
+  else
+    report rabbitmq DOWN
+    bad=1
+  fi
+  if neutron_answers >/dev/null 2>&1; then
+    report neutron-server up "$NEUTRON_URL $(dpkg-query -W -f='${Version}' neutron-server)"
+  else
+    report neutron-server DOWN
+    bad=1
+  fi
+  if agent_alive "$HOST" 2>/dev/null; then
+    report "ovs-agent ($HOST)" up "firewall $(cat "$STATE_DIR/firewall" 2>/dev/null)"
+  else
+    report "ovs-agent ($HOST)" DOWN
+    bad=1
+  fi
+  if alive second-host-reporter && agent_alive "$second" 2>/dev/null; then
+    report "state reporter ($second)" up
+  else
+    report "state reporter ($second)" DOWN
+    bad=1
+  fi
+  [[ -s $ENV_FILE ]] && sed 's/^/  /' "$ENV_FILE"
+  return $bad
+}
+
+cmd_neutron_firewall() {
+  local want=$1 start
+  hybrid_for "$want" >/dev/null
+  log "switching the firewall driver to $want"
+  [[ -s $ENV_FILE ]] || die "Neutron is not set up here: run 'up --with-neutron' first"
+  # shellcheck disable=SC1090
+  . "$ENV_FILE"
+  NETWORK_ID=$VIREO_NEUTRON_NETWORK_ID
+  SUBNET_ID=$VIREO_NEUTRON_SUBNET_ID
+  NOVA_PORT=$VIREO_NOVA_PORT
+  SECOND_HOST=$VIREO_NEUTRON_SECOND_HOST
+  start=$(now)
+  FIREWALL=$want
+  write_neutron_config
+  stop_bg second-host-reporter 10 &
+  stop_neutron_agent
+  wait
+  # The agent's iptables chains belong to the old driver: remove them before it starts again.
+  restore_after_agent
+  launch_second_host
+  start_neutron_agent
+  wait_second_host
+  local b
+  b=$(probe_binding "$HOST")
+  [[ $b == "ovs $(hybrid_for "$want")" ]] || die "a port bound after the switch shows: $b"
+  write_env_file
+  record neutron-firewall "$start"
+  echo "firewall: $want (new binding: vif_type/ovs_hybrid_plug = $b)"
+  print_timings
+}
+
+usage() {
+  sed -n '2,12p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+  exit "${1:-2}"
+}
+
+[[ $# -ge 1 ]] || usage
+CMD=$1
+shift
+WITH_NEUTRON=0
+NEUTRON_ONLY=0
+FIREWALL_SET=0
+POS=()
+while [[ $# -gt 0 ]]; do
+  case $1 in
+  --with-neutron) WITH_NEUTRON=1 ;;
+  --neutron-only) NEUTRON_ONLY=1 ;;
+  --firewall)
+    FIREWALL=${2:?--firewall needs a driver}
+    FIREWALL_SET=1
+    shift
+    ;;
+  --firewall=*)
+    FIREWALL=${1#*=}
+    FIREWALL_SET=1
+    ;;
+  --nova-port)
+    NOVA_PORT=${2:?--nova-port needs a port}
+    shift
+    ;;
+  --nova-port=*) NOVA_PORT=${1#*=} ;;
+  --second-host)
+    SECOND_HOST=${2:?--second-host needs a name}
+    shift
+    ;;
+  --second-host=*) SECOND_HOST=${1#*=} ;;
+  -h | --help) usage 0 ;;
+  -*) die "unknown option $1" ;;
+  *) POS+=("$1") ;;
+  esac
+  shift
+done
+[[ $(id -u) == 0 ]] || die "run as root"
+[[ -n ${VIREO_FIREWALL:-} ]] && FIREWALL_SET=1
+
+case $CMD in
+up) cmd_up ;;
+down) cmd_down ;;
+status) cmd_status ;;
+neutron-firewall)
+  [[ ${#POS[@]} == 1 ]] || die "usage: host-setup.sh neutron-firewall iptables_hybrid|openvswitch"
+  cmd_neutron_firewall "${POS[0]}"
+  ;;
+env)
+  [[ -s $ENV_FILE ]] || die "no Neutron set-up here"
+  sed 's/^/export /' "$ENV_FILE"
+  ;;
+*) usage ;;
+esac
