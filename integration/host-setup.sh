@@ -7,6 +7,7 @@
 #   host-setup.sh status [--with-neutron]
 #   host-setup.sh neutron-firewall iptables_hybrid|openvswitch
 #   host-setup.sh env    (prints the VIREO_* variables of a running Neutron set-up)
+#   host-setup.sh build-deps (only what building vireo and its test:/// main job need)
 #
 # Runs as root on Debian 12 (bookworm) without systemd as PID 1. Idempotent: `up` on a host where
 # everything already runs only checks it. See integration/README.md.
@@ -292,6 +293,27 @@ install_packages() {
   ((${#base[@]})) && apt_install --no-install-recommends -- "${base[@]}"
   ((${#neu[@]})) && apt_install --no-install-recommends -- "${neu[@]}"
   if ((added_policy)); then rm -f /usr/sbin/policy-rc.d; fi
+}
+
+# build-deps: what `cargo build` needs (the virt crate links libvirt via pkg-config) and what
+# the main job needs at run time on libvirt's in-process test driver. No daemon.
+BUILD_PKGS=(libvirt-dev pkg-config)
+install_build_deps() {
+  local missing
+  mapfile -t missing < <(missing_pkgs "${BUILD_PKGS[@]}")
+  if ((${#missing[@]} == 0)); then
+    log "build dependencies present"
+    return
+  fi
+  ensure_backports_source || true
+  log "installing: ${missing[*]}"
+  apt-get -q update >"$LOG_DIR/apt-update.log" 2>&1 || {
+    cat "$LOG_DIR/apt-update.log" >&2
+    die "apt-get update failed"
+  }
+  # libvirt-dev from backports, like the daemons, so one libvirt version is on the machine.
+  apt_install -t "$(os_codename)-backports" --no-install-recommends -- libvirt-dev
+  apt_install --no-install-recommends -- pkg-config
 }
 
 # ---------------------------------------------------------------------------------------------
@@ -869,6 +891,10 @@ done
 [[ -n ${VIREO_FIREWALL:-} ]] && FIREWALL_SET=1
 
 case $CMD in
+build-deps)
+  mkdir -p "$LOG_DIR"
+  install_build_deps
+  ;;
 up) cmd_up ;;
 down) cmd_down ;;
 status) cmd_status ;;
