@@ -4,7 +4,9 @@
 //! - [`vif`]: the VIF model, parsed strictly from Nova's `network_info`.
 //! - [`external`]: Nova-shaped external events and the sink that receives them.
 //! - [`wiring`]: what is wired on this host, as a stream.
+//! - [`network`]: the network service as the flows see it (`NetworkApi`).
 
 pub mod external;
+pub mod network;
 pub mod vif;
 pub mod wiring;
