@@ -267,6 +267,21 @@ pub enum PortRequest {
     },
 }
 
+/// A network, the attributes a VIF needs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NetworkSummary {
+    /// Network id.
+    pub id: String,
+    /// Name (Nova's `label`).
+    pub name: String,
+    /// MTU, when Neutron reports one.
+    pub mtu: Option<u32>,
+    /// `provider:physical_network`, when set (and visible).
+    pub physical_network: Option<String>,
+    /// Owning project.
+    pub project_id: String,
+}
+
 /// The result of a delete whose target may already be gone.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Removal {
@@ -285,6 +300,8 @@ pub struct Deallocation {
     pub unbound: Vec<PortId>,
     /// Ports that no longer existed.
     pub already_gone: Vec<PortId>,
+    /// Ports `network_info` lists that another instance uses now: left alone.
+    pub skipped: Vec<PortId>,
 }
 
 /// The live migration [`NetworkApi::setup_networks_on_host`] prepares or tears down.
@@ -446,7 +463,7 @@ pub enum NetworkError {
         port: PortId,
         /// Why.
         #[source]
-        source: VifError,
+        source: Box<VifError>,
     },
     /// Listing an instance's ports failed.
     #[error("list ports of instance {instance}: {failure}")]
@@ -590,7 +607,7 @@ pub enum NetworkError {
         /// The instance.
         instance: Uuid,
         /// What was done.
-        done: Deallocation,
+        done: Box<Deallocation>,
         /// One error per failed port.
         failures: Vec<NetworkError>,
     },
@@ -685,6 +702,9 @@ pub trait NetworkApi: Send + Sync + fmt::Debug + 'static {
 
     /// One port. Missing: [`NetworkError::PortNotFound`].
     async fn get_port(&self, port: PortId) -> Result<Port, NetworkError>;
+
+    /// One network. Missing: [`NetworkError::NetworkNotFound`].
+    async fn get_network(&self, network_id: &str) -> Result<NetworkSummary, NetworkError>;
 
     /// Create an unbound port on a network (no device). Missing network:
     /// [`NetworkError::NetworkNotFound`].
@@ -845,7 +865,7 @@ mod tests {
         };
         let batch = |failures| NetworkError::Deallocate {
             instance: Uuid::nil(),
-            done: Deallocation::default(),
+            done: Box::default(),
             failures,
         };
         assert!(batch(vec![retryable]).is_retryable());
