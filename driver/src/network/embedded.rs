@@ -23,7 +23,9 @@
 //! - **Binding change** (`ml2/plugin.py` `_process_port_binding`): a port update that changes
 //!   `binding:host_id`, `binding:vnic_type` or `binding:profile` clears the binding and sets
 //!   the port DOWN (`network-vif-unplugged` if it was ACTIVE), then binds it again. A binding
-//!   update that changes none of them changes nothing and sends no status event.
+//!   update that changes none of them changes nothing and sends no status event, except that
+//!   any update of a port with a host but no usable binding (`unbound`, `binding_failed`)
+//!   tries to bind it again (`_bind_port_if_needed`).
 //! - **Binding**: an agent-served vnic type (`normal` on openvswitch/linuxbridge networks;
 //!   `direct`/`macvtap` on networks with a physical network, the SR-IOV agent) binds only on a
 //!   host with an agent, here an attached host; elsewhere the binding fails
@@ -728,6 +730,11 @@ impl EmbeddedNetwork {
         }
     }
 
+    /// Every port, in id order (a snapshot).
+    pub fn ports(&self) -> Vec<Port> {
+        self.lock().ports.values().map(PortRec::view).collect()
+    }
+
     /// The port's status, `None` when it does not exist.
     pub fn port_status(&self, port: PortId) -> Option<PortStatus> {
         self.lock().ports.get(&port).map(|p| p.status)
@@ -974,17 +981,22 @@ impl NetworkApi for EmbeddedNetwork {
             rec.active.vif_type = VIF_TYPE_UNBOUND.to_owned();
             rec.active.vif_details = Map::new();
             rec.set_status(PortStatus::Down, &mut out);
+        }
+        // `_bind_port_if_needed`: a port with a host but no usable binding is bound again on
+        // every update, changed or not.
+        let mut newly_bound = false;
+        if !rec.active.host.is_empty() && !rec.active.is_bound() {
             let service = bind(&state, &rec.network_id, &mut rec.active);
+            newly_bound = service.is_some();
             if service == Some(Service::Agentless) {
                 rec.set_status(PortStatus::Active, &mut out);
             }
         }
         // The API response: network-changed for a compute port.
         out.extend(rec.event(EventName::NetworkChanged, EventStatus::Completed));
-        let bound = rec.active.is_bound();
         let view = rec.view();
         state.ports.insert(port, rec);
-        if changed && bound {
+        if newly_bound {
             // port_update fan-out: every agent with the device re-processes it.
             for host in wired_hosts(&state, port) {
                 agent_device_up(&mut state, &host, port, &mut out);
