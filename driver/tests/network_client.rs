@@ -554,10 +554,11 @@ async fn request_shapes_for_updates_and_bindings() {
     let mock = Mock::start(|req, _| {
         let p = req.path().to_owned();
         match req.method.as_str() {
+            // Neutron answers the activate member action with the bare binding.
             "PUT" if p.ends_with("/activate") => Reply::Json(
                 200,
-                json!({"binding": {"host": "h2", "vif_type": "ovs", "vnic_type": "normal",
-                    "vif_details": {}, "profile": {}, "status": "ACTIVE"}}),
+                json!({"host": "h2", "vif_type": "ovs", "vnic_type": "normal",
+                    "vif_details": {}, "profile": {}, "status": "ACTIVE"}),
             ),
             "PUT" => Reply::Json(200, json!({"port": port_json(PORT, "h1", "ovs")})),
             "POST" => Reply::Json(

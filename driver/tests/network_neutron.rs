@@ -84,7 +84,10 @@ struct Fixture {
 impl Fixture {
     async fn new() -> Fixture {
         let raw = Raw::new();
-        let name = format!("vireo-test-{}", &Uuid::new_v4().simple().to_string()[..10]);
+        let name = format!(
+            "vireo-nettest-{}",
+            &Uuid::new_v4().simple().to_string()[..10]
+        );
         let (s, v) = raw
             .call(
                 reqwest::Method::POST,
@@ -128,16 +131,24 @@ impl Fixture {
     }
 }
 
-async fn cleanup(raw: Raw, network: String) {
-    let (_, v) = raw.get(&format!("/ports?network_id={network}")).await;
+/// Delete every port on the network, its subnets and the network.
+async fn cleanup(raw: Raw, network: String) -> Result<(), String> {
+    let (s, v) = raw.get(&format!("/ports?network_id={network}")).await;
+    if s != 200 {
+        return Err(format!("list ports of {network}: {s} {v}"));
+    }
     for p in v["ports"].as_array().cloned().unwrap_or_default() {
         let id = p["id"].as_str().unwrap_or_default().to_owned();
-        raw.call(reqwest::Method::DELETE, &format!("/ports/{id}"), None)
+        let (s, v) = raw
+            .call(reqwest::Method::DELETE, &format!("/ports/{id}"), None)
             .await;
+        if s != 204 && s != 404 {
+            return Err(format!("delete port {id}: {s} {v}"));
+        }
     }
     let (_, v) = raw.get(&format!("/subnets?network_id={network}")).await;
-    for s in v["subnets"].as_array().cloned().unwrap_or_default() {
-        let id = s["id"].as_str().unwrap_or_default().to_owned();
+    for sub in v["subnets"].as_array().cloned().unwrap_or_default() {
+        let id = sub["id"].as_str().unwrap_or_default().to_owned();
         raw.call(reqwest::Method::DELETE, &format!("/subnets/{id}"), None)
             .await;
     }
@@ -148,14 +159,30 @@ async fn cleanup(raw: Raw, network: String) {
             None,
         )
         .await;
-    assert!(s == 204 || s == 404, "delete network {network}: {s} {v}");
+    if s == 204 || s == 404 {
+        Ok(())
+    } else {
+        Err(format!("delete network {network}: {s} {v}"))
+    }
+}
+
+impl Fixture {
+    /// Clean up now and fail the test if anything is left behind.
+    async fn close(mut self) {
+        let network = std::mem::take(&mut self.network);
+        cleanup(self.raw.clone(), network).await.unwrap();
+    }
 }
 
 impl Drop for Fixture {
     fn drop(&mut self) {
+        if self.network.is_empty() {
+            return;
+        }
         let raw = self.raw.clone();
         let network = self.network.clone();
-        // Drop cannot await: clean up on a thread with its own runtime, and wait for it.
+        // A test that failed before `close`: Drop cannot await, so clean up on a thread
+        // with its own runtime, and wait for it.
         let t = std::thread::Builder::new()
             .name("neutron-cleanup".into())
             .spawn(move || {
@@ -163,10 +190,14 @@ impl Drop for Fixture {
                     .enable_all()
                     .build()
                     .unwrap();
-                rt.block_on(cleanup(raw, network));
+                rt.block_on(cleanup(raw, network))
             })
             .unwrap();
-        let _ = t.join();
+        match t.join() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => eprintln!("cleanup after a failed test: {e}"),
+            Err(_) => eprintln!("cleanup after a failed test panicked (Neutron unreachable?)"),
+        }
     }
 }
 
@@ -287,6 +318,7 @@ async fn port_crud_bind_update_unbind_delete() {
         c.get_network(&Uuid::new_v4().to_string()).await,
         Err(NetworkError::NetworkNotFound { .. })
     ));
+    f.close().await;
 }
 
 #[tokio::test]
@@ -417,6 +449,7 @@ async fn multiple_bindings_create_activate_delete() {
         c.activate_binding(p.id, &host_a).await,
         Err(NetworkError::PortNotFound { .. })
     ));
+    f.close().await;
 }
 
 #[tokio::test]
@@ -517,6 +550,7 @@ async fn allocate_list_by_device_id_and_deallocate() {
 
     let again = c.deallocate_for_instance(vm, &ni).await.unwrap();
     assert_eq!(again.already_gone, vec![ni.vifs[0].id]);
+    f.close().await;
 }
 
 #[tokio::test]
@@ -546,6 +580,7 @@ async fn allocate_failure_on_a_host_without_agent_cleans_up() {
     assert_eq!(f.ports_on_network().await, vec![user.id.to_string()]);
     let u = c.get_port(user.id).await.unwrap();
     assert_eq!((u.host_id.as_str(), u.device_id.as_str()), ("", ""));
+    f.close().await;
 }
 
 #[tokio::test]
@@ -638,6 +673,7 @@ async fn migrating_to_set_and_clear_with_destination_bindings() {
         .unwrap()
         .is_empty());
     c.deallocate_for_instance(vm, &ni).await.unwrap();
+    f.close().await;
 }
 
 /// An OVS internal port in br-int standing for the port's tap; removed on drop.
@@ -852,4 +888,5 @@ async fn port_status_follows_wiring_and_bindings() {
     }
     drop(dev);
     assert_eq!(c.delete_port(p.id).await.unwrap(), Removal::Deleted);
+    f.close().await;
 }

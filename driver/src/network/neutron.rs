@@ -999,8 +999,10 @@ impl NetworkApi for NeutronClient {
             })
         };
         let body = self.send(&call).await.map_err(wrap)?;
-        member(&body, "binding")
-            .and_then(parse_binding)
+        // Neutron answers a member action with the bare binding object (not wrapped in
+        // `{"binding": ...}` as the create answer is); accept both.
+        body.get("binding")
+            .map_or_else(|| parse_binding(&body), parse_binding)
             .map_err(|d| wrap(Self::decode_err(&call, d)))
     }
 
