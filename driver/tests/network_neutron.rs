@@ -890,3 +890,347 @@ async fn port_status_follows_wiring_and_bindings() {
     assert_eq!(c.delete_port(p.id).await.unwrap(), Removal::Deleted);
     f.close().await;
 }
+
+// ---------------------------------------------------------------------------------------
+// Event parity: the same scenario against the real Neutron (its Nova notifier POSTs to the
+// endpoint configured in neutron.conf, `VIREO_NEUTRON_EVENTS_ADDR`, default
+// 127.0.0.1:8774) and against the embedded service; every step must bring the same events.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::sync::broadcast;
+use vireo::network::embedded::{EmbeddedConfig, EmbeddedNetwork, EmbeddedNetworkDef, Mechanism};
+use vireo_actors::external::{EventSink, ExternalEvent};
+use vireo_actors::wiring::{WiringChange, WiringSource};
+
+fn events_addr() -> String {
+    std::env::var("VIREO_NEUTRON_EVENTS_ADDR").unwrap_or_else(|_| "127.0.0.1:8774".to_owned())
+}
+
+/// Answers Neutron's `POST .../os-server-external-events` as Nova does and records the
+/// events.
+struct EventListener {
+    events: Arc<Mutex<Vec<ExternalEvent>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for EventListener {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl EventListener {
+    async fn start() -> EventListener {
+        let addr = events_addr();
+        let listener = tokio::net::TcpListener::bind(&addr)
+            .await
+            .unwrap_or_else(|e| {
+                panic!("cannot listen on {addr} for Neutron's Nova notifier (in use?): {e}")
+            });
+        let events: Arc<Mutex<Vec<ExternalEvent>>> = Arc::default();
+        let ev2 = events.clone();
+        let task = tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                tokio::spawn(serve_events(stream, ev2.clone()));
+            }
+        });
+        EventListener { events, task }
+    }
+
+    /// Events for `vm` so far, emptying them.
+    fn take(&self, vm: Uuid) -> Vec<(String, String)> {
+        let mut all = self.events.lock().unwrap();
+        let (mine, rest): (Vec<_>, Vec<_>) = all.drain(..).partition(|e| e.server_uuid == vm);
+        *all = rest;
+        mine.into_iter()
+            .map(|e| (e.name.to_string(), format!("{:?}", e.status)))
+            .collect()
+    }
+}
+
+async fn serve_events(stream: tokio::net::TcpStream, events: Arc<Mutex<Vec<ExternalEvent>>>) {
+    let mut reader = BufReader::new(stream);
+    loop {
+        let mut line = String::new();
+        if reader.read_line(&mut line).await.unwrap_or(0) == 0 {
+            return;
+        }
+        let mut len = 0usize;
+        loop {
+            let mut h = String::new();
+            if reader.read_line(&mut h).await.unwrap_or(0) == 0 {
+                return;
+            }
+            let h = h.trim_end().to_ascii_lowercase();
+            if h.is_empty() {
+                break;
+            }
+            if let Some(v) = h.strip_prefix("content-length:") {
+                len = v.trim().parse().unwrap_or(0);
+            }
+        }
+        let mut body = vec![0u8; len];
+        if reader.read_exact(&mut body).await.is_err() {
+            return;
+        }
+        let answer = if line.starts_with("POST") && line.contains("/os-server-external-events") {
+            let v: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+            let list = v["events"].as_array().cloned().unwrap_or_default();
+            let mut echoed = Vec::new();
+            for e in list {
+                if let Ok(ev) = serde_json::from_value::<ExternalEvent>(e.clone()) {
+                    events.lock().unwrap().push(ev);
+                }
+                let mut e = e;
+                e["code"] = json!(200);
+                echoed.push(e);
+            }
+            json!({ "events": echoed }).to_string()
+        } else {
+            "{}".to_owned()
+        };
+        let out = format!(
+            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{answer}",
+            answer.len()
+        );
+        if reader.get_mut().write_all(out.as_bytes()).await.is_err() {
+            return;
+        }
+    }
+}
+
+#[derive(Debug)]
+struct TestWiring {
+    tx: broadcast::Sender<WiringChange>,
+    wired: Mutex<HashSet<PortId>>,
+}
+
+impl WiringSource for TestWiring {
+    fn subscribe(&self) -> broadcast::Receiver<WiringChange> {
+        self.tx.subscribe()
+    }
+    fn wired(&self) -> Vec<PortId> {
+        self.wired.lock().unwrap().iter().copied().collect()
+    }
+}
+
+impl TestWiring {
+    fn set(&self, port: PortId, wired: bool) {
+        if wired {
+            self.wired.lock().unwrap().insert(port);
+        } else {
+            self.wired.lock().unwrap().remove(&port);
+        }
+        let _ = self.tx.send(WiringChange {
+            port,
+            device: "tap".into(),
+            wired,
+        });
+    }
+}
+
+#[derive(Debug, Default)]
+struct Recorder(Mutex<Vec<ExternalEvent>>);
+
+impl EventSink for Recorder {
+    fn deliver(&self, event: ExternalEvent) {
+        self.0.lock().unwrap().push(event);
+    }
+}
+
+/// One step of the scenario.
+#[derive(Debug, Clone, Copy)]
+enum Step {
+    Bind,
+    Plug,
+    RebindSameHost,
+    MoveToB,
+    MoveBackToA,
+    SetMigratingTo,
+    ClearMigratingTo,
+    Unplug,
+    CreateBindingB,
+    ActivateB,
+    Delete,
+}
+
+const SCENARIO: [Step; 12] = [
+    Step::Bind,
+    Step::Plug,
+    Step::RebindSameHost,
+    Step::MoveToB,
+    Step::MoveBackToA,
+    Step::SetMigratingTo,
+    Step::ClearMigratingTo,
+    Step::Unplug,
+    Step::Plug,
+    Step::CreateBindingB,
+    Step::ActivateB,
+    Step::Delete,
+];
+
+async fn do_step(
+    api: &dyn NetworkApi,
+    step: Step,
+    port: PortId,
+    vm: Uuid,
+    (host_a, host_b): (&str, &str),
+    plug: &mut dyn FnMut(bool),
+) {
+    let profile = |v: Option<&str>| {
+        let mut m = Map::new();
+        if let Some(h) = v {
+            m.insert(MIGRATING_TO.into(), json!(h));
+        }
+        PortUpdate {
+            profile: Some(m),
+            ..PortUpdate::default()
+        }
+    };
+    let host = |h: &str| PortUpdate {
+        host_id: Some(h.into()),
+        ..PortUpdate::default()
+    };
+    match step {
+        Step::Bind | Step::RebindSameHost => {
+            api.update_port(port, &bind(host_a, vm)).await.unwrap();
+        }
+        Step::Plug => plug(true),
+        Step::Unplug => plug(false),
+        Step::MoveToB => {
+            api.update_port(port, &host(host_b)).await.unwrap();
+        }
+        Step::MoveBackToA => {
+            api.update_port(port, &host(host_a)).await.unwrap();
+        }
+        Step::SetMigratingTo => {
+            api.update_port(port, &profile(Some(host_b))).await.unwrap();
+        }
+        Step::ClearMigratingTo => {
+            api.update_port(port, &profile(None)).await.unwrap();
+        }
+        Step::CreateBindingB => {
+            let b = NewBinding {
+                host: host_b.into(),
+                ..NewBinding::default()
+            };
+            api.create_binding(port, &b).await.unwrap();
+        }
+        Step::ActivateB => {
+            api.activate_binding(port, host_b).await.unwrap();
+            // Neutron's agent on the old host takes the device out of br-int; the embedded
+            // service has no hands on the host, so the harness does the same there.
+            plug(false);
+        }
+        Step::Delete => {
+            api.delete_port(port).await.unwrap();
+        }
+    }
+}
+
+fn sorted(mut v: Vec<(String, String)>) -> Vec<(String, String)> {
+    v.sort();
+    v
+}
+
+#[tokio::test]
+async fn embedded_service_sends_the_events_neutron_sends() {
+    let listener = EventListener::start().await;
+    let f = Fixture::new().await;
+    let c = f.client();
+    let (host_a, host_b) = agent_hosts(&f.raw).await;
+    let hosts = (host_a.as_str(), host_b.as_str());
+
+    // The embedded twin: one network like the fixture's (OVS, hybrid plug as the real agent
+    // reports), both hosts attached.
+    let real_net = c.get_network(&f.network).await.unwrap();
+    let probe = c.create_port(&f.network).await.unwrap();
+    let probe_bound = c
+        .update_port(probe.id, &bind(&host_a, Uuid::new_v4()))
+        .await
+        .unwrap();
+    let hybrid = probe_bound.vif_details["ovs_hybrid_plug"] == json!(true);
+    c.delete_port(probe.id).await.unwrap();
+    let rec = Arc::new(Recorder::default());
+    let emb = EmbeddedNetwork::new(
+        EmbeddedConfig {
+            networks: vec![EmbeddedNetworkDef {
+                id: f.network.clone(),
+                name: real_net.name.clone(),
+                mtu: real_net.mtu,
+                mechanism: Mechanism::Openvswitch,
+                ovs_hybrid_plug: hybrid,
+                bridge_name: None,
+                datapath_type: Some("netdev".into()),
+                physical_network: None,
+                vlan: None,
+            }],
+            ..EmbeddedConfig::default()
+        },
+        rec.clone(),
+    )
+    .unwrap();
+    let wiring_a = Arc::new(TestWiring {
+        tx: broadcast::channel(16).0,
+        wired: Mutex::default(),
+    });
+    let wiring_b = Arc::new(TestWiring {
+        tx: broadcast::channel(16).0,
+        wired: Mutex::default(),
+    });
+    emb.attach_host(&host_a, wiring_a.clone()).unwrap();
+    emb.attach_host(&host_b, wiring_b).unwrap();
+
+    let vm_real = Uuid::new_v4();
+    let vm_emb = Uuid::new_v4();
+    let real_port = c.create_port(&f.network).await.unwrap();
+    let emb_port = emb.create_port(&f.network).await.unwrap();
+    let mut device: Option<OvsDevice> = None;
+    let mac = real_port.mac_address.to_string();
+
+    for step in SCENARIO {
+        // Embedded first: its events are the expectation.
+        let w = wiring_a.clone();
+        let ep = emb_port.id;
+        do_step(&*emb, step, ep, vm_emb, hosts, &mut |on| w.set(ep, on)).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let want: Vec<(String, String)> = std::mem::take(&mut *rec.0.lock().unwrap())
+            .into_iter()
+            .map(|e| (e.name.to_string(), format!("{:?}", e.status)))
+            .collect();
+
+        let rp = real_port.id;
+        do_step(&c, step, rp, vm_real, hosts, &mut |on| {
+            if on {
+                device = Some(OvsDevice::plug(rp, &mac));
+            } else if let Some(d) = device.take() {
+                d.unplug();
+            }
+        })
+        .await;
+        // Neutron sends within ~2 s (0.3-1.6 s + a 2 s batching window): collect until the
+        // expected events are there, then 4 s more to catch extra ones.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let mut got = Vec::new();
+        loop {
+            got.extend(listener.take(vm_real));
+            if sorted(got.clone()) == sorted(want.clone()) || Instant::now() > deadline {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        got.extend(listener.take(vm_real));
+        assert_eq!(
+            sorted(got.clone()),
+            sorted(want.clone()),
+            "step {step:?}: Neutron sent {got:?}, the embedded service {want:?}"
+        );
+        eprintln!("step {step:?}: {want:?}");
+    }
+    drop(device);
+    f.close().await;
+}
