@@ -10,8 +10,14 @@
 //! device up or down. It never calls vireo's event prediction: it is the ground truth that
 //! prediction is tested against.
 //!
-//! # Rules (Neutron Zed, checked against its code and against a real Neutron, see
-//! `driver/tests/network_neutron.rs`)
+//! # Rules (Neutron Zed, read from its code)
+//!
+//! `driver/tests/network_neutron.rs` runs one scenario against a real Neutron (ML2/OVS,
+//! a real OVS device in br-int) and this service and requires the same events at every step:
+//! bind, plug, same-host rebind, move away, move back with the device present (bind time),
+//! set and clear `migrating_to`, unplug, re-plug, create an inactive binding, activate it,
+//! delete. The destination-plug rule (`migrating_to`) and the agentless rules could not be
+//! checked there (one real agent, no SR-IOV) and rest on Neutron's code.
 //!
 //! Statuses and events (`neutron/notifiers/nova.py`, `record_port_status_changed`):
 //! ACTIVE → DOWN sends `network-vif-unplugged`; DOWN/BUILD → ACTIVE sends
