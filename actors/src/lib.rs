@@ -5,8 +5,10 @@
 //! - [`external`]: Nova-shaped external events and the sink that receives them.
 //! - [`lifecycle`]: the instance lifecycle state machine and which requests each state accepts.
 //! - [`wiring`]: what is wired on this host, as a stream.
+//! - [`network`]: the network service as the flows see it (`NetworkApi`).
 
 pub mod external;
 pub mod lifecycle;
+pub mod network;
 pub mod vif;
 pub mod wiring;
