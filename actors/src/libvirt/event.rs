@@ -134,6 +134,11 @@ pub enum LibvirtEvent {
         /// Why.
         reason: CloseReason,
     },
+    /// The supervisor is about to try connection `attempt` (1, 2, ...) of this outage.
+    Reconnecting {
+        /// Attempt number within the current outage.
+        attempt: u32,
+    },
     /// A new connection is up, every callback is registered again, and `domains` is the full
     /// domain list read after registering (events after it are delivered). Resync every domain.
     Reconnected {

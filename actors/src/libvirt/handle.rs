@@ -266,29 +266,30 @@ impl Drop for Inner {
             .done_rx
             .get_mut()
             .unwrap_or_else(PoisonError::into_inner);
-        loop {
+        let all_done = loop {
             let left = deadline.saturating_duration_since(Instant::now());
             match done.recv_timeout(left) {
                 Ok(()) => {}
-                Err(RecvTimeoutError::Disconnected) => break,
-                Err(RecvTimeoutError::Timeout) => {
-                    let busy: Vec<_> = self
-                        .threads
-                        .iter()
-                        .filter(|t| !t.is_finished())
-                        .filter_map(|t| t.thread().name().map(str::to_owned))
-                        .collect();
-                    tracing::warn!(
-                        ?busy,
-                        after = ?self.join_timeout,
-                        "libvirt threads still busy; leaving them to finish"
-                    );
-                    break;
-                }
+                Err(RecvTimeoutError::Disconnected) => break true,
+                Err(RecvTimeoutError::Timeout) => break false,
             }
+        };
+        if !all_done {
+            let busy: Vec<_> = self
+                .threads
+                .iter()
+                .filter(|t| !t.is_finished())
+                .filter_map(|t| t.thread().name().map(str::to_owned))
+                .collect();
+            tracing::warn!(
+                ?busy,
+                after = ?self.join_timeout,
+                "libvirt threads still busy; leaving them to finish"
+            );
         }
         for thread in self.threads.drain(..) {
-            if thread.is_finished() {
+            // When `all_done`, every thread has left its body: joining only waits for its exit.
+            if all_done || thread.is_finished() {
                 let _ = thread.join();
             }
         }

@@ -10,7 +10,8 @@
 //! own once-a-second `virConnectIsAlive` check says no. Then the supervisor unpublishes it (new
 //! calls fail fast with `ConnectionLost`; calls in flight fail as libvirt fails them), emits
 //! [`LibvirtEvent::ConnectionLost`], deregisters the callbacks, drops the connection and
-//! reconnects with exponential backoff (`reconnect_min_ms` doubling to `reconnect_max_ms`).
+//! reconnects with exponential backoff (`reconnect_min_ms` doubling to `reconnect_max_ms`),
+//! emitting [`LibvirtEvent::Reconnecting`] before each attempt.
 //! After a reconnect it lists every domain on the new connection (after the callbacks are
 //! registered, so nothing falls between) and emits [`LibvirtEvent::Reconnected`].
 //!
@@ -140,10 +141,13 @@ pub(crate) fn run(
         session.close(&shared);
 
         let mut delay = shared.config.reconnect_min();
+        let mut attempt = 0u32;
         session = loop {
             if !pause(&shared, &ctrl, delay) {
                 return;
             }
+            attempt = attempt.saturating_add(1);
+            shared.sink.emit(LibvirtEvent::Reconnecting { attempt });
             generation += 1;
             match Session::open(&shared, generation, true) {
                 Ok((session, domains)) => {
