@@ -7,7 +7,7 @@ mod common;
 use std::time::Duration;
 
 use common::{next_lifecycle, test_domain_xml, unique, wait_for, TestNode};
-use vireo_actors::libvirt::{Affect, LibvirtEvent, LifecycleEvent};
+use vireo_actors::libvirt::{Affect, LibvirtError, LibvirtEvent, LifecycleEvent};
 use virt::sys;
 
 fn detail_of(event: &LibvirtEvent) -> i32 {
@@ -127,10 +127,21 @@ async fn detaching_by_alias_reports_device_removed() {
         }
     );
     assert!(!lv.xml_desc(uuid, false).await.unwrap().contains("ua-net1"));
-    assert!(lv
+    let err = lv
         .detach_device_alias(uuid, "ua-net1", Affect::Live)
         .await
-        .is_err());
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            LibvirtError::NoDevice {
+                what: "detach_device_alias",
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert_eq!(err.code(), Some(sys::VIR_ERR_INTERNAL_ERROR));
 }
 
 #[tokio::test]

@@ -63,7 +63,8 @@ pub enum LibvirtError {
         #[source]
         source: VirtError,
     },
-    /// `VIR_ERR_DEVICE_MISSING`: no device with that alias.
+    /// `VIR_ERR_DEVICE_MISSING`, or (from `detach_device_alias`) an internal error while the
+    /// domain has no device with that alias: no such device.
     #[error("{what}: no such device")]
     NoDevice {
         /// The failed operation.

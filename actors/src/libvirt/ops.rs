@@ -42,6 +42,22 @@ fn domain_id(dom: &Domain) -> Result<DomainId, VirtError> {
     })
 }
 
+/// True when a device with `alias` is in any definition `affect` covers.
+fn alias_present(dom: &Domain, alias: &str, affect: Affect) -> Result<bool, VirtError> {
+    let element = format!("<alias name='{alias}'/>");
+    let xml_flags: &[u32] = match affect {
+        Affect::Current | Affect::Live => &[0],
+        Affect::Config => &[sys::VIR_DOMAIN_XML_INACTIVE],
+        Affect::LiveAndConfig => &[0, sys::VIR_DOMAIN_XML_INACTIVE],
+    };
+    for flags in xml_flags {
+        if dom.xml_desc(*flags)?.contains(&element) {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
 /// Every domain on `conn` (domains that vanish while listing are left out).
 pub(crate) fn list_domains(conn: &Connect) -> Result<Vec<DomainSummary>, VirtError> {
     let mut out = Vec::new();
@@ -322,6 +338,11 @@ impl LibvirtHandle {
 
     /// Starts detaching the device with `alias` (`virDomainDetachDeviceAlias`). For a live
     /// domain the removal finishes when [`super::LibvirtEvent::DeviceRemoved`] arrives.
+    ///
+    /// No device with that alias in the definitions `affect` covers gives
+    /// [`LibvirtError::NoDevice`]. (QEMU and the test driver report that as
+    /// `VIR_ERR_INTERNAL_ERROR`; the layer then reads the domain XML to tell it apart from other
+    /// internal errors.)
     #[instrument(level = "debug", skip(self, alias), fields(%uuid))]
     pub async fn detach_device_alias(
         &self,
@@ -330,10 +351,21 @@ impl LibvirtHandle {
         affect: Affect,
     ) -> Result<(), LibvirtError> {
         let alias = alias.into();
-        self.call("detach_device_alias", move |conn| {
-            ffi::detach_device_alias(&lookup(conn, uuid)?, &alias, affect.flags())
+        let what = "detach_device_alias";
+        self.call(what, move |conn| {
+            let dom = lookup(conn, uuid)?;
+            match ffi::detach_device_alias(&dom, &alias, affect.flags()) {
+                Ok(()) => Ok(Ok(())),
+                Err(e)
+                    if e.code().to_raw() == sys::VIR_ERR_INTERNAL_ERROR
+                        && !alias_present(&dom, &alias, affect)? =>
+                {
+                    Ok(Err(LibvirtError::NoDevice { what, source: e }))
+                }
+                Err(e) => Err(e),
+            }
         })
-        .await
+        .await?
     }
 
     /// Migrates the domain peer-to-peer to `dest_uri` (`virDomainMigrateToURI3`; `flags` are
