@@ -156,6 +156,10 @@ impl Libvirt {
     /// `config.workers` worker threads, and waits (up to `config.call_timeout_ms`) for the first
     /// connection. Fails if that first connection cannot be opened; later losses are retried by
     /// the supervisor. Must be awaited inside a tokio runtime (actix's is one).
+    ///
+    /// `virConnectOpen` itself has no timeout: if the first open outlives the deadline (a frozen
+    /// daemon), this returns [`LibvirtError::Timeout`] after dropping the handle, which waits up
+    /// to `join_timeout_ms` for the supervisor before leaving it behind.
     pub async fn open(config: LibvirtConfig) -> Result<LibvirtHandle, LibvirtError> {
         config.validate()?;
         init_event_loop()?;
@@ -400,5 +404,21 @@ impl LibvirtHandle {
     /// The configuration in use.
     pub fn config(&self) -> &LibvirtConfig {
         &self.inner.shared.config
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shareable<T: Clone + Send + Sync + 'static>() {}
+
+    #[test]
+    fn the_handle_is_cheap_to_share_across_threads() {
+        shareable::<LibvirtHandle>();
+        assert_eq!(
+            std::mem::size_of::<LibvirtHandle>(),
+            std::mem::size_of::<usize>()
+        );
     }
 }

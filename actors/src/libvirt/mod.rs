@@ -9,7 +9,8 @@
 //!   remote connections.
 //! - **One supervisor thread** (`vireo-lv-super`) per handle: opens the connection, sets
 //!   keepalive on remote connections, registers the callbacks, notices loss, reconnects with
-//!   backoff, re-registers, resyncs (see [`supervisor`](self) docs in the source).
+//!   backoff, re-registers the callbacks, lists every domain and reports
+//!   [`LibvirtEvent::Reconnected`].
 //! - **The process-wide event loop thread** (`vireo-lv-events`, [`init_event_loop`]), registered
 //!   before any connection opens.
 //! - **The callback FFI** (`ffi`, private): the only `unsafe` code in vireo. Lifecycle and
