@@ -192,3 +192,40 @@ async fn two_connections_see_only_their_own_domains() {
     assert_eq!(lv_a.list_all().await.unwrap().len(), 1);
     assert_eq!(lv_b.list_all().await.unwrap().len(), 1);
 }
+
+#[tokio::test]
+async fn a_stream_that_falls_behind_is_told_to_resync() {
+    let node = TestNode::new();
+    let lv = vireo_actors::libvirt::Libvirt::open(vireo_actors::libvirt::LibvirtConfig {
+        event_capacity: 4,
+        ..node.config()
+    })
+    .await
+    .unwrap();
+    let mut events = lv.events();
+    let mut last = None;
+    for _ in 0..6 {
+        let (name, uuid) = unique("lag");
+        lv.define_xml(test_domain_xml(&name, uuid), true)
+            .await
+            .unwrap();
+        last = Some(uuid);
+    }
+    // Wait for the last event to be delivered to the channel, without reading it.
+    let mut probe = lv.events();
+    let (name, uuid) = unique("probe");
+    lv.define_xml(test_domain_xml(&name, uuid), true)
+        .await
+        .unwrap();
+    assert_eq!(
+        next_lifecycle(&mut probe, uuid).await,
+        LifecycleEvent::Defined
+    );
+
+    // 7 events into 4 slots: the first read reports the 3 lost, then the newest 4 follow.
+    assert_eq!(events.try_recv(), Some(LibvirtEvent::Lagged { missed: 3 }));
+    let rest: Vec<_> = std::iter::from_fn(|| events.try_recv()).collect();
+    assert_eq!(rest.len(), 4);
+    assert!(matches!(rest[2], LibvirtEvent::Lifecycle { uuid: u, .. } if Some(u) == last));
+    assert!(matches!(rest[3], LibvirtEvent::Lifecycle { uuid: u, .. } if u == uuid));
+}
