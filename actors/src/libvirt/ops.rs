@@ -80,8 +80,10 @@ pub(crate) fn list_domains(conn: &Connect) -> Result<Vec<DomainSummary>, VirtErr
     Ok(out)
 }
 
-/// Maps an error of `define`: libvirt reports a name or UUID clash as
-/// `VIR_ERR_OPERATION_FAILED` ("already exists") or `VIR_ERR_DOM_EXIST`.
+/// Maps an error of `define`/`create`: libvirt reports a name or UUID clash as
+/// `VIR_ERR_DOM_EXIST` or as `VIR_ERR_OPERATION_FAILED` "domain '..' already exists with uuid
+/// ..". The latter is told apart by its (untranslated, C-locale) message; under another locale
+/// it stays [`LibvirtError::Other`] with code and message kept.
 fn map_define(what: &'static str, error: VirtError) -> LibvirtError {
     if error.code().to_raw() == sys::VIR_ERR_OPERATION_FAILED && error.message().contains("already")
     {
