@@ -10,5 +10,9 @@
 pub mod external;
 pub mod lifecycle;
 pub mod network;
+//! - [`libvirt`]: every libvirt call, on dedicated threads, with events and reconnects.
+
+pub mod external;
+pub mod libvirt;
 pub mod vif;
 pub mod wiring;
