@@ -6,13 +6,11 @@
 //! - [`lifecycle`]: the instance lifecycle state machine and which requests each state accepts.
 //! - [`wiring`]: what is wired on this host, as a stream.
 //! - [`network`]: the network service as the flows see it (`NetworkApi`).
-
-pub mod external;
-pub mod lifecycle;
-pub mod network;
 //! - [`libvirt`]: every libvirt call, on dedicated threads, with events and reconnects.
 
 pub mod external;
 pub mod libvirt;
+pub mod lifecycle;
+pub mod network;
 pub mod vif;
 pub mod wiring;
