@@ -4,7 +4,11 @@
 //! - [`vif`]: the VIF model, parsed strictly from Nova's `network_info`.
 //! - [`external`]: Nova-shaped external events and the sink that receives them.
 //! - [`wiring`]: what is wired on this host, as a stream.
+//! - [`predict`]: which VIF produces a bind-time, plug-time or no event for an operation.
+//! - [`events`]: the NetworkEventActor that holds waits and buffers early events.
 
+pub mod events;
 pub mod external;
+pub mod predict;
 pub mod vif;
 pub mod wiring;
