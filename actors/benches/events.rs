@@ -19,13 +19,15 @@ use vireo_actors::events::{
     Deliver, DeliverBatch, EventConfig, Expect, NetworkEventActor, OpId, Stats, WaitPolicy,
 };
 use vireo_actors::external::{EventName, EventStatus, ExternalEvent};
-use vireo_actors::predict::{predict, ExpectedEvent, Operation, Wiring};
+use vireo_actors::predict::{predict, predict_json, ExpectedEvent, Operation, Wiring};
 use vireo_actors::vif::{NetworkInfo, PortId};
 
 const WAITING: u32 = 1_000;
 
 fn port(n: u32) -> PortId {
-    PortId(Uuid::from_u128(0x3b2c_4d5e_0000_4000_8000_0000_0000_0000 + u128::from(n)))
+    PortId(Uuid::from_u128(
+        0x3b2c_4d5e_0000_4000_8000_0000_0000_0000 + u128::from(n),
+    ))
 }
 
 fn inst(n: u32) -> Uuid {
@@ -84,13 +86,22 @@ fn bench_predict(c: &mut Criterion) {
             p.map(|p| (p.bind_time_events(), p.plug_time_events()))
         })
     });
-    g.bench_function("from_json_minimal_vifs", |b| {
+    g.bench_function("predict_json_minimal_vifs", |b| {
+        b.iter(|| predict_json(black_box(&op), black_box(&minimal), &wiring))
+    });
+    g.bench_function("predict_json_full_nova_vifs", |b| {
+        b.iter(|| predict_json(black_box(&op), black_box(&nova), &wiring))
+    });
+    g.bench_function("serde_json_value_only_minimal", |b| {
+        b.iter(|| serde_json::from_str::<Value>(black_box(&minimal)).map(|v| v.is_array()))
+    });
+    g.bench_function("full_parse_minimal_vifs", |b| {
         b.iter(|| {
             let ni = NetworkInfo::parse(black_box(&minimal));
             ni.map(|ni| predict(&op, &ni.vifs, &wiring))
         })
     });
-    g.bench_function("from_json_full_nova_vifs", |b| {
+    g.bench_function("full_parse_full_nova_vifs", |b| {
         b.iter(|| {
             let ni = NetworkInfo::parse(black_box(&nova));
             ni.map(|ni| predict(&op, &ni.vifs, &wiring))
@@ -119,7 +130,8 @@ impl Rig {
             .name("bench-events".into())
             .spawn(move || {
                 let sys = System::new();
-                let addr = sys.block_on(async { NetworkEventActor::new(EventConfig::default()).start() });
+                let addr =
+                    sys.block_on(async { NetworkEventActor::new(EventConfig::default()).start() });
                 let _ = tx.send((addr, System::current()));
                 let _ = sys.run();
             })
@@ -133,7 +145,10 @@ impl Rig {
         for i in 0..WAITING {
             let h = block_on(addr.send(Expect {
                 instance: inst(i),
-                events: vec![ExpectedEvent::plugged(port(1)), ExpectedEvent::plugged(port(2))],
+                events: vec![
+                    ExpectedEvent::plugged(port(1)),
+                    ExpectedEvent::plugged(port(2)),
+                ],
                 since: Instant::now(),
                 policy,
                 op_id: OpId(u64::from(i)),
@@ -151,7 +166,9 @@ impl Rig {
     }
 
     fn waits_now(&self) -> u64 {
-        block_on(self.addr.send(Stats)).map(|s| s.waits_now).unwrap_or(0)
+        block_on(self.addr.send(Stats))
+            .map(|s| s.waits_now)
+            .unwrap_or(0)
     }
 }
 
@@ -215,7 +232,11 @@ fn bench_throughput(c: &mut Criterion) {
         })
     });
     g.finish();
-    assert_eq!(rig.waits_now(), u64::from(WAITING), "the 1,000 waits are still there");
+    assert_eq!(
+        rig.waits_now(),
+        u64::from(WAITING),
+        "the 1,000 waits are still there"
+    );
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {

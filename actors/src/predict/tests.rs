@@ -403,3 +403,94 @@ fn agent_served_matches_the_rule() {
         }
     }
 }
+
+// predict_json: the lean path agrees with the full model.
+
+fn full(op: &Operation, text: &str, w: &Wiring) -> Result<Prediction, PredictError> {
+    let ni = NetworkInfo::parse(text).map_err(PredictError::NetworkInfo)?;
+    predict(op, &ni.vifs, w)
+}
+
+#[test]
+fn predict_json_agrees_with_the_full_model_on_every_pair_and_column() {
+    let mut checked = 0;
+    for vt in VifType::ALL {
+        for vnic in VnicType::ALL {
+            for hybrid in [false, true] {
+                for active in [false, true] {
+                    let text = Value::Array(vec![
+                        vif_json(1, "ovs", "normal", !hybrid, !active),
+                        vif_json(2, vt.as_str(), vnic.as_str(), hybrid, active),
+                    ])
+                    .to_string();
+                    for column in Column::ALL {
+                        for w in [
+                            Wiring::default(),
+                            Wiring {
+                                ovs_native: DeviceForm::PreCreated,
+                                linux_bridge: DeviceForm::PreCreated,
+                            },
+                        ] {
+                            let op = op_for(column);
+                            assert_eq!(predict_json(&op, &text, &w), full(&op, &text, &w));
+                            checked += 1;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert_eq!(checked, 8 * 11 * 2 * 2 * 11 * 2);
+}
+
+#[test]
+fn predict_json_reports_the_same_field_errors() {
+    let op = Operation::Spawn;
+    let w = Wiring::default();
+    let mut cases: Vec<Value> = Vec::new();
+    let base = vif_json(1, "ovs", "normal", true, false);
+    for (path, bad) in [
+        ("active", json!("no")),
+        ("active", json!(1)),
+        ("id", json!(7)),
+        ("id", json!("not-a-uuid")),
+        ("id", Value::Null),
+        ("type", json!("802.qbh")),
+        ("type", json!("binding_failed")),
+        ("type", Value::Null),
+        ("vnic_type", json!("fancy")),
+        ("vnic_type", json!(false)),
+    ] {
+        let mut v = base.clone();
+        v[path] = bad;
+        cases.push(Value::Array(vec![
+            vif_json(2, "ovs", "normal", false, false),
+            v,
+        ]));
+    }
+    let mut v = base.clone();
+    v["details"]["ovs_hybrid_plug"] = json!("yes");
+    cases.push(Value::Array(vec![v]));
+    cases.push(Value::Array(vec![base.clone(), {
+        let mut d = vif_json(2, "ovs", "normal", true, false);
+        d["id"] = base["id"].clone();
+        d
+    }]));
+    for case in cases {
+        let text = case.to_string();
+        let want = full(&op, &text, &w).unwrap_err();
+        assert!(
+            matches!(want, PredictError::NetworkInfo(VifError::Field { .. })),
+            "{want}"
+        );
+        assert_eq!(predict_json(&op, &text, &w).unwrap_err(), want, "{text}");
+    }
+    assert_eq!(
+        predict_json(&op, "{}", &w),
+        Err(PredictError::NetworkInfo(VifError::NotAList))
+    );
+    assert!(matches!(
+        predict_json(&op, "[1", &w),
+        Err(PredictError::NetworkInfo(VifError::Json(_)))
+    ));
+}
