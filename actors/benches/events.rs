@@ -66,6 +66,18 @@ fn four(f: fn(u32, bool) -> Value) -> String {
     Value::Array((1..=4).map(|n| f(n, n % 2 == 0)).collect()).to_string()
 }
 
+/// Thread CPU time spent in `f`.
+fn cpu_time(f: impl FnOnce()) -> Duration {
+    let now = || {
+        nix::time::clock_gettime(nix::time::ClockId::CLOCK_THREAD_CPUTIME_ID)
+            .map(Duration::from)
+            .unwrap_or_default()
+    };
+    let start = now();
+    f();
+    now().saturating_sub(start)
+}
+
 fn bench_predict(c: &mut Criterion) {
     let op = Operation::RevertResize {
         source: "h1".into(),
@@ -105,6 +117,48 @@ fn bench_predict(c: &mut Criterion) {
         b.iter(|| {
             let ni = NetworkInfo::parse(black_box(&nova));
             ni.map(|ni| predict(&op, &ni.vifs, &wiring))
+        })
+    });
+    g.finish();
+
+    // The same on thread CPU time: what one prediction costs the core that runs it,
+    // independent of how many other processes share the machine.
+    let mut g = c.benchmark_group("predict_4_vifs_thread_cpu_time");
+    g.bench_function("parsed_network_info", |b| {
+        b.iter_custom(|iters| {
+            cpu_time(|| {
+                for _ in 0..iters {
+                    let _ = black_box(predict(black_box(&op), black_box(&parsed), &wiring));
+                }
+            })
+        })
+    });
+    g.bench_function("predict_json_minimal_vifs", |b| {
+        b.iter_custom(|iters| {
+            cpu_time(|| {
+                for _ in 0..iters {
+                    let _ = black_box(predict_json(black_box(&op), black_box(&minimal), &wiring));
+                }
+            })
+        })
+    });
+    g.bench_function("predict_json_full_nova_vifs", |b| {
+        b.iter_custom(|iters| {
+            cpu_time(|| {
+                for _ in 0..iters {
+                    let _ = black_box(predict_json(black_box(&op), black_box(&nova), &wiring));
+                }
+            })
+        })
+    });
+    g.bench_function("full_parse_minimal_vifs", |b| {
+        b.iter_custom(|iters| {
+            cpu_time(|| {
+                for _ in 0..iters {
+                    let ni = NetworkInfo::parse(black_box(&minimal));
+                    let _ = black_box(ni.map(|ni| predict(&op, &ni.vifs, &wiring)));
+                }
+            })
         })
     });
     g.finish();
@@ -300,9 +354,15 @@ fn latency_report() {
 }
 
 fn main() {
-    latency_report();
+    // VIREO_BENCH_ONLY=predict skips the actor parts (to iterate on prediction quickly).
+    let only_predict = std::env::var("VIREO_BENCH_ONLY").is_ok_and(|v| v == "predict");
+    if !only_predict {
+        latency_report();
+    }
     let mut c = Criterion::default().configure_from_args();
     bench_predict(&mut c);
-    bench_throughput(&mut c);
+    if !only_predict {
+        bench_throughput(&mut c);
+    }
     c.final_summary();
 }

@@ -141,7 +141,7 @@ pub fn predict_json(
         )
     })?;
     let mut out = Vec::with_capacity(list.len());
-    let mut seen: HashSet<PortId> = HashSet::with_capacity(list.len());
+    let mut seen: HashSet<PortId> = HashSet::new();
     for (index, v) in list.iter().enumerate() {
         let port_text = match &v.id {
             Some(Scalar::Str(s)) => s.as_ref(),
@@ -168,12 +168,20 @@ pub fn predict_json(
             None => false,
             Some(d) => c.bool(&d.ovs_hybrid_plug, "details.ovs_hybrid_plug")?,
         };
-        if !seen.insert(port) {
-            let first = out
-                .iter()
-                .position(|p: &VifPrediction| p.port == port)
-                .unwrap_or(0);
+        // Instances have a handful of VIFs: a linear scan beats hashing up to a few dozen.
+        let dup = if out.len() < 32 {
+            out.iter().position(|p: &VifPrediction| p.port == port)
+        } else if !seen.insert(port) {
+            out.iter().position(|p: &VifPrediction| p.port == port)
+        } else {
+            None
+        };
+        if let Some(first) = dup {
             return Err(c.err("id", Problem::Duplicate(first)));
+        }
+        if out.len() == 31 {
+            seen.extend(out.iter().map(|p| p.port));
+            seen.insert(port);
         }
         let kind = classify(vif_type, vnic_type, hybrid, wiring).map_err(|why| {
             PredictError::Unsupported {

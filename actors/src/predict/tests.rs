@@ -1,7 +1,7 @@
 //! Tests of the event prediction: every cell of docs/EVENT_MODEL.md, Nova's own cases, errors.
 
 use super::*;
-use crate::vif::NetworkInfo;
+use crate::vif::{NetworkInfo, Problem};
 use serde_json::{json, Value};
 
 const DOC: &str = include_str!(concat!(
@@ -493,4 +493,26 @@ fn predict_json_reports_the_same_field_errors() {
         predict_json(&op, "[1", &w),
         Err(PredictError::NetworkInfo(VifError::Json(_)))
     ));
+}
+
+#[test]
+fn predict_json_finds_duplicates_in_long_lists_too() {
+    let w = Wiring::default();
+    for (len, dup_of) in [(3usize, 1u32), (33, 2), (40, 35)] {
+        let mut items: Vec<Value> = (0..len as u32)
+            .map(|n| vif_json(n, "ovs", "normal", false, false))
+            .collect();
+        let mut d = vif_json(200, "ovs", "normal", false, false);
+        d["id"] = json!(port(dup_of));
+        items.push(d);
+        let text = Value::Array(items).to_string();
+        let want = full(&Operation::Spawn, &text, &w).unwrap_err();
+        assert_eq!(
+            predict_json(&Operation::Spawn, &text, &w).unwrap_err(),
+            want
+        );
+        assert!(
+            matches!(want, PredictError::NetworkInfo(VifError::Field { problem: Problem::Duplicate(i), .. }) if i == dup_of as usize)
+        );
+    }
 }
