@@ -2,6 +2,8 @@
 //! schemas (`virt-xml-validate`) and `virDomainDefineXMLFlags(VALIDATE)` on a private
 //! `test:///` connection, whose output is parsed back and compared.
 
+#![allow(clippy::unwrap_used)]
+
 mod common;
 
 use common::*;

@@ -1,5 +1,5 @@
 //! Shared test helpers: sample devices of every form and validators against real libvirt.
-#![allow(dead_code)]
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::Path;
 use std::process::Command;
