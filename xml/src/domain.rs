@@ -505,7 +505,7 @@ impl Domain {
                 // of host-model); keep it, it is what the guest got.
                 Some(Cpu {
                     mode,
-                    model: c.model.map(|m| m.value),
+                    model: c.model,
                     topology,
                 })
             }
@@ -666,9 +666,9 @@ impl ScaledW {
     fn kib(&self, field: &dyn Fn() -> String) -> Result<u64, XmlError> {
         let n: u64 = parse::num(&self.value, field)?;
         let bytes_per_unit: u64 = match self.unit.as_deref().unwrap_or("KiB") {
+            "k" | "KiB" => return Ok(n),
             "b" | "bytes" => 1,
             "KB" => 1000,
-            "k" | "KiB" => 1 << 10,
             "MB" => 1_000_000,
             "M" | "MiB" => 1 << 20,
             "GB" => 1_000_000_000,
@@ -693,7 +693,9 @@ struct TextW {
 struct CpuW {
     #[serde(rename = "@mode")]
     mode: Option<String>,
-    model: Option<TextW>,
+    // A plain string (not a `$text` struct) so edge whitespace written as character
+    // references survives; quick-xml ignores the element's attributes (`fallback`).
+    model: Option<String>,
     topology: Option<TopologyW>,
 }
 
