@@ -62,7 +62,8 @@ fn vlan_out_of_range_is_refused_on_write() {
 
 #[test]
 fn invalid_values_name_their_place() {
-    let cases: [(&str, &str, fn(&XmlError) -> bool); 9] = [
+    type Case = (&'static str, &'static str, fn(&XmlError) -> bool);
+    let cases: [Case; 9] = [
         (
             "<interface type='bridge'><source bridge='br/int'/></interface>",
             "interface/source/@bridge",

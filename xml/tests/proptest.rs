@@ -23,10 +23,6 @@ fn text() -> impl Strategy<Value = String> {
     .prop_map(|v| v.concat())
 }
 
-fn nonempty_text() -> impl Strategy<Value = String> {
-    text().prop_filter("non-empty", |s| !s.is_empty())
-}
-
 fn domain_name() -> impl Strategy<Value = DomainName> {
     text().prop_filter_map("valid domain name", |s| DomainName::new(s).ok())
 }
