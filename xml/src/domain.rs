@@ -448,8 +448,14 @@ impl Domain {
     /// Elements and attributes the model does not hold are ignored; the vireo metadata
     /// element is found by its namespace, other applications' metadata is ignored.
     pub fn from_xml(xml: &str) -> Result<Self, XmlError> {
-        check_root(xml, "domain")?;
-        let metadata = match crate::live::find_metadata(xml)? {
+        // The namespace scan also checks the root; skip it when the namespace is absent.
+        let span = if xml.contains(crate::metadata::NAMESPACE_URI) {
+            crate::live::find_metadata(xml)?
+        } else {
+            check_root(xml, "domain")?;
+            None
+        };
+        let metadata = match span {
             None => None,
             Some(span) => Some(VireoMetadata::from_xml(&xml[span])?),
         };

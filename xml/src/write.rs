@@ -184,8 +184,8 @@ fn escape(out: &mut String, s: &str, attr: bool) -> Result<(), char> {
             b'<' => "&lt;",
             b'>' => "&gt;",
             b'&' => "&amp;",
-            b'\'' => "&apos;",
-            b'"' => "&quot;",
+            b'\'' if attr => "&apos;",
+            b'"' if attr => "&quot;",
             b'\r' => "&#13;",
             b'\t' if attr => "&#9;",
             b'\n' if attr => "&#10;",
@@ -258,7 +258,7 @@ mod tests {
             attr("a<b>&'\"é\t\n\r").unwrap(),
             "a&lt;b&gt;&amp;&apos;&quot;é&#9;&#10;&#13;"
         );
-        assert_eq!(text("x<y\nz").unwrap(), "x&lt;y\nz");
+        assert_eq!(text("x<y\nz \"q\" 'a'").unwrap(), "x&lt;y\nz \"q\" 'a'");
     }
 
     #[test]
