@@ -191,6 +191,20 @@ fn escape(out: &mut String, s: &str, attr: bool) -> Result<(), char> {
             b'\n' if attr => "&#10;",
             b'\t' | b'\n' => continue,
             0..=0x1f => return Err(char::from(b)),
+            // NEL (U+0085, C2 85) and LINE SEPARATOR (U+2028, E2 80 A8) are line ends that
+            // quick-xml (following XML 1.1) normalises to '\n': keep them as references.
+            0xC2 if bytes.get(i + 1) == Some(&0x85) => {
+                out.push_str(&s[last..i]);
+                out.push_str("&#x85;");
+                last = i + 2;
+                continue;
+            }
+            0xE2 if bytes.get(i + 1) == Some(&0x80) && bytes.get(i + 2) == Some(&0xA8) => {
+                out.push_str(&s[last..i]);
+                out.push_str("&#x2028;");
+                last = i + 3;
+                continue;
+            }
             // U+FFFE and U+FFFF are EF BF BE / EF BF BF in UTF-8.
             0xEF if bytes.get(i + 1) == Some(&0xBF)
                 && matches!(bytes.get(i + 2), Some(0xBE | 0xBF)) =>
@@ -275,6 +289,8 @@ mod tests {
         assert_eq!(text("\u{FFFE}"), Err('\u{FFFE}'));
         assert_eq!(attr("x\u{FFFF}"), Err('\u{FFFF}'));
         assert_eq!(attr("\u{FFFD}").unwrap(), "\u{FFFD}");
+        assert_eq!(text("a\u{2028}b\u{85}c").unwrap(), "a&#x2028;b&#x85;c");
+        assert_eq!(attr("\u{2029}").unwrap(), "\u{2029}");
     }
 
     #[test]

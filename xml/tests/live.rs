@@ -286,3 +286,33 @@ fn rewritten_inactive_xml_is_accepted_by_libvirt() {
     strip_assigned(&mut got, &vf);
     assert_eq!(got, vf);
 }
+
+#[test]
+fn interleaved_device_kinds_and_unknown_elements_parse() {
+    // libvirt groups devices by kind, but a hand-written document need not.
+    let xml = "<domain type='kvm' xmlns:qemu='http://libvirt.org/schemas/domain/qemu/1.0'>\
+        <name>vx-mixed</name><unknown-top a='1'><deep/></unknown-top>\
+        <memory unit='MiB'>256</memory><os><type>hvm</type></os><devices>\
+        <interface type='ethernet'><mac address='fa:16:3e:00:00:01'/><future-option x='y'/></interface>\
+        <serial type='pty'><target port='0'/></serial>\
+        <interface type='bridge' extra='attr'><mac address='fa:16:3e:00:00:02'/><source bridge='br0'/></interface>\
+        <video><model type='vga'/></video>\
+        <interface type='ethernet'><mac address='fa:16:3e:00:00:03'/></interface>\
+        </devices><qemu:commandline><qemu:arg value='-S'/></qemu:commandline></domain>";
+    let d = Domain::from_xml(xml).unwrap();
+    assert_eq!(d.memory_kib, 256 * 1024);
+    let macs: Vec<_> = d
+        .devices
+        .interfaces
+        .iter()
+        .map(|i| i.mac.unwrap())
+        .collect();
+    assert_eq!(macs, vec![mac(1), mac(2), mac(3)]);
+    assert_eq!(d.devices.serials.len(), 1);
+    // And a rewrite keeps the unknown parts.
+    let out = rewrite(xml, &[Edit::RemoveInterface(Selector::Mac(mac(2)))]).unwrap();
+    assert!(out.contains("<video><model type='vga'/></video>"));
+    assert!(out.contains("<qemu:commandline><qemu:arg value='-S'/></qemu:commandline>"));
+    assert!(out.contains("<future-option x='y'/>"));
+    assert_eq!(Domain::from_xml(&out).unwrap().devices.interfaces.len(), 2);
+}

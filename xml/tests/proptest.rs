@@ -449,7 +449,8 @@ fn domain() -> impl Strategy<Value = Domain> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(256))]
+    // 256 cases by default; PROPTEST_CASES=N runs more.
+    #![proptest_config(ProptestConfig::default())]
 
     #[test]
     fn interface_round_trips(i in interface()) {
