@@ -5,7 +5,7 @@ use serde::Deserialize;
 use uuid::Uuid;
 
 use crate::error::XmlError;
-use crate::parse::{self, check_root, keyword, opt_num, req};
+use crate::parse::{self, check_root, keyword, opt_num, owned, req, Str};
 use crate::types::PciAddress;
 use crate::write::Writer;
 
@@ -32,26 +32,26 @@ pub enum DeviceAddress {
 }
 
 #[derive(Debug, Default, Deserialize)]
-pub(crate) struct AddressW {
-    #[serde(rename = "@type")]
-    kind: Option<String>,
-    #[serde(rename = "@domain")]
-    domain: Option<String>,
-    #[serde(rename = "@bus")]
-    bus: Option<String>,
-    #[serde(rename = "@slot")]
-    slot: Option<String>,
-    #[serde(rename = "@function")]
-    function: Option<String>,
-    #[serde(rename = "@controller")]
-    controller: Option<String>,
-    #[serde(rename = "@target")]
-    target: Option<String>,
-    #[serde(rename = "@unit")]
-    unit: Option<String>,
+pub(crate) struct AddressW<'a> {
+    #[serde(borrow, rename = "@type")]
+    kind: Option<Str<'a>>,
+    #[serde(borrow, rename = "@domain")]
+    domain: Option<Str<'a>>,
+    #[serde(borrow, rename = "@bus")]
+    bus: Option<Str<'a>>,
+    #[serde(borrow, rename = "@slot")]
+    slot: Option<Str<'a>>,
+    #[serde(borrow, rename = "@function")]
+    function: Option<Str<'a>>,
+    #[serde(borrow, rename = "@controller")]
+    controller: Option<Str<'a>>,
+    #[serde(borrow, rename = "@target")]
+    target: Option<Str<'a>>,
+    #[serde(borrow, rename = "@unit")]
+    unit: Option<Str<'a>>,
 }
 
-impl AddressW {
+impl AddressW<'_> {
     /// A host PCI address (`<source><address .../></source>`; `type` absent or `pci`).
     pub(crate) fn host_pci(self, field: &dyn Fn() -> String) -> Result<PciAddress, XmlError> {
         match self.kind.as_deref() {
@@ -76,7 +76,7 @@ impl AddressW {
                 field,
             )?))),
             Some("drive") => {
-                let n = |v: Option<String>, name: &str| -> Result<u32, XmlError> {
+                let n = |v: Option<Str<'_>>, name: &str| -> Result<u32, XmlError> {
                     Ok(opt_num(v, || format!("{}/@{name}", field()))?.unwrap_or(0))
                 };
                 Ok(Some(DeviceAddress::Drive {
@@ -131,9 +131,9 @@ pub(crate) fn write_host_pci_source(w: &mut Writer, pci: &PciAddress, typed: boo
 }
 
 #[derive(Debug, Default, Deserialize)]
-pub(crate) struct NameW {
-    #[serde(rename = "@name")]
-    pub(crate) name: Option<String>,
+pub(crate) struct NameW<'a> {
+    #[serde(borrow, rename = "@name")]
+    pub(crate) name: Option<Str<'a>>,
 }
 
 pub(crate) fn write_alias(w: &mut Writer, alias: Option<&str>) -> Result<(), XmlError> {
@@ -184,7 +184,7 @@ impl Hostdev {
     /// Parse a `<hostdev>` element.
     pub fn from_xml(xml: &str) -> Result<Self, XmlError> {
         check_root(xml, "hostdev")?;
-        let wire: HostdevW = quick_xml::de::from_str(xml)?;
+        let wire: HostdevW<'_> = quick_xml::de::from_str(xml)?;
         Hostdev::from_wire(wire, &|| "hostdev".to_owned())
     }
 
@@ -203,13 +203,13 @@ impl Hostdev {
         Ok(())
     }
 
-    pub(crate) fn from_wire(h: HostdevW, ctx: &dyn Fn() -> String) -> Result<Self, XmlError> {
+    pub(crate) fn from_wire(h: HostdevW<'_>, ctx: &dyn Fn() -> String) -> Result<Self, XmlError> {
         match h.mode.as_deref() {
             Some("subsystem") | None => {}
             Some(other) => return Err(XmlError::unsupported(format!("{}/@mode", ctx()), other)),
         }
         let kind = req(h.kind, || format!("{}/@type", ctx()))?;
-        if kind != "pci" {
+        if &*kind != "pci" {
             return Err(XmlError::unsupported(format!("{}/@type", ctx()), &kind));
         }
         let managed = match h.managed {
@@ -224,7 +224,7 @@ impl Hostdev {
         Ok(Hostdev {
             source,
             managed,
-            alias: h.alias.and_then(|a| a.name),
+            alias: h.alias.and_then(|a| a.name).map(Str::into_string),
             address: match h.address {
                 Some(a) => a.guest(&|| format!("{}/address", ctx()))?,
                 None => None,
@@ -234,21 +234,25 @@ impl Hostdev {
 }
 
 #[derive(Debug, Default, Deserialize)]
-pub(crate) struct SourceAddressW {
-    pub(crate) address: Option<AddressW>,
+pub(crate) struct SourceAddressW<'a> {
+    #[serde(borrow)]
+    pub(crate) address: Option<AddressW<'a>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
-pub(crate) struct HostdevW {
-    #[serde(rename = "@mode")]
-    mode: Option<String>,
-    #[serde(rename = "@type")]
-    kind: Option<String>,
-    #[serde(rename = "@managed")]
-    managed: Option<String>,
-    source: Option<SourceAddressW>,
-    alias: Option<NameW>,
-    address: Option<AddressW>,
+pub(crate) struct HostdevW<'a> {
+    #[serde(borrow, rename = "@mode")]
+    mode: Option<Str<'a>>,
+    #[serde(borrow, rename = "@type")]
+    kind: Option<Str<'a>>,
+    #[serde(borrow, rename = "@managed")]
+    managed: Option<Str<'a>>,
+    #[serde(borrow)]
+    source: Option<SourceAddressW<'a>>,
+    #[serde(borrow)]
+    alias: Option<NameW<'a>>,
+    #[serde(borrow)]
+    address: Option<AddressW<'a>>,
 }
 
 // ---------------------------------------------------------------------------------------
@@ -411,7 +415,7 @@ impl Disk {
     /// Parse a `<disk>` element.
     pub fn from_xml(xml: &str) -> Result<Self, XmlError> {
         check_root(xml, "disk")?;
-        let wire: DiskW = quick_xml::de::from_str(xml)?;
+        let wire: DiskW<'_> = quick_xml::de::from_str(xml)?;
         Disk::from_wire(wire, &|| "disk".to_owned())
     }
 
@@ -498,23 +502,23 @@ impl Disk {
         Ok(())
     }
 
-    pub(crate) fn from_wire(d: DiskW, ctx: &dyn Fn() -> String) -> Result<Self, XmlError> {
+    pub(crate) fn from_wire(d: DiskW<'_>, ctx: &dyn Fn() -> String) -> Result<Self, XmlError> {
         let kind = req(d.kind, || format!("{}/@type", ctx()))?;
         let device = match d.device {
             None => DiskDevice::Disk,
             Some(s) => keyword(&s, DiskDevice::parse, || format!("{}/@device", ctx()))?,
         };
         let src = d.source.unwrap_or_default();
-        let source = match kind.as_str() {
+        let source = match &*kind {
             "file" => DiskSource::File {
-                path: req(src.file, || format!("{}/source/@file", ctx()))?,
+                path: req(src.file, || format!("{}/source/@file", ctx()))?.into_string(),
             },
             "block" => DiskSource::Block {
-                dev: req(src.dev, || format!("{}/source/@dev", ctx()))?,
+                dev: req(src.dev, || format!("{}/source/@dev", ctx()))?.into_string(),
             },
             "network" => {
                 let protocol = req(src.protocol, || format!("{}/source/@protocol", ctx()))?;
-                if protocol != "rbd" {
+                if &*protocol != "rbd" {
                     return Err(XmlError::unsupported(
                         format!("{}/source/@protocol", ctx()),
                         &protocol,
@@ -528,7 +532,7 @@ impl Disk {
                             XmlError::missing(format!("{}/auth/secret/@uuid", ctx()))
                         })?;
                         Some(DiskAuth {
-                            username,
+                            username: username.into_string(),
                             secret_uuid: parse::uuid(&secret, || {
                                 format!("{}/auth/secret/@uuid", ctx())
                             })?,
@@ -538,12 +542,13 @@ impl Disk {
                 let mut hosts = Vec::with_capacity(src.host.len());
                 for (i, h) in src.host.into_iter().enumerate() {
                     hosts.push(RbdHost {
-                        name: req(h.name, || format!("{}/source/host[{i}]/@name", ctx()))?,
+                        name: req(h.name, || format!("{}/source/host[{i}]/@name", ctx()))?
+                            .into_string(),
                         port: opt_num(h.port, || format!("{}/source/host[{i}]/@port", ctx()))?,
                     });
                 }
                 DiskSource::Rbd {
-                    name: req(src.name, || format!("{}/source/@name", ctx()))?,
+                    name: req(src.name, || format!("{}/source/@name", ctx()))?.into_string(),
                     hosts,
                     auth,
                 }
@@ -574,14 +579,14 @@ impl Disk {
             device,
             source,
             driver,
-            target_dev: req(target.dev, || format!("{}/target/@dev", ctx()))?,
+            target_dev: req(target.dev, || format!("{}/target/@dev", ctx()))?.into_string(),
             target_bus: match target.bus {
                 None => DiskBus::Virtio,
                 Some(b) => keyword(&b, DiskBus::parse, || format!("{}/target/@bus", ctx()))?,
             },
             readonly: d.readonly.is_some(),
-            serial: d.serial,
-            alias: d.alias.and_then(|a| a.name),
+            serial: owned(d.serial),
+            alias: d.alias.and_then(|a| a.name).map(Str::into_string),
             address: match d.address {
                 Some(a) => a.guest(&|| format!("{}/address", ctx()))?,
                 None => None,
@@ -591,73 +596,82 @@ impl Disk {
 }
 
 #[derive(Debug, Default, Deserialize)]
-pub(crate) struct DiskW {
-    #[serde(rename = "@type")]
-    kind: Option<String>,
-    #[serde(rename = "@device")]
-    device: Option<String>,
-    driver: Option<DiskDriverW>,
-    source: Option<DiskSourceW>,
-    auth: Option<AuthW>,
-    target: Option<DiskTargetW>,
+pub(crate) struct DiskW<'a> {
+    #[serde(borrow, rename = "@type")]
+    kind: Option<Str<'a>>,
+    #[serde(borrow, rename = "@device")]
+    device: Option<Str<'a>>,
+    #[serde(borrow)]
+    driver: Option<DiskDriverW<'a>>,
+    #[serde(borrow)]
+    source: Option<DiskSourceW<'a>>,
+    #[serde(borrow)]
+    auth: Option<AuthW<'a>>,
+    #[serde(borrow)]
+    target: Option<DiskTargetW<'a>>,
     readonly: Option<serde::de::IgnoredAny>,
-    serial: Option<String>,
-    alias: Option<NameW>,
-    address: Option<AddressW>,
+    #[serde(borrow)]
+    serial: Option<Str<'a>>,
+    #[serde(borrow)]
+    alias: Option<NameW<'a>>,
+    #[serde(borrow)]
+    address: Option<AddressW<'a>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
-struct DiskDriverW {
-    #[serde(rename = "@type")]
-    format: Option<String>,
-    #[serde(rename = "@cache")]
-    cache: Option<String>,
-    #[serde(rename = "@discard")]
-    discard: Option<String>,
+struct DiskDriverW<'a> {
+    #[serde(borrow, rename = "@type")]
+    format: Option<Str<'a>>,
+    #[serde(borrow, rename = "@cache")]
+    cache: Option<Str<'a>>,
+    #[serde(borrow, rename = "@discard")]
+    discard: Option<Str<'a>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
-struct DiskSourceW {
-    #[serde(rename = "@file")]
-    file: Option<String>,
-    #[serde(rename = "@dev")]
-    dev: Option<String>,
-    #[serde(rename = "@protocol")]
-    protocol: Option<String>,
-    #[serde(rename = "@name")]
-    name: Option<String>,
-    #[serde(default)]
-    host: Vec<HostW>,
-    auth: Option<AuthW>,
+struct DiskSourceW<'a> {
+    #[serde(borrow, rename = "@file")]
+    file: Option<Str<'a>>,
+    #[serde(borrow, rename = "@dev")]
+    dev: Option<Str<'a>>,
+    #[serde(borrow, rename = "@protocol")]
+    protocol: Option<Str<'a>>,
+    #[serde(borrow, rename = "@name")]
+    name: Option<Str<'a>>,
+    #[serde(borrow, default)]
+    host: Vec<HostW<'a>>,
+    #[serde(borrow)]
+    auth: Option<AuthW<'a>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
-struct HostW {
-    #[serde(rename = "@name")]
-    name: Option<String>,
-    #[serde(rename = "@port")]
-    port: Option<String>,
+struct HostW<'a> {
+    #[serde(borrow, rename = "@name")]
+    name: Option<Str<'a>>,
+    #[serde(borrow, rename = "@port")]
+    port: Option<Str<'a>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
-struct AuthW {
-    #[serde(rename = "@username")]
-    username: Option<String>,
-    secret: Option<SecretW>,
+struct AuthW<'a> {
+    #[serde(borrow, rename = "@username")]
+    username: Option<Str<'a>>,
+    #[serde(borrow)]
+    secret: Option<SecretW<'a>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
-struct SecretW {
-    #[serde(rename = "@uuid")]
-    uuid: Option<String>,
+struct SecretW<'a> {
+    #[serde(borrow, rename = "@uuid")]
+    uuid: Option<Str<'a>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
-struct DiskTargetW {
-    #[serde(rename = "@dev")]
-    dev: Option<String>,
-    #[serde(rename = "@bus")]
-    bus: Option<String>,
+struct DiskTargetW<'a> {
+    #[serde(borrow, rename = "@dev")]
+    dev: Option<Str<'a>>,
+    #[serde(borrow, rename = "@bus")]
+    bus: Option<Str<'a>>,
 }
 
 // ---------------------------------------------------------------------------------------
@@ -811,14 +825,14 @@ impl Serial {
         Ok(())
     }
 
-    pub(crate) fn from_wire(mut c: CharW, ctx: &dyn Fn() -> String) -> Result<Self, XmlError> {
+    pub(crate) fn from_wire(mut c: CharW<'_>, ctx: &dyn Fn() -> String) -> Result<Self, XmlError> {
         let (source, target, alias) = c.parts(ctx)?;
         Ok(Serial {
             source,
             log: match c.log {
                 None => None,
                 Some(l) => Some(CharLog {
-                    file: req(l.file, || format!("{}/log/@file", ctx()))?,
+                    file: req(l.file, || format!("{}/log/@file", ctx()))?.into_string(),
                     append: l
                         .append
                         .map(|a| parse::on_off(&a, || format!("{}/log/@append", ctx())))
@@ -862,7 +876,7 @@ impl Console {
         Ok(())
     }
 
-    pub(crate) fn from_wire(mut c: CharW, ctx: &dyn Fn() -> String) -> Result<Self, XmlError> {
+    pub(crate) fn from_wire(mut c: CharW<'_>, ctx: &dyn Fn() -> String) -> Result<Self, XmlError> {
         let (source, (target_type, port), alias) = c.parts(ctx)?;
         Ok(Console {
             source,
@@ -880,32 +894,38 @@ impl Console {
 }
 
 #[derive(Debug, Default, Deserialize)]
-pub(crate) struct CharW {
-    #[serde(rename = "@type")]
-    kind: Option<String>,
-    source: Option<CharSourceW>,
-    log: Option<LogW>,
-    target: Option<CharTargetW>,
-    alias: Option<NameW>,
+pub(crate) struct CharW<'a> {
+    #[serde(borrow, rename = "@type")]
+    kind: Option<Str<'a>>,
+    #[serde(borrow)]
+    source: Option<CharSourceW<'a>>,
+    #[serde(borrow)]
+    log: Option<LogW<'a>>,
+    #[serde(borrow)]
+    target: Option<CharTargetW<'a>>,
+    #[serde(borrow)]
+    alias: Option<NameW<'a>>,
 }
 
 type CharParts = (CharSource, (Option<String>, Option<u32>), Option<String>);
 
-impl CharW {
+impl CharW<'_> {
     fn parts(&mut self, ctx: &dyn Fn() -> String) -> Result<CharParts, XmlError> {
         let kind = req(self.kind.take(), || format!("{}/@type", ctx()))?;
         let src = self.source.take().unwrap_or_default();
-        let source = match kind.as_str() {
-            "pty" => CharSource::Pty { path: src.path },
+        let source = match &*kind {
+            "pty" => CharSource::Pty {
+                path: owned(src.path),
+            },
             "file" => CharSource::File {
-                path: req(src.path, || format!("{}/source/@path", ctx()))?,
+                path: req(src.path, || format!("{}/source/@path", ctx()))?.into_string(),
                 append: src
                     .append
                     .map(|a| parse::on_off(&a, || format!("{}/source/@append", ctx())))
                     .transpose()?,
             },
             "unix" => CharSource::Unix {
-                path: req(src.path, || format!("{}/source/@path", ctx()))?,
+                path: req(src.path, || format!("{}/source/@path", ctx()))?.into_string(),
                 mode: match src.mode {
                     None => UnixMode::Connect,
                     Some(m) => keyword(&m, UnixMode::parse, || format!("{}/source/@mode", ctx()))?,
@@ -916,40 +936,40 @@ impl CharW {
         let (ttype, port) = match self.target.take() {
             None => (None, None),
             Some(t) => (
-                t.kind,
+                owned(t.kind),
                 opt_num(t.port, || format!("{}/target/@port", ctx()))?,
             ),
         };
         Ok((
             source,
             (ttype, port),
-            self.alias.take().and_then(|a| a.name),
+            self.alias.take().and_then(|a| a.name).map(Str::into_string),
         ))
     }
 }
 
 #[derive(Debug, Default, Deserialize)]
-struct CharSourceW {
-    #[serde(rename = "@path")]
-    path: Option<String>,
-    #[serde(rename = "@mode")]
-    mode: Option<String>,
-    #[serde(rename = "@append")]
-    append: Option<String>,
+struct CharSourceW<'a> {
+    #[serde(borrow, rename = "@path")]
+    path: Option<Str<'a>>,
+    #[serde(borrow, rename = "@mode")]
+    mode: Option<Str<'a>>,
+    #[serde(borrow, rename = "@append")]
+    append: Option<Str<'a>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
-struct LogW {
-    #[serde(rename = "@file")]
-    file: Option<String>,
-    #[serde(rename = "@append")]
-    append: Option<String>,
+struct LogW<'a> {
+    #[serde(borrow, rename = "@file")]
+    file: Option<Str<'a>>,
+    #[serde(borrow, rename = "@append")]
+    append: Option<Str<'a>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
-struct CharTargetW {
-    #[serde(rename = "@type")]
-    kind: Option<String>,
-    #[serde(rename = "@port")]
-    port: Option<String>,
+struct CharTargetW<'a> {
+    #[serde(borrow, rename = "@type")]
+    kind: Option<Str<'a>>,
+    #[serde(borrow, rename = "@port")]
+    port: Option<Str<'a>>,
 }

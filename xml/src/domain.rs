@@ -7,7 +7,7 @@ use crate::devices::{CharW, DiskW, HostdevW};
 use crate::error::XmlError;
 use crate::interface::InterfaceW;
 use crate::metadata::VireoMetadata;
-use crate::parse::{self, check_root, keyword, req};
+use crate::parse::{self, check_root, keyword, owned, req, Str};
 use crate::types::DomainName;
 use crate::write::Writer;
 use crate::{Console, Disk, Hostdev, Interface, Serial};
@@ -459,13 +459,14 @@ impl Domain {
             None => None,
             Some(span) => Some(VireoMetadata::from_xml(&xml[span])?),
         };
-        let d: DomainW = quick_xml::de::from_str(xml)?;
+        let d: DomainW<'_> = quick_xml::de::from_str(xml)?;
         let field = |s: &str| format!("domain/{s}");
         let domain_type = keyword(&req(d.kind, || field("@type"))?, DomainType::parse, || {
             field("@type")
         })?;
         let name = req(d.name, || field("name"))?;
-        let name = DomainName::new(name).map_err(|e| XmlError::invalid(field("name"), e))?;
+        let name =
+            DomainName::new(name.into_string()).map_err(|e| XmlError::invalid(field("name"), e))?;
         let uuid = match d.uuid {
             None => None,
             Some(u) => Some(parse::uuid(&u, || field("uuid"))?),
@@ -495,7 +496,7 @@ impl Domain {
                 let topology = match c.topology {
                     None => None,
                     Some(t) => {
-                        let n = |v: Option<String>, a: &str| -> Result<u32, XmlError> {
+                        let n = |v: Option<Str<'_>>, a: &str| -> Result<u32, XmlError> {
                             parse::num(&req(v, || field(&format!("cpu/topology/@{a}")))?, || {
                                 field(&format!("cpu/topology/@{a}"))
                             })
@@ -511,7 +512,7 @@ impl Domain {
                 // of host-model); keep it, it is what the guest got.
                 Some(Cpu {
                     mode,
-                    model: c.model,
+                    model: owned(c.model),
                     topology,
                 })
             }
@@ -532,11 +533,11 @@ impl Domain {
                 })?);
             }
             Os {
-                arch: t.arch,
-                machine: t.machine,
-                kernel: o.kernel,
-                initrd: o.initrd,
-                cmdline: o.cmdline,
+                arch: owned(t.arch),
+                machine: owned(t.machine),
+                kernel: owned(o.kernel),
+                initrd: owned(o.initrd),
+                cmdline: owned(o.cmdline),
                 boot,
             }
         };
@@ -578,13 +579,14 @@ impl Domain {
                 Some(Clock { offset, timers })
             }
         };
-        let action = |v: Option<String>, name: &str| -> Result<Option<LifecycleAction>, XmlError> {
-            v.map(|s| keyword(s.trim(), LifecycleAction::parse, || field(name)))
-                .transpose()
-        };
+        let action =
+            |v: Option<Str<'_>>, name: &str| -> Result<Option<LifecycleAction>, XmlError> {
+                v.map(|s| keyword(s.trim(), LifecycleAction::parse, || field(name)))
+                    .transpose()
+            };
         let dv = d.devices.unwrap_or_default();
         let mut devices = Devices {
-            emulator: dv.emulator,
+            emulator: owned(dv.emulator),
             disks: Vec::with_capacity(dv.disk.len()),
             interfaces: Vec::with_capacity(dv.interface.len()),
             hostdevs: Vec::with_capacity(dv.hostdev.len()),
@@ -638,36 +640,48 @@ impl Domain {
 }
 
 #[derive(Debug, Default, Deserialize)]
-struct DomainW {
-    #[serde(rename = "@type")]
-    kind: Option<String>,
-    #[serde(rename = "@id")]
-    id: Option<String>,
-    name: Option<String>,
-    uuid: Option<String>,
-    memory: Option<ScaledW>,
-    #[serde(rename = "currentMemory")]
-    current_memory: Option<ScaledW>,
-    vcpu: Option<TextW>,
-    cpu: Option<CpuW>,
-    os: Option<OsW>,
-    features: Option<FeaturesW>,
-    clock: Option<ClockW>,
-    on_poweroff: Option<String>,
-    on_reboot: Option<String>,
-    on_crash: Option<String>,
-    devices: Option<DevicesW>,
+struct DomainW<'a> {
+    #[serde(borrow, rename = "@type")]
+    kind: Option<Str<'a>>,
+    #[serde(borrow, rename = "@id")]
+    id: Option<Str<'a>>,
+    #[serde(borrow)]
+    name: Option<Str<'a>>,
+    #[serde(borrow)]
+    uuid: Option<Str<'a>>,
+    #[serde(borrow)]
+    memory: Option<ScaledW<'a>>,
+    #[serde(borrow, rename = "currentMemory")]
+    current_memory: Option<ScaledW<'a>>,
+    #[serde(borrow)]
+    vcpu: Option<TextW<'a>>,
+    #[serde(borrow)]
+    cpu: Option<CpuW<'a>>,
+    #[serde(borrow)]
+    os: Option<OsW<'a>>,
+    #[serde(borrow)]
+    features: Option<FeaturesW<'a>>,
+    #[serde(borrow)]
+    clock: Option<ClockW<'a>>,
+    #[serde(borrow)]
+    on_poweroff: Option<Str<'a>>,
+    #[serde(borrow)]
+    on_reboot: Option<Str<'a>>,
+    #[serde(borrow)]
+    on_crash: Option<Str<'a>>,
+    #[serde(borrow)]
+    devices: Option<DevicesW<'a>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
-struct ScaledW {
-    #[serde(rename = "@unit")]
-    unit: Option<String>,
-    #[serde(rename = "$text", default)]
-    value: String,
+struct ScaledW<'a> {
+    #[serde(borrow, rename = "@unit")]
+    unit: Option<Str<'a>>,
+    #[serde(borrow, rename = "$text", default)]
+    value: Str<'a>,
 }
 
-impl ScaledW {
+impl ScaledW<'_> {
     /// The value in KiB (libvirt's units; bytes round up to whole KiB as libvirt does).
     fn kib(&self, field: &dyn Fn() -> String) -> Result<u64, XmlError> {
         let n: u64 = parse::num(&self.value, field)?;
@@ -690,102 +704,109 @@ impl ScaledW {
 }
 
 #[derive(Debug, Default, Deserialize)]
-struct TextW {
-    #[serde(rename = "$text", default)]
-    value: String,
+struct TextW<'a> {
+    #[serde(borrow, rename = "$text", default)]
+    value: Str<'a>,
 }
 
 #[derive(Debug, Default, Deserialize)]
-struct CpuW {
-    #[serde(rename = "@mode")]
-    mode: Option<String>,
+struct CpuW<'a> {
+    #[serde(borrow, rename = "@mode")]
+    mode: Option<Str<'a>>,
     // A plain string (not a `$text` struct) so edge whitespace written as character
     // references survives; quick-xml ignores the element's attributes (`fallback`).
-    model: Option<String>,
-    topology: Option<TopologyW>,
+    #[serde(borrow)]
+    model: Option<Str<'a>>,
+    #[serde(borrow)]
+    topology: Option<TopologyW<'a>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
-struct TopologyW {
-    #[serde(rename = "@sockets")]
-    sockets: Option<String>,
-    #[serde(rename = "@cores")]
-    cores: Option<String>,
-    #[serde(rename = "@threads")]
-    threads: Option<String>,
+struct TopologyW<'a> {
+    #[serde(borrow, rename = "@sockets")]
+    sockets: Option<Str<'a>>,
+    #[serde(borrow, rename = "@cores")]
+    cores: Option<Str<'a>>,
+    #[serde(borrow, rename = "@threads")]
+    threads: Option<Str<'a>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
-struct OsW {
-    #[serde(rename = "type")]
-    os_type: Option<OsTypeW>,
-    kernel: Option<String>,
-    initrd: Option<String>,
-    cmdline: Option<String>,
-    #[serde(default)]
-    boot: Vec<BootW>,
+struct OsW<'a> {
+    #[serde(borrow, rename = "type")]
+    os_type: Option<OsTypeW<'a>>,
+    #[serde(borrow)]
+    kernel: Option<Str<'a>>,
+    #[serde(borrow)]
+    initrd: Option<Str<'a>>,
+    #[serde(borrow)]
+    cmdline: Option<Str<'a>>,
+    #[serde(borrow, default)]
+    boot: Vec<BootW<'a>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
-struct OsTypeW {
-    #[serde(rename = "@arch")]
-    arch: Option<String>,
-    #[serde(rename = "@machine")]
-    machine: Option<String>,
-    #[serde(rename = "$text", default)]
-    value: String,
+struct OsTypeW<'a> {
+    #[serde(borrow, rename = "@arch")]
+    arch: Option<Str<'a>>,
+    #[serde(borrow, rename = "@machine")]
+    machine: Option<Str<'a>>,
+    #[serde(borrow, rename = "$text", default)]
+    value: Str<'a>,
 }
 
 #[derive(Debug, Default, Deserialize)]
-struct BootW {
-    #[serde(rename = "@dev")]
-    dev: Option<String>,
+struct BootW<'a> {
+    #[serde(borrow, rename = "@dev")]
+    dev: Option<Str<'a>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
-struct FeaturesW {
+struct FeaturesW<'a> {
     acpi: Option<serde::de::IgnoredAny>,
     apic: Option<serde::de::IgnoredAny>,
     pae: Option<serde::de::IgnoredAny>,
     vmcoreinfo: Option<serde::de::IgnoredAny>,
-    vmport: Option<StateW>,
+    #[serde(borrow)]
+    vmport: Option<StateW<'a>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
-struct StateW {
-    #[serde(rename = "@state")]
-    state: Option<String>,
+struct StateW<'a> {
+    #[serde(borrow, rename = "@state")]
+    state: Option<Str<'a>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
-struct ClockW {
-    #[serde(rename = "@offset")]
-    offset: Option<String>,
-    #[serde(default)]
-    timer: Vec<TimerW>,
+struct ClockW<'a> {
+    #[serde(borrow, rename = "@offset")]
+    offset: Option<Str<'a>>,
+    #[serde(borrow, default)]
+    timer: Vec<TimerW<'a>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
-struct TimerW {
-    #[serde(rename = "@name")]
-    name: Option<String>,
-    #[serde(rename = "@tickpolicy")]
-    tickpolicy: Option<String>,
-    #[serde(rename = "@present")]
-    present: Option<String>,
+struct TimerW<'a> {
+    #[serde(borrow, rename = "@name")]
+    name: Option<Str<'a>>,
+    #[serde(borrow, rename = "@tickpolicy")]
+    tickpolicy: Option<Str<'a>>,
+    #[serde(borrow, rename = "@present")]
+    present: Option<Str<'a>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
-struct DevicesW {
-    emulator: Option<String>,
-    #[serde(default)]
-    disk: Vec<DiskW>,
-    #[serde(default)]
-    interface: Vec<InterfaceW>,
-    #[serde(default)]
-    hostdev: Vec<HostdevW>,
-    #[serde(default)]
-    serial: Vec<CharW>,
-    #[serde(default)]
-    console: Vec<CharW>,
+struct DevicesW<'a> {
+    #[serde(borrow)]
+    emulator: Option<Str<'a>>,
+    #[serde(borrow, default)]
+    disk: Vec<DiskW<'a>>,
+    #[serde(borrow, default)]
+    interface: Vec<InterfaceW<'a>>,
+    #[serde(borrow, default)]
+    hostdev: Vec<HostdevW<'a>>,
+    #[serde(borrow, default)]
+    serial: Vec<CharW<'a>>,
+    #[serde(borrow, default)]
+    console: Vec<CharW<'a>>,
 }

@@ -12,7 +12,7 @@ use uuid::Uuid;
 
 use crate::devices::{write_alias, write_host_pci_source, AddressW, DeviceAddress, NameW};
 use crate::error::XmlError;
-use crate::parse::{self, check_root, keyword, opt_dev, opt_num, req};
+use crate::parse::{self, check_root, keyword, opt_dev, opt_num, owned, req, Str};
 use crate::types::{DeviceName, MacAddress, PciAddress};
 use crate::write::Writer;
 
@@ -271,7 +271,7 @@ impl Interface {
     /// Parse an `<interface>` element (vireo's or libvirt's live form).
     pub fn from_xml(xml: &str) -> Result<Self, XmlError> {
         check_root(xml, "interface")?;
-        let wire: InterfaceW = quick_xml::de::from_str(xml)?;
+        let wire: InterfaceW<'_> = quick_xml::de::from_str(xml)?;
         Interface::from_wire(wire, &|| "interface".to_owned())
     }
 
@@ -423,12 +423,12 @@ impl Interface {
         Ok(())
     }
 
-    pub(crate) fn from_wire(i: InterfaceW, ctx: &dyn Fn() -> String) -> Result<Self, XmlError> {
+    pub(crate) fn from_wire(i: InterfaceW<'_>, ctx: &dyn Fn() -> String) -> Result<Self, XmlError> {
         let f = |rest: &str| format!("{}/{rest}", ctx());
         let kind_s = req(i.kind, || f("@type"))?;
         let src = i.source.unwrap_or_default();
         let target = i.target.unwrap_or_default();
-        let kind = match kind_s.as_str() {
+        let kind = match &*kind_s {
             "bridge" => InterfaceKind::Bridge {
                 bridge: parse::dev(req(src.bridge, || f("source/@bridge"))?, || {
                     f("source/@bridge")
@@ -453,7 +453,7 @@ impl Interface {
                             interface_id: parse::uuid(&id, || {
                                 f("virtualport/parameters/@interfaceid")
                             })?,
-                            profile_id: params.profileid,
+                            profile_id: owned(params.profileid),
                         })
                     }
                 },
@@ -490,7 +490,7 @@ impl Interface {
                 target: opt_dev(target.dev, || f("target/@dev"))?,
             },
             "vhostuser" => InterfaceKind::VhostUser {
-                path: req(src.path, || f("source/@path"))?,
+                path: req(src.path, || f("source/@path"))?.into_string(),
                 mode: keyword(
                     &req(src.mode, || f("source/@mode"))?,
                     VhostUserMode::parse,
@@ -499,10 +499,10 @@ impl Interface {
                 target: opt_dev(target.dev, || f("target/@dev"))?,
             },
             "vdpa" => InterfaceKind::Vdpa {
-                dev: req(src.dev, || f("source/@dev"))?,
+                dev: req(src.dev, || f("source/@dev"))?.into_string(),
             },
             "network" => InterfaceKind::Network {
-                network: req(src.network, || f("source/@network"))?,
+                network: req(src.network, || f("source/@network"))?.into_string(),
                 target: opt_dev(target.dev, || f("target/@dev"))?,
             },
             other => return Err(XmlError::unsupported(f("@type"), other)),
@@ -543,7 +543,7 @@ impl Interface {
         let bandwidth = match i.bandwidth {
             None => None,
             Some(b) => {
-                let rate = |r: Option<RateW>, name: &str| -> Result<Option<Rate>, XmlError> {
+                let rate = |r: Option<RateW<'_>>, name: &str| -> Result<Option<Rate>, XmlError> {
                     match r {
                         None => Ok(None),
                         Some(r) => Ok(Some(Rate {
@@ -570,7 +570,7 @@ impl Interface {
             vlan,
             driver,
             bandwidth,
-            alias: i.alias.and_then(|a| a.name),
+            alias: i.alias.and_then(|a| a.name).map(Str::into_string),
             address: match i.address {
                 Some(a) => a.guest(&|| f("address"))?,
                 None => None,
@@ -580,132 +580,149 @@ impl Interface {
 
     /// The MAC as written in a live document (for selecting an interface in a rewrite).
     pub(crate) fn peek(xml: &str) -> Result<(Option<MacAddress>, Option<String>), XmlError> {
-        let wire: PeekW = quick_xml::de::from_str(xml)?;
+        let wire: PeekW<'_> = quick_xml::de::from_str(xml)?;
         let mac = match wire.mac.and_then(|m| m.address) {
             None => None,
             Some(m) => Some(parse::mac(&m, || "interface/mac/@address".to_owned())?),
         };
-        Ok((mac, wire.alias.and_then(|a| a.name)))
+        Ok((mac, wire.alias.and_then(|a| a.name).map(Str::into_string)))
     }
 }
 
 #[derive(Debug, Default, Deserialize)]
-struct PeekW {
-    mac: Option<MacW>,
-    alias: Option<NameW>,
+struct PeekW<'a> {
+    #[serde(borrow)]
+    mac: Option<MacW<'a>>,
+    #[serde(borrow)]
+    alias: Option<NameW<'a>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
-pub(crate) struct InterfaceW {
-    #[serde(rename = "@type")]
-    kind: Option<String>,
-    #[serde(rename = "@managed")]
-    managed: Option<String>,
-    mac: Option<MacW>,
-    source: Option<IfSourceW>,
-    virtualport: Option<VirtualportW>,
-    target: Option<IfTargetW>,
-    model: Option<TypeW>,
-    driver: Option<NetDriverW>,
-    bandwidth: Option<BandwidthW>,
-    vlan: Option<VlanW>,
-    mtu: Option<MtuW>,
-    alias: Option<NameW>,
-    address: Option<AddressW>,
+pub(crate) struct InterfaceW<'a> {
+    #[serde(borrow, rename = "@type")]
+    kind: Option<Str<'a>>,
+    #[serde(borrow, rename = "@managed")]
+    managed: Option<Str<'a>>,
+    #[serde(borrow)]
+    mac: Option<MacW<'a>>,
+    #[serde(borrow)]
+    source: Option<IfSourceW<'a>>,
+    #[serde(borrow)]
+    virtualport: Option<VirtualportW<'a>>,
+    #[serde(borrow)]
+    target: Option<IfTargetW<'a>>,
+    #[serde(borrow)]
+    model: Option<TypeW<'a>>,
+    #[serde(borrow)]
+    driver: Option<NetDriverW<'a>>,
+    #[serde(borrow)]
+    bandwidth: Option<BandwidthW<'a>>,
+    #[serde(borrow)]
+    vlan: Option<VlanW<'a>>,
+    #[serde(borrow)]
+    mtu: Option<MtuW<'a>>,
+    #[serde(borrow)]
+    alias: Option<NameW<'a>>,
+    #[serde(borrow)]
+    address: Option<AddressW<'a>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
-struct MacW {
-    #[serde(rename = "@address")]
-    address: Option<String>,
+struct MacW<'a> {
+    #[serde(borrow, rename = "@address")]
+    address: Option<Str<'a>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
-struct IfSourceW {
-    #[serde(rename = "@bridge")]
-    bridge: Option<String>,
-    #[serde(rename = "@dev")]
-    dev: Option<String>,
-    #[serde(rename = "@mode")]
-    mode: Option<String>,
-    #[serde(rename = "@path")]
-    path: Option<String>,
-    #[serde(rename = "@network")]
-    network: Option<String>,
-    address: Option<AddressW>,
+struct IfSourceW<'a> {
+    #[serde(borrow, rename = "@bridge")]
+    bridge: Option<Str<'a>>,
+    #[serde(borrow, rename = "@dev")]
+    dev: Option<Str<'a>>,
+    #[serde(borrow, rename = "@mode")]
+    mode: Option<Str<'a>>,
+    #[serde(borrow, rename = "@path")]
+    path: Option<Str<'a>>,
+    #[serde(borrow, rename = "@network")]
+    network: Option<Str<'a>>,
+    #[serde(borrow)]
+    address: Option<AddressW<'a>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
-struct VirtualportW {
-    #[serde(rename = "@type")]
-    kind: Option<String>,
-    parameters: Option<ParamsW>,
+struct VirtualportW<'a> {
+    #[serde(borrow, rename = "@type")]
+    kind: Option<Str<'a>>,
+    #[serde(borrow)]
+    parameters: Option<ParamsW<'a>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
-struct ParamsW {
-    #[serde(rename = "@interfaceid")]
-    interfaceid: Option<String>,
-    #[serde(rename = "@profileid")]
-    profileid: Option<String>,
+struct ParamsW<'a> {
+    #[serde(borrow, rename = "@interfaceid")]
+    interfaceid: Option<Str<'a>>,
+    #[serde(borrow, rename = "@profileid")]
+    profileid: Option<Str<'a>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
-struct IfTargetW {
-    #[serde(rename = "@dev")]
-    dev: Option<String>,
-    #[serde(rename = "@managed")]
-    managed: Option<String>,
+struct IfTargetW<'a> {
+    #[serde(borrow, rename = "@dev")]
+    dev: Option<Str<'a>>,
+    #[serde(borrow, rename = "@managed")]
+    managed: Option<Str<'a>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
-struct TypeW {
-    #[serde(rename = "@type")]
-    kind: Option<String>,
+struct TypeW<'a> {
+    #[serde(borrow, rename = "@type")]
+    kind: Option<Str<'a>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
-struct NetDriverW {
-    #[serde(rename = "@name")]
-    name: Option<String>,
-    #[serde(rename = "@queues")]
-    queues: Option<String>,
-    #[serde(rename = "@rx_queue_size")]
-    rx_queue_size: Option<String>,
-    #[serde(rename = "@tx_queue_size")]
-    tx_queue_size: Option<String>,
+struct NetDriverW<'a> {
+    #[serde(borrow, rename = "@name")]
+    name: Option<Str<'a>>,
+    #[serde(borrow, rename = "@queues")]
+    queues: Option<Str<'a>>,
+    #[serde(borrow, rename = "@rx_queue_size")]
+    rx_queue_size: Option<Str<'a>>,
+    #[serde(borrow, rename = "@tx_queue_size")]
+    tx_queue_size: Option<Str<'a>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
-struct BandwidthW {
-    inbound: Option<RateW>,
-    outbound: Option<RateW>,
+struct BandwidthW<'a> {
+    #[serde(borrow)]
+    inbound: Option<RateW<'a>>,
+    #[serde(borrow)]
+    outbound: Option<RateW<'a>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
-struct RateW {
-    #[serde(rename = "@average")]
-    average: Option<String>,
-    #[serde(rename = "@peak")]
-    peak: Option<String>,
-    #[serde(rename = "@burst")]
-    burst: Option<String>,
+struct RateW<'a> {
+    #[serde(borrow, rename = "@average")]
+    average: Option<Str<'a>>,
+    #[serde(borrow, rename = "@peak")]
+    peak: Option<Str<'a>>,
+    #[serde(borrow, rename = "@burst")]
+    burst: Option<Str<'a>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
-struct VlanW {
-    #[serde(default)]
-    tag: Vec<TagW>,
+struct VlanW<'a> {
+    #[serde(borrow, default)]
+    tag: Vec<TagW<'a>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
-struct TagW {
-    #[serde(rename = "@id")]
-    id: Option<String>,
+struct TagW<'a> {
+    #[serde(borrow, rename = "@id")]
+    id: Option<Str<'a>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
-struct MtuW {
-    #[serde(rename = "@size")]
-    size: Option<String>,
+struct MtuW<'a> {
+    #[serde(borrow, rename = "@size")]
+    size: Option<Str<'a>>,
 }

@@ -27,7 +27,7 @@ use serde::Deserialize;
 use uuid::Uuid;
 
 use crate::error::XmlError;
-use crate::parse::{self, req};
+use crate::parse::{self, req, Str};
 use crate::write::Writer;
 
 /// The namespace of vireo's metadata element (accepted by libvirt's set-metadata API).
@@ -121,7 +121,7 @@ impl VireoMetadata {
     /// `virDomainGetMetadata` returns it. A root in another namespace is refused.
     pub fn from_xml(xml: &str) -> Result<Self, XmlError> {
         check_ns_root(xml)?;
-        let wire: InstanceW = quick_xml::de::from_str(xml)?;
+        let wire: InstanceW<'_> = quick_xml::de::from_str(xml)?;
         VireoMetadata::from_wire(wire)
     }
 
@@ -181,7 +181,7 @@ impl VireoMetadata {
         Ok(())
     }
 
-    fn from_wire(i: InstanceW) -> Result<Self, XmlError> {
+    fn from_wire(i: InstanceW<'_>) -> Result<Self, XmlError> {
         let uuid = req(i.uuid, || "instance/uuid".to_owned())?;
         let f = i
             .flavor
@@ -189,14 +189,15 @@ impl VireoMetadata {
         let mut extra_specs = BTreeMap::new();
         for (n, s) in f.extra_spec.into_iter().enumerate() {
             extra_specs.insert(
-                req(s.key, || format!("instance/flavor/extra_spec[{n}]/@key"))?,
+                req(s.key, || format!("instance/flavor/extra_spec[{n}]/@key"))?.into_string(),
                 req(s.value, || {
                     format!("instance/flavor/extra_spec[{n}]/@value")
-                })?,
+                })?
+                .into_string(),
             );
         }
         let flavor = Flavor {
-            name: req(f.name, || "instance/flavor/@name".to_owned())?,
+            name: req(f.name, || "instance/flavor/@name".to_owned())?.into_string(),
             vcpus: parse::num(
                 &req(f.vcpus, || "instance/flavor/@vcpus".to_owned())?,
                 || "instance/flavor/@vcpus".to_owned(),
@@ -219,9 +220,9 @@ impl VireoMetadata {
         let operation = match i.operation {
             None => None,
             Some(op) => Some(InFlightOperation {
-                id: req(op.id, || "instance/operation/@id".to_owned())?,
-                kind: req(op.kind, || "instance/operation/@kind".to_owned())?,
-                phase: req(op.phase, || "instance/operation/@phase".to_owned())?,
+                id: req(op.id, || "instance/operation/@id".to_owned())?.into_string(),
+                kind: req(op.kind, || "instance/operation/@kind".to_owned())?.into_string(),
+                phase: req(op.phase, || "instance/operation/@phase".to_owned())?.into_string(),
                 started_at: parse::num(
                     &req(op.started_at, || {
                         "instance/operation/@started_at".to_owned()
@@ -274,45 +275,49 @@ fn check_ns_root(xml: &str) -> Result<(), XmlError> {
 }
 
 #[derive(Debug, Default, Deserialize)]
-struct InstanceW {
-    uuid: Option<String>,
-    flavor: Option<FlavorW>,
-    network_info: Option<String>,
-    operation: Option<OperationW>,
+struct InstanceW<'a> {
+    #[serde(borrow)]
+    uuid: Option<Str<'a>>,
+    #[serde(borrow)]
+    flavor: Option<FlavorW<'a>>,
+    #[serde(borrow)]
+    network_info: Option<Str<'a>>,
+    #[serde(borrow)]
+    operation: Option<OperationW<'a>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
-struct FlavorW {
-    #[serde(rename = "@name")]
-    name: Option<String>,
-    #[serde(rename = "@vcpus")]
-    vcpus: Option<String>,
-    #[serde(rename = "@memory_mb")]
-    memory_mb: Option<String>,
-    #[serde(rename = "@root_gb")]
-    root_gb: Option<String>,
-    #[serde(default)]
-    extra_spec: Vec<SpecW>,
+struct FlavorW<'a> {
+    #[serde(borrow, rename = "@name")]
+    name: Option<Str<'a>>,
+    #[serde(borrow, rename = "@vcpus")]
+    vcpus: Option<Str<'a>>,
+    #[serde(borrow, rename = "@memory_mb")]
+    memory_mb: Option<Str<'a>>,
+    #[serde(borrow, rename = "@root_gb")]
+    root_gb: Option<Str<'a>>,
+    #[serde(borrow, default)]
+    extra_spec: Vec<SpecW<'a>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
-struct SpecW {
-    #[serde(rename = "@key")]
-    key: Option<String>,
-    #[serde(rename = "@value")]
-    value: Option<String>,
+struct SpecW<'a> {
+    #[serde(borrow, rename = "@key")]
+    key: Option<Str<'a>>,
+    #[serde(borrow, rename = "@value")]
+    value: Option<Str<'a>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
-struct OperationW {
-    #[serde(rename = "@id")]
-    id: Option<String>,
-    #[serde(rename = "@kind")]
-    kind: Option<String>,
-    #[serde(rename = "@phase")]
-    phase: Option<String>,
-    #[serde(rename = "@started_at")]
-    started_at: Option<String>,
-    #[serde(rename = "$text", default)]
-    data: String,
+struct OperationW<'a> {
+    #[serde(borrow, rename = "@id")]
+    id: Option<Str<'a>>,
+    #[serde(borrow, rename = "@kind")]
+    kind: Option<Str<'a>>,
+    #[serde(borrow, rename = "@phase")]
+    phase: Option<Str<'a>>,
+    #[serde(borrow, rename = "@started_at")]
+    started_at: Option<Str<'a>>,
+    #[serde(borrow, rename = "$text", default)]
+    data: Str<'a>,
 }

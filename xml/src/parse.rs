@@ -1,7 +1,12 @@
 //! Helpers turning the deserialized wire strings into validated values, with errors that
 //! name the element/attribute path.
 
+use std::borrow::Cow;
+use std::fmt;
+use std::ops::Deref;
 use std::str::FromStr;
+
+use serde::de::{Deserialize, Deserializer, Visitor};
 
 use quick_xml::events::Event;
 use quick_xml::Reader;
@@ -9,9 +14,65 @@ use quick_xml::Reader;
 use crate::error::XmlError;
 use crate::types::{parse_uuid, DeviceName, MacAddress, PciAddress};
 
+/// A string from the document, borrowed when quick-xml can hand it out unchanged (no
+/// entities to resolve), owned otherwise: parsing allocates only for what the model keeps.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub(crate) struct Str<'a>(pub(crate) Cow<'a, str>);
+
+impl Str<'_> {
+    pub(crate) fn into_string(self) -> String {
+        self.0.into_owned()
+    }
+}
+
+impl Deref for Str<'_> {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for Str<'a> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Str<'de>;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a string")
+            }
+
+            fn visit_borrowed_str<E: serde::de::Error>(
+                self,
+                v: &'de str,
+            ) -> Result<Self::Value, E> {
+                Ok(Str(Cow::Borrowed(v)))
+            }
+
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Self::Value, E> {
+                Ok(Str(Cow::Owned(v.to_owned())))
+            }
+
+            fn visit_string<E: serde::de::Error>(self, v: String) -> Result<Self::Value, E> {
+                Ok(Str(Cow::Owned(v)))
+            }
+        }
+        d.deserialize_str(V)
+    }
+}
+
 /// The value of a required field.
-pub(crate) fn req(v: Option<String>, field: impl FnOnce() -> String) -> Result<String, XmlError> {
+pub(crate) fn req<'a>(
+    v: Option<Str<'a>>,
+    field: impl FnOnce() -> String,
+) -> Result<Str<'a>, XmlError> {
     v.ok_or_else(|| XmlError::missing(field()))
+}
+
+/// The owned value of an optional field.
+pub(crate) fn owned(v: Option<Str<'_>>) -> Option<String> {
+    v.map(Str::into_string)
 }
 
 /// A decimal number (libvirt also accepts `0x` hex for some numbers; so do we).
@@ -30,7 +91,7 @@ pub(crate) fn num<T: FromStr + TryFrom<u64>>(
 }
 
 pub(crate) fn opt_num<T: FromStr + TryFrom<u64>>(
-    s: Option<String>,
+    s: Option<Str<'_>>,
     field: impl FnOnce() -> String,
 ) -> Result<Option<T>, XmlError> {
     s.map(|s| num(&s, field)).transpose()
@@ -70,12 +131,12 @@ pub(crate) fn uuid(s: &str, field: impl FnOnce() -> String) -> Result<uuid::Uuid
     parse_uuid(s.trim()).map_err(|e| XmlError::invalid(field(), e))
 }
 
-pub(crate) fn dev(s: String, field: impl FnOnce() -> String) -> Result<DeviceName, XmlError> {
-    DeviceName::new(s).map_err(|e| XmlError::invalid(field(), e))
+pub(crate) fn dev(s: Str<'_>, field: impl FnOnce() -> String) -> Result<DeviceName, XmlError> {
+    DeviceName::new(s.into_string()).map_err(|e| XmlError::invalid(field(), e))
 }
 
 pub(crate) fn opt_dev(
-    s: Option<String>,
+    s: Option<Str<'_>>,
     field: impl FnOnce() -> String,
 ) -> Result<Option<DeviceName>, XmlError> {
     s.map(|s| dev(s, field)).transpose()
@@ -83,19 +144,19 @@ pub(crate) fn opt_dev(
 
 /// A PCI address given as libvirt's four attributes (`0x`-prefixed hex or decimal).
 pub(crate) fn pci(
-    domain: Option<String>,
-    bus: Option<String>,
-    slot: Option<String>,
-    function: Option<String>,
+    domain: Option<Str<'_>>,
+    bus: Option<Str<'_>>,
+    slot: Option<Str<'_>>,
+    function: Option<Str<'_>>,
     field: &dyn Fn() -> String,
 ) -> Result<PciAddress, XmlError> {
-    let part = |v: Option<String>, name: &str, max: u32| -> Result<u32, XmlError> {
+    let part = |v: Option<Str<'_>>, name: &str, max: u32| -> Result<u32, XmlError> {
         let v = v.ok_or_else(|| XmlError::missing(format!("{}/@{name}", field())))?;
         let n: u32 = num(&v, || format!("{}/@{name}", field()))?;
         if n > max {
             return Err(XmlError::invalid(
                 format!("{}/@{name}", field()),
-                crate::types::ValueError::Pci(v),
+                crate::types::ValueError::Pci(v.into_string()),
             ));
         }
         Ok(n)
