@@ -316,3 +316,22 @@ fn interleaved_device_kinds_and_unknown_elements_parse() {
     assert!(out.contains("<future-option x='y'/>"));
     assert_eq!(Domain::from_xml(&out).unwrap().devices.interfaces.len(), 2);
 }
+
+#[test]
+fn metadata_namespace_declared_on_an_ancestor() {
+    let ns = vireo_xml::metadata::NAMESPACE_URI;
+    let inner = metadata().to_xml().unwrap();
+    // Prefix every element of the unprefixed fragment and declare the prefix on <domain>.
+    let prefixed = inner
+        .replace("</", "</v:")
+        .replace('<', "<v:")
+        .replace("<v:/v:", "</v:");
+    let xml = format!(
+        "<domain type='kvm' xmlns:v='{ns}'><name>x</name><metadata>{prefixed}\
+         <v:instance-not-ours/></metadata><memory>1</memory><os><type>hvm</type></os></domain>"
+    );
+    assert_eq!(Domain::from_xml(&xml).unwrap().metadata, Some(metadata()));
+    // The same element in another namespace is not vireo's.
+    let other = xml.replace(ns, "http://example.invalid/other");
+    assert_eq!(Domain::from_xml(&other).unwrap().metadata, None);
+}
