@@ -335,3 +335,40 @@ fn metadata_namespace_declared_on_an_ancestor() {
     let other = xml.replace(ns, "http://example.invalid/other");
     assert_eq!(Domain::from_xml(&other).unwrap().metadata, None);
 }
+
+#[test]
+fn add_and_remove_pci_hostdevs() {
+    let conn = TestConn::open();
+    let orig = fixture("inactive-kvm-q35.xml");
+    let pf: PciAddress = "0000:82:00.0".parse().unwrap();
+    let vf: PciAddress = "0000:82:10.1".parse().unwrap();
+    let out = rewrite(
+        &orig,
+        &[
+            Edit::AddHostdev(Hostdev::pci(pf)),
+            Edit::AddHostdev(Hostdev::pci(vf)),
+        ],
+    )
+    .unwrap();
+    let d = Domain::from_xml(&conn.define_validated(&out).unwrap()).unwrap();
+    let sources: Vec<_> = d.devices.hostdevs.iter().map(|h| h.source).collect();
+    assert_eq!(sources, vec![pf, vf]);
+
+    let out = rewrite(&out, &[Edit::RemoveHostdev(pf)]).unwrap();
+    let d = Domain::from_xml(&out).unwrap();
+    assert_eq!(d.devices.hostdevs, vec![Hostdev::pci(vf)]);
+    let err = rewrite(&out, &[Edit::RemoveHostdev(pf)]).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            XmlError::NotFound {
+                what: "hostdev",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    // Everything else is untouched.
+    let back = rewrite(&out, &[Edit::RemoveHostdev(vf)]).unwrap();
+    assert_eq!(back, orig);
+}
