@@ -4,10 +4,15 @@
 //! testable function over (input reader, output writers) returning the exit code; `main` only
 //! hands it the process's stdio.
 
+pub mod agent;
 pub mod explain;
+pub mod instance;
+mod remote;
+pub mod send;
 
 use std::ffi::OsString;
 use std::io::{Read, Write};
+use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
@@ -23,6 +28,14 @@ pub struct Cli {
 /// Top-level subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Run the compute agent (HTTP API, external-events endpoint, metrics) until SIGTERM.
+    Agent(AgentArgs),
+    /// Instances on a running agent.
+    Instance {
+        /// The instance subcommand.
+        #[command(subcommand)]
+        command: instance::InstanceCommand,
+    },
     /// Neutron external events.
     Events {
         /// The events subcommand.
@@ -31,12 +44,40 @@ pub enum Command {
     },
 }
 
+/// Options of `vireo agent`.
+#[derive(Debug, Clone, Args)]
+pub struct AgentArgs {
+    /// The agent's TOML configuration file (see docs/AGENT.md).
+    #[arg(long, value_name = "FILE")]
+    pub config: PathBuf,
+}
+
+/// How the client commands reach the agent.
+#[derive(Debug, Clone, Default, Args)]
+pub struct ClientOpts {
+    /// The agent's URL [default: $VIREO_URL, else http://127.0.0.1:8774].
+    #[arg(long, value_name = "URL")]
+    pub url: Option<String>,
+    /// File holding the API token, mode 0600 [default: $VIREO_TOKEN_FILE, else
+    /// /etc/vireo/api-token].
+    #[arg(long, value_name = "FILE")]
+    pub token_file: Option<PathBuf>,
+    /// Header carrying the token [default: X-Auth-Token].
+    #[arg(long, value_name = "NAME")]
+    pub token_header: Option<String>,
+    /// Print the agent's JSON instead of tables.
+    #[arg(long)]
+    pub json: bool,
+}
+
 /// `vireo events ...`.
 #[derive(Debug, Subcommand)]
 pub enum EventsCommand {
     /// Read {"operation", "network_info", "migration"} on stdin and show which VIF produces a
     /// bind-time, plug-time or no network-vif-plugged event, and why.
     Explain(ExplainArgs),
+    /// Post external events to a running agent, as Neutron's Nova notifier does.
+    Send(send::SendArgs),
 }
 
 /// Options of `vireo events explain`.
@@ -51,6 +92,9 @@ pub struct ExplainArgs {
 pub const EXIT_INVALID_INPUT: u8 = 2;
 /// Exit code when output could not be written.
 pub const EXIT_IO: u8 = 1;
+/// Exit code when the agent refused a request, could not be reached, or an awaited operation
+/// failed.
+pub const EXIT_FAILED: u8 = 1;
 
 /// Parse `args` (program name first) and run the subcommand. Returns the exit code.
 pub fn run<I, T>(
@@ -72,8 +116,13 @@ where
         }
     };
     match cli.command {
+        Command::Agent(args) => agent::run(&args, stderr),
+        Command::Instance { command } => instance::run(command, stdin, stdout, stderr),
         Command::Events {
             command: EventsCommand::Explain(args),
         } => explain::run(args, stdin, stdout, stderr),
+        Command::Events {
+            command: EventsCommand::Send(args),
+        } => send::run(args, stdin, stdout, stderr),
     }
 }

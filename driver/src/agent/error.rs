@@ -1,0 +1,194 @@
+//! The API's errors: one enum, each variant with an HTTP status and a stable code, answered as
+//! `{"error": {"code", "message"}}`.
+
+use actix_web::http::StatusCode;
+use actix_web::{HttpResponse, ResponseError};
+use uuid::Uuid;
+
+use super::model::{ErrorBody, ErrorDetail, OpKind};
+use super::paths::PathError;
+use super::provisional::InstanceError;
+
+/// Why a request failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// No token, or not the right one.
+    #[error("missing or invalid token")]
+    Unauthorized,
+    /// The body exceeds the configured limit.
+    #[error("request body larger than {limit} bytes")]
+    BodyTooLarge {
+        /// The limit.
+        limit: usize,
+    },
+    /// The body could not be read from the connection.
+    #[error("could not read the request body")]
+    ReadBody,
+    /// The body is not JSON of the expected shape.
+    #[error("invalid JSON body: {0}")]
+    BadJson(String),
+    /// A value in the request is not acceptable.
+    #[error("{0}")]
+    Invalid(String),
+    /// A path in the request is not allowed.
+    #[error("invalid path")]
+    Path(#[source] PathError),
+    /// No such instance.
+    #[error("instance {0} not found")]
+    InstanceNotFound(Uuid),
+    /// No such operation (or it was forgotten: only the newest finished ones are kept).
+    #[error("operation {0} not found")]
+    OperationNotFound(Uuid),
+    /// No such route.
+    #[error("no such resource")]
+    NoRoute,
+    /// No event of an external-events POST was accepted (Nova's answer).
+    #[error("No instances found for any event")]
+    NoEventAccepted,
+    /// Another operation of the instance is in flight.
+    #[error("instance {instance} is busy with {kind} operation {op}")]
+    Busy {
+        /// The instance.
+        instance: Uuid,
+        /// The operation in flight.
+        op: Uuid,
+        /// Its kind.
+        kind: OpKind,
+    },
+    /// The request is not allowed in the instance's state.
+    #[error("{kind} is not allowed while the instance is {state}")]
+    IllegalState {
+        /// The refused operation.
+        kind: OpKind,
+        /// The instance's state.
+        state: String,
+    },
+    /// The instance already exists.
+    #[error("instance {0} already exists")]
+    Exists(Uuid),
+    /// The agent is shutting down.
+    #[error("the agent is shutting down")]
+    ShuttingDown,
+    /// The driver refused or failed a synchronous call.
+    #[error("{0}")]
+    Driver(InstanceError),
+}
+
+impl ApiError {
+    /// The stable code.
+    pub fn code(&self) -> &'static str {
+        match self {
+            ApiError::Unauthorized => "unauthorized",
+            ApiError::BodyTooLarge { .. } => "body-too-large",
+            ApiError::ReadBody => "bad-request",
+            ApiError::BadJson(_) => "bad-json",
+            ApiError::Invalid(_) => "invalid",
+            ApiError::Path(_) => "invalid-path",
+            ApiError::InstanceNotFound(_)
+            | ApiError::OperationNotFound(_)
+            | ApiError::NoRoute
+            | ApiError::NoEventAccepted => "not-found",
+            ApiError::Busy { .. } => "busy",
+            ApiError::IllegalState { .. } => "illegal-state",
+            ApiError::Exists(_) => "exists",
+            ApiError::ShuttingDown => "shutting-down",
+            ApiError::Driver(e) => e.code(),
+        }
+    }
+
+    /// The body.
+    pub fn body(&self) -> ErrorBody {
+        let message = match self {
+            // Say which path and why, without the source's own text repeated elsewhere.
+            ApiError::Path(e) => format!("invalid path: {e}"),
+            other => other.to_string(),
+        };
+        ErrorBody {
+            error: ErrorDetail {
+                code: self.code().to_owned(),
+                message,
+            },
+        }
+    }
+}
+
+/// The HTTP status for a driver error code.
+pub fn status_for_driver_code(code: &str) -> StatusCode {
+    match code {
+        "busy" | "illegal-state" => StatusCode::CONFLICT,
+        "not-found" => StatusCode::NOT_FOUND,
+        "invalid" => StatusCode::BAD_REQUEST,
+        "shutting-down" => StatusCode::SERVICE_UNAVAILABLE,
+        _ => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}
+
+impl ResponseError for ApiError {
+    fn status_code(&self) -> StatusCode {
+        match self {
+            ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
+            ApiError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::ReadBody
+            | ApiError::BadJson(_)
+            | ApiError::Invalid(_)
+            | ApiError::Path(_) => StatusCode::BAD_REQUEST,
+            ApiError::InstanceNotFound(_)
+            | ApiError::OperationNotFound(_)
+            | ApiError::NoRoute
+            | ApiError::NoEventAccepted => StatusCode::NOT_FOUND,
+            ApiError::Busy { .. } | ApiError::IllegalState { .. } | ApiError::Exists(_) => {
+                StatusCode::CONFLICT
+            }
+            ApiError::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Driver(e) => status_for_driver_code(e.code()),
+        }
+    }
+
+    fn error_response(&self) -> HttpResponse {
+        let mut resp = HttpResponse::build(self.status_code());
+        if matches!(self, ApiError::Unauthorized) {
+            resp.insert_header(("WWW-Authenticate", "Bearer"));
+        }
+        resp.json(self.body())
+    }
+}
+
+impl From<InstanceError> for ApiError {
+    fn from(e: InstanceError) -> Self {
+        match e {
+            InstanceError::NotFound(uuid) => ApiError::InstanceNotFound(uuid),
+            other => ApiError::Driver(other),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vireo_actors::lifecycle::{InstanceState, Request};
+
+    #[test]
+    fn driver_codes_map_to_statuses() {
+        let u = Uuid::nil();
+        let cases = [
+            (InstanceError::Busy(u), 409),
+            (
+                InstanceError::IllegalState {
+                    state: InstanceState::Stopped,
+                    request: Request::Pause,
+                },
+                409,
+            ),
+            (InstanceError::NotFound(u), 404),
+            (InstanceError::Invalid("x".into()), 400),
+            (InstanceError::Failed("x".into()), 500),
+            (InstanceError::ShuttingDown, 503),
+        ];
+        for (e, status) in cases {
+            let code = e.code();
+            let api = ApiError::from(e);
+            assert_eq!(api.status_code().as_u16(), status, "{code}");
+            assert_eq!(api.code(), code);
+        }
+    }
+}

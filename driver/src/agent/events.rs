@@ -1,0 +1,427 @@
+//! `POST /os-server-external-events`: Nova's external-events API, as Neutron's Nova notifier
+//! calls it.
+//!
+//! This module owns the body's validation and Nova's answer; the server hands the accepted
+//! events to the NetworkEventActor as one batch.
+//!
+//! - Body: `{"events": [{"name", "server_uuid", "tag"?, "status"?}, ...]}`, nothing else.
+//!   Not JSON, a wrong type, an unknown key, an empty or too long list, a `server_uuid` that
+//!   is not a UUID, a `status` other than `completed`/`failed`/`in-progress` or a `tag` over
+//!   255 characters reject the whole request with 400 (Nova's schema does the same).
+//! - Per event, as Nova's controller answers: `404` the instance is unknown here; `400` the
+//!   event is unusable (`volume-extended` without a tag, as Nova; and — where Nova's schema
+//!   would refuse the whole request — an event name vireo does not know, so that one odd
+//!   event does not make Neutron's batch lose the others); `422` the instance is known but
+//!   not on this host (it live-migrated away); `200` accepted. Every event is echoed as sent
+//!   with `status` set to `completed` when accepted and `failed` otherwise, plus `code`.
+//! - The answer is 200 when every event was accepted, 207 when some were not, and 404
+//!   (`No instances found for any event`) when none was.
+//!
+//! Which instances are known comes from an [`InstanceDirectory`]; [`InstanceSet`] is the one
+//! the agent keeps itself from the operations it runs.
+
+use std::collections::{HashSet, VecDeque};
+use std::fmt::Debug;
+use std::sync::RwLock;
+
+use serde::Deserialize;
+use tracing::debug;
+use uuid::Uuid;
+use vireo_actors::external::{EventName, EventStatus, ExternalEvent};
+
+use super::error::ApiError;
+use super::model::{EventAnswer, EventsAnswer};
+
+/// Longest tag Nova accepts.
+pub const MAX_TAG_LEN: usize = 255;
+
+/// Where an instance is, as far as external events are concerned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Placement {
+    /// On this host: its events are accepted (200).
+    OnHost,
+    /// Known, but not on this host now (e.g. it live-migrated away): 422.
+    NotOnHost,
+    /// Never heard of (or deleted): 404.
+    Unknown,
+}
+
+/// Which instances this host has. Implemented by the agent's [`InstanceSet`] and, once it
+/// lands, by the host actor's registry.
+pub trait InstanceDirectory: Send + Sync + Debug {
+    /// True when the instance is on this host.
+    fn knows(&self, uuid: &Uuid) -> bool;
+
+    /// Where the instance is; the default derives it from [`Self::knows`].
+    fn placement(&self, uuid: &Uuid) -> Placement {
+        if self.knows(uuid) {
+            Placement::OnHost
+        } else {
+            Placement::Unknown
+        }
+    }
+
+    /// The agent admitted a spawn of `uuid` (its events may start coming). A directory that
+    /// follows the driver by itself ignores this.
+    fn admitted(&self, _uuid: Uuid) {}
+
+    /// `uuid` left this host: destroyed (`moved` false) or migrated away (`moved` true).
+    fn departed(&self, _uuid: Uuid, _moved: bool) {}
+
+    /// Instances on this host, when the directory can count them cheaply (a metric).
+    fn count(&self) -> Option<usize> {
+        None
+    }
+}
+
+/// The agent's own directory: instances spawned (or found at start), plus a bounded memory of
+/// instances that migrated away (answered 422 rather than 404).
+#[derive(Debug)]
+pub struct InstanceSet {
+    inner: RwLock<SetInner>,
+    away_limit: usize,
+}
+
+#[derive(Debug, Default)]
+struct SetInner {
+    here: HashSet<Uuid>,
+    away: HashSet<Uuid>,
+    away_order: VecDeque<Uuid>,
+}
+
+impl InstanceSet {
+    /// An empty set remembering at most `away_limit` departed instances.
+    pub fn new(away_limit: usize) -> Self {
+        InstanceSet {
+            inner: RwLock::new(SetInner::default()),
+            away_limit,
+        }
+    }
+
+    /// A set holding `uuids`.
+    pub fn with(uuids: impl IntoIterator<Item = Uuid>) -> Self {
+        let s = Self::new(1024);
+        for u in uuids {
+            s.admitted(u);
+        }
+        s
+    }
+
+    /// Instances on this host.
+    pub fn len(&self) -> usize {
+        self.inner.read().map_or(0, |i| i.here.len())
+    }
+
+    /// True when no instance is on this host.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl InstanceDirectory for InstanceSet {
+    fn knows(&self, uuid: &Uuid) -> bool {
+        self.inner
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .here
+            .contains(uuid)
+    }
+
+    fn placement(&self, uuid: &Uuid) -> Placement {
+        let i = self.inner.read().unwrap_or_else(|e| e.into_inner());
+        if i.here.contains(uuid) {
+            Placement::OnHost
+        } else if i.away.contains(uuid) {
+            Placement::NotOnHost
+        } else {
+            Placement::Unknown
+        }
+    }
+
+    fn admitted(&self, uuid: Uuid) {
+        let mut i = self.inner.write().unwrap_or_else(|e| e.into_inner());
+        i.here.insert(uuid);
+        if i.away.remove(&uuid) {
+            i.away_order.retain(|u| *u != uuid);
+        }
+    }
+
+    fn count(&self) -> Option<usize> {
+        Some(self.len())
+    }
+
+    fn departed(&self, uuid: Uuid, moved: bool) {
+        let mut i = self.inner.write().unwrap_or_else(|e| e.into_inner());
+        i.here.remove(&uuid);
+        if moved && self.away_limit > 0 && i.away.insert(uuid) {
+            i.away_order.push_back(uuid);
+            while i.away_order.len() > self.away_limit {
+                if let Some(old) = i.away_order.pop_front() {
+                    i.away.remove(&old);
+                }
+            }
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Body {
+    events: Vec<RawEvent>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawEvent {
+    name: String,
+    server_uuid: String,
+    #[serde(default)]
+    tag: Option<String>,
+    #[serde(default)]
+    status: Option<String>,
+}
+
+/// The answer to one POST.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outcome {
+    /// The body: every event echoed with its code.
+    pub answer: EventsAnswer,
+    /// The accepted events, in order, for the events actor.
+    pub accepted: Vec<ExternalEvent>,
+}
+
+impl Outcome {
+    /// 200 when every event was accepted, 404 when none was (answered as
+    /// [`ApiError::NoEventAccepted`]), 207 otherwise.
+    pub fn status(&self) -> u16 {
+        if self.accepted.is_empty() {
+            404
+        } else if self.answer.events.iter().all(|e| e.code == 200) {
+            200
+        } else {
+            207
+        }
+    }
+}
+
+fn parse_status(s: &str) -> Option<EventStatus> {
+    match s {
+        "completed" => Some(EventStatus::Completed),
+        "failed" => Some(EventStatus::Failed),
+        "in-progress" => Some(EventStatus::InProgress),
+        _ => None,
+    }
+}
+
+/// Validate `body` and decide each event's code. `Err` is the whole request's error (400).
+pub fn process(
+    body: &[u8],
+    directory: &dyn InstanceDirectory,
+    max_events: usize,
+) -> Result<Outcome, ApiError> {
+    let body: Body = serde_json::from_slice(body).map_err(|e| ApiError::BadJson(e.to_string()))?;
+    if body.events.is_empty() {
+        return Err(ApiError::Invalid(
+            "events: must hold at least one event".into(),
+        ));
+    }
+    if body.events.len() > max_events {
+        return Err(ApiError::Invalid(format!(
+            "events: {} events, more than the limit of {max_events}",
+            body.events.len()
+        )));
+    }
+    // Schema checks first: any failure rejects the whole request.
+    let mut parsed = Vec::with_capacity(body.events.len());
+    for (i, e) in body.events.iter().enumerate() {
+        let uuid = Uuid::parse_str(&e.server_uuid).map_err(|_| {
+            ApiError::Invalid(format!(
+                "events[{i}].server_uuid: {:?} is not a UUID",
+                e.server_uuid
+            ))
+        })?;
+        let status = match e.status.as_deref() {
+            None => EventStatus::Completed,
+            Some(s) => parse_status(s).ok_or_else(|| {
+                ApiError::Invalid(format!(
+                    "events[{i}].status: {s:?} is not one of completed, failed, in-progress"
+                ))
+            })?,
+        };
+        if let Some(tag) = &e.tag {
+            if tag.chars().count() > MAX_TAG_LEN {
+                return Err(ApiError::Invalid(format!(
+                    "events[{i}].tag: longer than {MAX_TAG_LEN} characters"
+                )));
+            }
+        }
+        parsed.push((uuid, status));
+    }
+
+    let mut answers = Vec::with_capacity(body.events.len());
+    let mut accepted = Vec::with_capacity(body.events.len());
+    for (e, (uuid, status)) in body.events.into_iter().zip(parsed) {
+        let name = e.name.parse::<EventName>().ok();
+        let code = match (directory.placement(&uuid), name) {
+            (Placement::Unknown, _) => 404,
+            (_, None) => 400,
+            (_, Some(EventName::VolumeExtended)) if e.tag.is_none() => 400,
+            (Placement::NotOnHost, Some(_)) => 422,
+            (Placement::OnHost, Some(name)) => {
+                accepted.push(ExternalEvent {
+                    name,
+                    server_uuid: uuid,
+                    tag: e.tag.clone(),
+                    status,
+                });
+                200
+            }
+        };
+        debug!(instance = %uuid, name = %e.name, tag = e.tag.as_deref().unwrap_or(""), code,
+               "external event");
+        answers.push(EventAnswer {
+            name: e.name,
+            server_uuid: e.server_uuid,
+            tag: e.tag,
+            status: if code == 200 { "completed" } else { "failed" }.to_owned(),
+            code,
+        });
+    }
+    Ok(Outcome {
+        answer: EventsAnswer { events: answers },
+        accepted,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    const A: &str = "9a1c2e44-5d2b-4e55-9c51-3f0f3a6c4d10";
+    const B: &str = "9a1c2e44-5d2b-4e55-9c51-3f0f3a6c4d11";
+    const PORT: &str = "3b2c4d5e-0000-4000-8000-000000000001";
+
+    fn dir() -> InstanceSet {
+        let s = InstanceSet::with([Uuid::parse_str(A).unwrap()]);
+        s.admitted(Uuid::parse_str(B).unwrap());
+        s.departed(Uuid::parse_str(B).unwrap(), true);
+        s
+    }
+
+    fn run(v: serde_json::Value) -> Result<Outcome, ApiError> {
+        process(v.to_string().as_bytes(), &dir(), 100)
+    }
+
+    #[test]
+    fn all_accepted_is_200_with_status_defaulted() {
+        let o = run(json!({"events": [
+            {"name": "network-vif-plugged", "server_uuid": A, "tag": PORT},
+            {"name": "network-changed", "server_uuid": A, "tag": PORT, "status": "completed"},
+        ]}))
+        .unwrap();
+        assert_eq!(o.status(), 200);
+        assert_eq!(o.accepted.len(), 2);
+        assert_eq!(o.accepted[0].status, EventStatus::Completed);
+        let e = &o.answer.events[0];
+        assert_eq!(
+            (e.code, e.status.as_str(), e.tag.as_deref()),
+            (200, "completed", Some(PORT))
+        );
+    }
+
+    #[test]
+    fn mixed_is_207_with_per_event_codes() {
+        let unknown = Uuid::new_v4().to_string();
+        let o = run(json!({"events": [
+            {"name": "network-vif-plugged", "server_uuid": A, "tag": PORT, "status": "failed"},
+            {"name": "network-vif-plugged", "server_uuid": unknown, "tag": PORT},
+            {"name": "network-vif-exploded", "server_uuid": A, "tag": PORT},
+            {"name": "volume-extended", "server_uuid": A},
+            {"name": "network-vif-plugged", "server_uuid": B, "tag": PORT},
+        ]}))
+        .unwrap();
+        assert_eq!(o.status(), 207);
+        let codes: Vec<u16> = o.answer.events.iter().map(|e| e.code).collect();
+        assert_eq!(codes, [200, 404, 400, 400, 422]);
+        let statuses: Vec<&str> = o.answer.events.iter().map(|e| e.status.as_str()).collect();
+        assert_eq!(
+            statuses,
+            ["completed", "failed", "failed", "failed", "failed"]
+        );
+        assert_eq!(o.accepted.len(), 1);
+        assert_eq!(o.accepted[0].status, EventStatus::Failed);
+        assert_eq!(
+            o.answer.events[2].name, "network-vif-exploded",
+            "echoed as sent"
+        );
+    }
+
+    #[test]
+    fn none_accepted_is_404() {
+        let o = run(json!({"events": [
+            {"name": "network-vif-plugged", "server_uuid": Uuid::new_v4().to_string()},
+            {"name": "network-vif-plugged", "server_uuid": B},
+        ]}))
+        .unwrap();
+        assert_eq!(o.status(), 404);
+        assert!(o.accepted.is_empty());
+        let codes: Vec<u16> = o.answer.events.iter().map(|e| e.code).collect();
+        assert_eq!(codes, [404, 422]);
+    }
+
+    #[test]
+    fn schema_violations_reject_the_whole_request() {
+        let bad = [
+            json!({"events": []}),
+            json!({"events": {}}),
+            json!({}),
+            json!({"events": [{"name": "network-changed"}]}),
+            json!({"events": [{"name": "network-changed", "server_uuid": "nope"}]}),
+            json!({"events": [{"name": 5, "server_uuid": A}]}),
+            json!({"events": [{"name": "network-changed", "server_uuid": A, "status": "done"}]}),
+            json!({"events": [{"name": "network-changed", "server_uuid": A, "extra": 1}]}),
+            json!({"events": [{"name": "network-changed", "server_uuid": A,
+                               "tag": "x".repeat(256)}]}),
+            json!({"events": [], "more": 1}),
+        ];
+        for b in bad {
+            let e = run(b.clone()).unwrap_err();
+            assert!(
+                matches!(e, ApiError::BadJson(_) | ApiError::Invalid(_)),
+                "{b}: {e:?}"
+            );
+        }
+        assert!(matches!(
+            process(b"not json", &dir(), 10).unwrap_err(),
+            ApiError::BadJson(_)
+        ));
+        let many: Vec<_> = (0..11)
+            .map(|_| json!({"name": "network-changed", "server_uuid": A}))
+            .collect();
+        assert!(matches!(
+            process(json!({"events": many}).to_string().as_bytes(), &dir(), 10).unwrap_err(),
+            ApiError::Invalid(_)
+        ));
+    }
+
+    #[test]
+    fn the_set_tracks_arrivals_and_departures() {
+        let s = InstanceSet::new(2);
+        let ids: Vec<Uuid> = (0..4).map(|_| Uuid::new_v4()).collect();
+        for u in &ids {
+            s.admitted(*u);
+        }
+        assert_eq!(s.len(), 4);
+        s.departed(ids[0], false);
+        assert_eq!(s.placement(&ids[0]), Placement::Unknown);
+        s.departed(ids[1], true);
+        s.departed(ids[2], true);
+        s.departed(ids[3], true);
+        assert_eq!(s.placement(&ids[1]), Placement::Unknown, "bounded memory");
+        assert_eq!(s.placement(&ids[3]), Placement::NotOnHost);
+        s.admitted(ids[3]);
+        assert_eq!(s.placement(&ids[3]), Placement::OnHost);
+        assert!(s.knows(&ids[3]));
+    }
+}

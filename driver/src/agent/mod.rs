@@ -1,0 +1,290 @@
+//! The compute agent (`vireo agent --config FILE`): an HTTP API over the virt driver, Nova's
+//! external-events endpoint for Neutron, health and metrics, and an ordered shutdown.
+//!
+//! # Layout
+//! - [`server`]: the HTTP layer (actix-web) and [`server::serve`], which takes its listener
+//!   and shutdown signal as arguments.
+//! - [`service`]: what the handlers do, without HTTP: validation, admission of long
+//!   operations, background tasks, the events hand-over, shutdown.
+//! - [`events`]: the external-events body rules and Nova's answer codes; the
+//!   [`events::InstanceDirectory`] trait saying which instances are here.
+//! - [`ops`]: the operation registry (one operation per instance, bounded history).
+//! - [`auth`]: token files and constant-time checks. [`paths`]: which host paths a request
+//!   may name. [`metrics`]: the Prometheus registry. [`model`]: the wire format.
+//! - [`provisional`]: a stand-in for the `ComputeDriver` trait until it lands (see there);
+//!   [`view`] converts its types to the wire format.
+//!
+//! [`run`] is the binary's entry: load the config, check the token files, prepare the state
+//! directory, bind, start the actors and the driver, serve until SIGTERM/SIGINT.
+
+pub mod auth;
+pub mod error;
+pub mod events;
+pub mod metrics;
+pub mod model;
+pub mod ops;
+pub mod paths;
+pub mod provisional;
+pub mod server;
+pub mod service;
+pub mod view;
+
+use std::fs;
+use std::io;
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use actix_web::http::header::HeaderName;
+use tracing::{error, info};
+use tracing_subscriber::EnvFilter;
+use vireo_actors::events::{EventConfig, EventsHandle};
+
+use crate::config::{AgentConfig, ConfigError};
+use auth::{Auth, Token, TokenError};
+use paths::PathPolicy;
+use service::{AgentParts, Settings};
+
+/// Exit code: clean shutdown.
+pub const EXIT_OK: u8 = 0;
+/// Exit code: the agent failed while starting or running.
+pub const EXIT_FAILURE: u8 = 1;
+/// Exit code: the configuration (or a token file it names) is invalid.
+pub const EXIT_CONFIG: u8 = 2;
+
+/// Why the agent could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The config file is invalid.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// A token file is unusable.
+    #[error(transparent)]
+    Token(#[from] TokenError),
+    /// The state directory could not be prepared.
+    #[error("instances.state_dir {}: cannot prepare the directory", path.display())]
+    StateDir {
+        /// The directory.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: io::Error,
+    },
+    /// The listen address could not be bound.
+    #[error("listen {addr}: cannot bind")]
+    Bind {
+        /// The address.
+        addr: std::net::SocketAddr,
+        /// The I/O error.
+        #[source]
+        source: io::Error,
+    },
+    /// The driver could not be loaded.
+    #[error("driver.name {name:?}: cannot load the driver: {reason}")]
+    Driver {
+        /// The configured name.
+        name: String,
+        /// Why.
+        reason: String,
+    },
+    /// The runtime could not be built.
+    #[error("cannot start the runtime")]
+    Runtime(#[source] io::Error),
+    /// The server failed.
+    #[error("the HTTP server failed")]
+    Serve(#[source] server::ServeError),
+}
+
+impl StartError {
+    /// The exit code for this error: 2 for configuration and token files, 1 otherwise.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            StartError::Config(_) | StartError::Token(_) => EXIT_CONFIG,
+            _ => EXIT_FAILURE,
+        }
+    }
+}
+
+impl Settings {
+    /// Settings from a validated config: loads the token files (refusing group/world-
+    /// accessible ones), creates `<state_dir>/instances` (mode 0700) and resolves the image
+    /// directories.
+    pub fn from_config(cfg: &AgentConfig) -> Result<Settings, StartError> {
+        let api = Token::load("api_token_file", &cfg.api_token_file)?;
+        let events = cfg
+            .events_token_file
+            .as_deref()
+            .map(|p| Token::load("events_token_file", p))
+            .transpose()?;
+        let header = HeaderName::from_bytes(cfg.token_header.as_bytes()).map_err(|_| {
+            ConfigError::Invalid {
+                path: PathBuf::new(),
+                key: "token_header",
+                reason: "not an HTTP header name".into(),
+            }
+        })?;
+        let instances = cfg.instances_dir();
+        make_private_dir(&cfg.instances.state_dir)?;
+        make_private_dir(&instances)?;
+        let paths = PathPolicy::new(&instances, &cfg.instances.image_dirs).map_err(|source| {
+            StartError::StateDir {
+                path: instances.clone(),
+                source,
+            }
+        })?;
+        Ok(Settings {
+            host: cfg.host_name(),
+            auth: Auth::new(header, api, events, cfg.accept_noauth_events),
+            paths,
+            max_body_bytes: cfg.max_body_bytes,
+            max_events: cfg.max_events_per_request,
+            finished_operations: cfg.finished_operations,
+            shutdown_timeout: cfg.shutdown_timeout(),
+            http_workers: cfg.http_workers,
+        })
+    }
+}
+
+fn make_private_dir(path: &Path) -> Result<(), StartError> {
+    let err = |source| StartError::StateDir {
+        path: path.to_owned(),
+        source,
+    };
+    match fs::symlink_metadata(path) {
+        Ok(m) if m.is_dir() => Ok(()),
+        Ok(_) => Err(err(io::Error::new(
+            io::ErrorKind::AlreadyExists,
+            "exists and is not a directory",
+        ))),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(path)
+            .map_err(err),
+        Err(e) => Err(err(e)),
+    }
+}
+
+/// An empty node for libvirt's test driver, written when the default URI's file is missing.
+pub const EMPTY_TEST_NODE: &str = "<node/>\n";
+
+/// Create the default test-driver node file when the config uses the default URI.
+pub fn prepare_default_libvirt(cfg: &AgentConfig) -> Result<(), StartError> {
+    if cfg.libvirt.uri.is_some() {
+        return Ok(());
+    }
+    let node = cfg.default_test_node();
+    if node.exists() {
+        return Ok(());
+    }
+    fs::write(&node, EMPTY_TEST_NODE)
+        .and_then(|()| fs::set_permissions(&node, fs::Permissions::from_mode(0o600)))
+        .map_err(|source| StartError::StateDir { path: node, source })
+}
+
+/// Load the virt driver named in the config.
+///
+/// INTEGRATION POINT: the `ComputeDriver` implementation (driver/src/compute.rs,
+/// `load_driver(name, &config)`) is being written on another branch. Until it is merged this
+/// returns [`StartError::Driver`]; afterwards it calls `crate::compute::load_driver` with the
+/// config and `events`, and fills [`AgentParts`] with the driver, the host registry as
+/// [`events::InstanceDirectory`] and a [`service::libvirt_probe`] on its libvirt handle.
+pub async fn load_driver(
+    cfg: &AgentConfig,
+    events: &EventsHandle,
+) -> Result<AgentParts, StartError> {
+    let _ = events;
+    Err(StartError::Driver {
+        name: cfg.driver.name.clone(),
+        reason: "no ComputeDriver implementation is built into this binary yet".into(),
+    })
+}
+
+/// Install the tracing subscriber from `[logging]` (`RUST_LOG` overrides the level).
+pub fn init_logging(cfg: &AgentConfig) {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+        EnvFilter::new(format!(
+            "vireo={0},vireo_actors={0},warn",
+            cfg.logging.level
+        ))
+    });
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(io::stderr);
+    // Already installed (tests, a host process): keep the existing one.
+    let _ = if cfg.logging.json {
+        builder
+            .json()
+            .with_current_span(true)
+            .with_span_list(false)
+            .try_init()
+    } else {
+        builder.try_init()
+    };
+}
+
+/// A future resolving at SIGTERM or SIGINT.
+pub async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    match (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) {
+        (Ok(mut term), Ok(mut int)) => {
+            tokio::select! {
+                _ = term.recv() => info!("SIGTERM received"),
+                _ = int.recv() => info!("SIGINT received"),
+            }
+        }
+        _ => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}
+
+/// Check everything the agent needs before it binds: config, token files, state directory.
+pub fn prepare(config_path: &Path) -> Result<(AgentConfig, Settings), StartError> {
+    let cfg = AgentConfig::load(config_path)?;
+    let settings = Settings::from_config(&cfg)?;
+    prepare_default_libvirt(&cfg)?;
+    Ok((cfg, settings))
+}
+
+/// `vireo agent --config FILE`: run until SIGTERM/SIGINT. Returns the exit code; errors are
+/// written to `stderr` as one line.
+pub fn run(config_path: &Path, stderr: &mut dyn io::Write) -> u8 {
+    match run_inner(config_path) {
+        Ok(()) => EXIT_OK,
+        Err(e) => {
+            let mut msg = e.to_string();
+            let mut src = std::error::Error::source(&e);
+            while let Some(s) = src {
+                msg.push_str(": ");
+                msg.push_str(&s.to_string());
+                src = s.source();
+            }
+            error!("{msg}");
+            let _ = writeln!(stderr, "vireo agent: {msg}");
+            e.exit_code()
+        }
+    }
+}
+
+fn run_inner(config_path: &Path) -> Result<(), StartError> {
+    let (cfg, settings) = prepare(config_path)?;
+    init_logging(&cfg);
+    let listener = std::net::TcpListener::bind(cfg.listen).map_err(|source| StartError::Bind {
+        addr: cfg.listen,
+        source,
+    })?;
+    let system = actix_rt::System::new();
+    system.block_on(async move {
+        let events = EventsHandle::start(EventConfig::default());
+        let parts = load_driver(&cfg, &events).await?;
+        info!(driver = parts.driver.name(), host = %settings.host,
+              network = %cfg.network.kind, "agent starting");
+        let svc = service::AgentService::new(parts, settings);
+        server::serve(listener, shutdown_signal(), svc)
+            .await
+            .map_err(StartError::Serve)
+    })
+}

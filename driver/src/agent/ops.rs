@@ -1,0 +1,329 @@
+//! The operation registry: which long operations run, which finished, and at most one
+//! operation per instance.
+//!
+//! An operation is admitted ([`Operations::admit`]) before its background task starts; while
+//! it runs, another admission for the same instance is refused with
+//! [`ApiError::Busy`] (409). Finished operations are kept for polling, at most `keep` of them
+//! (config `finished_operations`, default 1024): the oldest is forgotten first, after which
+//! `GET /v1/operations/{id}` answers 404. At shutdown the registry is closed (new admissions get
+//! 503), drained until a deadline, and what is left is aborted and recorded as failed.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Mutex;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde_json::Value;
+use tokio::sync::watch;
+use tokio::task::AbortHandle;
+use tokio::time::Instant;
+use uuid::Uuid;
+
+use super::error::ApiError;
+use super::model::{ErrorDetail, OpKind, OpState, Operation};
+
+/// Milliseconds since the Unix epoch.
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+#[derive(Debug)]
+struct Running {
+    op: Operation,
+    abort: Option<AbortHandle>,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    closed: bool,
+    running: HashMap<Uuid, Running>,
+    by_instance: HashMap<Uuid, Uuid>,
+    finished: VecDeque<Operation>,
+}
+
+/// The registry. Cheap to share behind an `Arc`.
+#[derive(Debug)]
+pub struct Operations {
+    inner: Mutex<Inner>,
+    keep: usize,
+    running_tx: watch::Sender<usize>,
+}
+
+impl Operations {
+    /// A registry keeping at most `keep` finished operations.
+    pub fn new(keep: usize) -> Self {
+        Operations {
+            inner: Mutex::new(Inner::default()),
+            keep: keep.max(1),
+            running_tx: watch::channel(0).0,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn publish(&self, inner: &Inner) {
+        self.running_tx.send_replace(inner.running.len());
+    }
+
+    /// Reserve `instance` for a new `kind` operation.
+    pub fn admit(&self, instance: Uuid, kind: OpKind) -> Result<Operation, ApiError> {
+        let mut inner = self.lock();
+        if inner.closed {
+            return Err(ApiError::ShuttingDown);
+        }
+        if let Some(op) = inner
+            .by_instance
+            .get(&instance)
+            .and_then(|id| inner.running.get(id))
+        {
+            return Err(ApiError::Busy {
+                instance,
+                op: op.op.id,
+                kind: op.op.kind,
+            });
+        }
+        let op = Operation {
+            id: Uuid::new_v4(),
+            instance,
+            kind,
+            state: OpState::Running,
+            started_ms: now_ms(),
+            finished_ms: None,
+            report: None,
+            error: None,
+        };
+        inner.by_instance.insert(instance, op.id);
+        inner.running.insert(
+            op.id,
+            Running {
+                op: op.clone(),
+                abort: None,
+            },
+        );
+        self.publish(&inner);
+        Ok(op)
+    }
+
+    /// Drop an admission whose task never started (a check after admission refused it).
+    pub fn withdraw(&self, id: Uuid) {
+        let mut inner = self.lock();
+        if let Some(r) = inner.running.remove(&id) {
+            inner.by_instance.remove(&r.op.instance);
+        }
+        self.publish(&inner);
+    }
+
+    /// Record the task of a running operation, so shutdown can abort it.
+    pub fn attach(&self, id: Uuid, abort: AbortHandle) {
+        if let Some(r) = self.lock().running.get_mut(&id) {
+            r.abort = Some(abort);
+        }
+    }
+
+    /// Move a running operation to the finished list. Returns it, or `None` when it was no
+    /// longer running (aborted at shutdown).
+    pub fn finish(&self, id: Uuid, result: Result<Value, ErrorDetail>) -> Option<Operation> {
+        let mut inner = self.lock();
+        let r = inner.running.remove(&id)?;
+        inner.by_instance.remove(&r.op.instance);
+        let mut op = r.op;
+        op.finished_ms = Some(now_ms());
+        match result {
+            Ok(report) => {
+                op.state = OpState::Succeeded;
+                op.report = Some(report);
+            }
+            Err(e) => {
+                op.state = OpState::Failed;
+                op.error = Some(e);
+            }
+        }
+        inner.finished.push_back(op.clone());
+        while inner.finished.len() > self.keep {
+            inner.finished.pop_front();
+        }
+        self.publish(&inner);
+        Some(op)
+    }
+
+    /// One operation, running or finished (and not yet forgotten).
+    pub fn get(&self, id: Uuid) -> Option<Operation> {
+        let inner = self.lock();
+        if let Some(r) = inner.running.get(&id) {
+            return Some(r.op.clone());
+        }
+        inner.finished.iter().rev().find(|o| o.id == id).cloned()
+    }
+
+    /// The running operation of an instance.
+    pub fn running_for(&self, instance: Uuid) -> Option<Operation> {
+        let inner = self.lock();
+        inner
+            .by_instance
+            .get(&instance)
+            .and_then(|id| inner.running.get(id))
+            .map(|r| r.op.clone())
+    }
+
+    /// Running operations (oldest first), then finished ones (newest first); `instance`
+    /// filters.
+    pub fn list(&self, instance: Option<Uuid>) -> Vec<Operation> {
+        let inner = self.lock();
+        let keep = |o: &&Operation| instance.is_none_or(|u| o.instance == u);
+        let mut running: Vec<Operation> = inner
+            .running
+            .values()
+            .map(|r| &r.op)
+            .filter(keep)
+            .cloned()
+            .collect();
+        running.sort_by_key(|o| o.started_ms);
+        running.extend(inner.finished.iter().rev().filter(keep).cloned());
+        running
+    }
+
+    /// Operations running now.
+    pub fn running_count(&self) -> usize {
+        self.lock().running.len()
+    }
+
+    /// True once [`Self::close`] was called.
+    pub fn is_closed(&self) -> bool {
+        self.lock().closed
+    }
+
+    /// Refuse new admissions from now on.
+    pub fn close(&self) {
+        self.lock().closed = true;
+    }
+
+    /// Wait until nothing runs or `deadline` passes. True when nothing runs.
+    pub async fn drain(&self, deadline: Instant) -> bool {
+        let mut rx = self.running_tx.subscribe();
+        let idle = async move { rx.wait_for(|n| *n == 0).await.is_ok() };
+        matches!(tokio::time::timeout_at(deadline, idle).await, Ok(true))
+    }
+
+    /// Abort every running operation's task and record it as failed with `error`. Returns the
+    /// operations aborted.
+    pub fn abort_all(&self, error: &ErrorDetail) -> Vec<Operation> {
+        let ids: Vec<Uuid> = {
+            let inner = self.lock();
+            for r in inner.running.values() {
+                if let Some(a) = &r.abort {
+                    a.abort();
+                }
+            }
+            inner.running.keys().copied().collect()
+        };
+        ids.into_iter()
+            .filter_map(|id| self.finish(id, Err(error.clone())))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+    use std::time::Duration;
+
+    fn err(code: &str) -> ErrorDetail {
+        ErrorDetail {
+            code: code.into(),
+            message: code.into(),
+        }
+    }
+
+    #[test]
+    fn one_operation_per_instance() {
+        let ops = Operations::new(10);
+        let a = Uuid::new_v4();
+        let op = ops.admit(a, OpKind::Create).unwrap();
+        match ops.admit(a, OpKind::Pause).unwrap_err() {
+            ApiError::Busy { op: busy, kind, .. } => {
+                assert_eq!((busy, kind), (op.id, OpKind::Create));
+            }
+            e => panic!("{e:?}"),
+        }
+        let other = ops.admit(Uuid::new_v4(), OpKind::Pause).unwrap();
+        assert_eq!(ops.running_count(), 2);
+        assert_eq!(ops.running_for(a).unwrap().id, op.id);
+        let done = ops.finish(op.id, Ok(json!({"steps": []}))).unwrap();
+        assert_eq!(done.state, OpState::Succeeded);
+        assert!(done.finished_ms.is_some());
+        assert!(ops.running_for(a).is_none());
+        assert!(ops.admit(a, OpKind::Pause).is_ok(), "free again");
+        assert!(
+            ops.finish(op.id, Ok(json!(null))).is_none(),
+            "finished twice"
+        );
+        ops.withdraw(other.id);
+        assert!(ops.get(other.id).is_none());
+    }
+
+    #[test]
+    fn finished_operations_are_bounded_oldest_first() {
+        let ops = Operations::new(3);
+        let ids: Vec<Uuid> = (0..5)
+            .map(|_| {
+                let op = ops.admit(Uuid::new_v4(), OpKind::Delete).unwrap();
+                ops.finish(op.id, Err(err("failed")));
+                op.id
+            })
+            .collect();
+        assert!(ops.get(ids[0]).is_none());
+        assert!(ops.get(ids[1]).is_none());
+        for id in &ids[2..] {
+            assert_eq!(ops.get(*id).unwrap().state, OpState::Failed);
+        }
+        let listed: Vec<Uuid> = ops.list(None).iter().map(|o| o.id).collect();
+        assert_eq!(listed, [ids[4], ids[3], ids[2]], "newest first");
+    }
+
+    #[test]
+    fn closed_registry_refuses_admissions() {
+        let ops = Operations::new(3);
+        ops.close();
+        assert!(matches!(
+            ops.admit(Uuid::new_v4(), OpKind::Create),
+            Err(ApiError::ShuttingDown)
+        ));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn drain_waits_for_the_last_operation_or_the_deadline() {
+        let ops = std::sync::Arc::new(Operations::new(3));
+        let op = ops.admit(Uuid::new_v4(), OpKind::Create).unwrap();
+        assert!(
+            !ops.drain(Instant::now() + Duration::from_secs(1)).await,
+            "deadline"
+        );
+        let o2 = ops.clone();
+        let id = op.id;
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            o2.finish(id, Ok(json!(null)));
+        });
+        assert!(ops.drain(Instant::now() + Duration::from_secs(5)).await);
+        assert!(ops.drain(Instant::now()).await, "nothing runs");
+    }
+
+    #[tokio::test]
+    async fn abort_all_cancels_tasks_and_records_failures() {
+        let ops = Operations::new(3);
+        let op = ops.admit(Uuid::new_v4(), OpKind::LiveMigrate).unwrap();
+        let task = tokio::spawn(std::future::pending::<()>());
+        ops.attach(op.id, task.abort_handle());
+        let aborted = ops.abort_all(&err("shutdown"));
+        assert_eq!(aborted.len(), 1);
+        assert!(task.await.unwrap_err().is_cancelled());
+        let got = ops.get(op.id).unwrap();
+        assert_eq!(got.state, OpState::Failed);
+        assert_eq!(got.error.unwrap().code, "shutdown");
+        assert_eq!(ops.running_count(), 0);
+    }
+}

@@ -1,0 +1,315 @@
+//! The HTTP layer (actix-web): routes, token checks, size-capped bodies, JSON in and out,
+//! request metrics, and [`serve`], which runs the server on a given listener until a given
+//! shutdown future resolves (tests pass a loopback listener on port 0 and their own signal).
+//!
+//! | method | path | answer |
+//! |---|---|---|
+//! | GET | `/healthz` | 200 `{"status": "ok", "host", "driver"}` (no token) |
+//! | GET | `/metrics` | 200 Prometheus text |
+//! | POST | `/v2.1/os-server-external-events`, `/os-server-external-events` | 200 / 207 / 404 |
+//! | GET | `/v1/instances` | 200 `{"instances": [...]}` |
+//! | POST | `/v1/instances` | 202 `{"operation": {...}}` |
+//! | GET | `/v1/instances/{uuid}` | 200 instance |
+//! | DELETE | `/v1/instances/{uuid}` | 202 `{"operation": {...}}` |
+//! | POST | `/v1/instances/{uuid}/action` | 202 `{"operation": {...}}` |
+//! | GET | `/v1/operations` | 200 `{"operations": [...]}` (`?instance=UUID` filters) |
+//! | GET | `/v1/operations/{id}` | 200 operation |
+
+use std::future::Future;
+use std::net::TcpListener;
+use std::sync::Arc;
+use std::time::Instant as StdInstant;
+
+use actix_web::body::MessageBody;
+use actix_web::dev::{Service, ServiceResponse};
+use actix_web::http::header::{CONTENT_LENGTH, CONTENT_TYPE, LOCATION};
+use actix_web::http::StatusCode;
+use actix_web::web::{self, BytesMut};
+use actix_web::{App, HttpRequest, HttpResponse, HttpServer};
+use futures::StreamExt;
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+use tokio::time::Instant;
+use tracing::{debug, info, warn};
+use uuid::Uuid;
+
+use super::auth::Scope;
+use super::error::ApiError;
+use super::model::{Accepted, Action, CreateInstance, InstanceList, Operation, OperationList};
+use super::service::AgentService;
+
+/// Why the server could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// The listener could not be used.
+    #[error("cannot serve on the listener")]
+    Listen(#[source] std::io::Error),
+    /// The server stopped with an error.
+    #[error("HTTP server failed")]
+    Run(#[source] std::io::Error),
+}
+
+type Svc = web::Data<AgentService>;
+
+/// Read the body, refusing more than `limit` bytes (413) before reading further.
+async fn read_body(
+    req: &HttpRequest,
+    mut payload: web::Payload,
+    limit: usize,
+) -> Result<BytesMut, ApiError> {
+    let declared = req
+        .headers()
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Err(ApiError::BodyTooLarge { limit });
+    }
+    let mut buf = BytesMut::with_capacity(declared.map_or(1024, |n| n as usize));
+    while let Some(chunk) = payload.next().await {
+        let chunk = chunk.map_err(|_| ApiError::ReadBody)?;
+        if buf.len() + chunk.len() > limit {
+            return Err(ApiError::BodyTooLarge { limit });
+        }
+        buf.extend_from_slice(&chunk);
+    }
+    Ok(buf)
+}
+
+async fn json_body<T: DeserializeOwned>(
+    req: &HttpRequest,
+    payload: web::Payload,
+    svc: &AgentService,
+) -> Result<T, ApiError> {
+    let body = read_body(req, payload, svc.settings().max_body_bytes).await?;
+    serde_json::from_slice(&body).map_err(|e| ApiError::BadJson(e.to_string()))
+}
+
+fn api(req: &HttpRequest, svc: &AgentService) -> Result<(), ApiError> {
+    svc.authorize(req.headers(), Scope::Api, req.path())
+}
+
+fn parse_uuid(what: &str, s: &str) -> Result<Uuid, ApiError> {
+    Uuid::parse_str(s).map_err(|_| ApiError::Invalid(format!("{what}: {s:?} is not a UUID")))
+}
+
+fn accepted(op: Operation) -> HttpResponse {
+    HttpResponse::Accepted()
+        .insert_header((LOCATION, format!("/v1/operations/{}", op.id)))
+        .json(Accepted { operation: op })
+}
+
+async fn healthz(svc: Svc) -> HttpResponse {
+    let h = svc.health();
+    let status = if h.status == "ok" {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    HttpResponse::build(status).json(h)
+}
+
+async fn metrics(req: HttpRequest, svc: Svc) -> Result<HttpResponse, ApiError> {
+    api(&req, &svc)?;
+    Ok(HttpResponse::Ok()
+        .insert_header((CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8"))
+        .body(svc.metrics_text().await))
+}
+
+async fn external_events(
+    req: HttpRequest,
+    payload: web::Payload,
+    svc: Svc,
+) -> Result<HttpResponse, ApiError> {
+    svc.authorize(req.headers(), Scope::Events, req.path())?;
+    let body = read_body(&req, payload, svc.settings().max_body_bytes).await?;
+    let (status, answer) = svc.external_events(&body)?;
+    let status = StatusCode::from_u16(status).unwrap_or(StatusCode::MULTI_STATUS);
+    Ok(HttpResponse::build(status).json(answer))
+}
+
+async fn list_instances(req: HttpRequest, svc: Svc) -> Result<HttpResponse, ApiError> {
+    api(&req, &svc)?;
+    Ok(HttpResponse::Ok().json(InstanceList {
+        instances: svc.list().await,
+    }))
+}
+
+async fn create_instance(
+    req: HttpRequest,
+    payload: web::Payload,
+    svc: Svc,
+) -> Result<HttpResponse, ApiError> {
+    api(&req, &svc)?;
+    let body: CreateInstance = json_body(&req, payload, &svc).await?;
+    let svc: Arc<AgentService> = svc.into_inner();
+    Ok(accepted(svc.create(body).await?))
+}
+
+async fn show_instance(
+    req: HttpRequest,
+    path: web::Path<String>,
+    svc: Svc,
+) -> Result<HttpResponse, ApiError> {
+    api(&req, &svc)?;
+    let uuid = parse_uuid("instance", &path)?;
+    Ok(HttpResponse::Ok().json(svc.show(uuid).await?))
+}
+
+async fn delete_instance(
+    req: HttpRequest,
+    path: web::Path<String>,
+    svc: Svc,
+) -> Result<HttpResponse, ApiError> {
+    api(&req, &svc)?;
+    let uuid = parse_uuid("instance", &path)?;
+    let svc: Arc<AgentService> = svc.into_inner();
+    Ok(accepted(svc.delete(uuid).await?))
+}
+
+async fn instance_action(
+    req: HttpRequest,
+    path: web::Path<String>,
+    payload: web::Payload,
+    svc: Svc,
+) -> Result<HttpResponse, ApiError> {
+    api(&req, &svc)?;
+    let uuid = parse_uuid("instance", &path)?;
+    let action: Action = json_body(&req, payload, &svc).await?;
+    let svc: Arc<AgentService> = svc.into_inner();
+    Ok(accepted(svc.action(uuid, action).await?))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct OpsQuery {
+    instance: Option<Uuid>,
+}
+
+async fn list_operations(
+    req: HttpRequest,
+    query: Result<web::Query<OpsQuery>, actix_web::Error>,
+    svc: Svc,
+) -> Result<HttpResponse, ApiError> {
+    api(&req, &svc)?;
+    let query = query.map_err(|e| ApiError::Invalid(format!("query: {e}")))?;
+    Ok(HttpResponse::Ok().json(OperationList {
+        operations: svc.operations().list(query.instance),
+    }))
+}
+
+async fn show_operation(
+    req: HttpRequest,
+    path: web::Path<String>,
+    svc: Svc,
+) -> Result<HttpResponse, ApiError> {
+    api(&req, &svc)?;
+    let id = parse_uuid("operation", &path)?;
+    let op = svc
+        .operations()
+        .get(id)
+        .ok_or(ApiError::OperationNotFound(id))?;
+    Ok(HttpResponse::Ok().json(op))
+}
+
+async fn no_route() -> Result<HttpResponse, ApiError> {
+    Err(ApiError::NoRoute)
+}
+
+fn record<B: MessageBody>(svc: &AgentService, res: &ServiceResponse<B>, started: StdInstant) {
+    let route = res
+        .request()
+        .match_pattern()
+        .unwrap_or_else(|| "unmatched".to_owned());
+    let status = res.status();
+    let took = started.elapsed();
+    svc.metrics().http_requests.inc(&[&route, status.as_str()]);
+    svc.metrics().http_duration.observe(&[&route], took);
+    let instance = res.request().match_info().get("uuid").unwrap_or("");
+    debug!(instance, method = %res.request().method(), route, status = status.as_u16(),
+           us = took.as_micros() as u64, "request");
+}
+
+/// Run the API on `listener` until `shutdown` resolves, then stop accepting, let in-flight
+/// requests finish and run [`AgentService::shutdown`]; everything within the service's
+/// `shutdown_timeout`.
+pub async fn serve(
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()>,
+    svc: Arc<AgentService>,
+) -> Result<(), ServeError> {
+    let settings = svc.settings().clone();
+    let data: Svc = web::Data::from(Arc::clone(&svc));
+    let addr = listener.local_addr().map_err(ServeError::Listen)?;
+    listener.set_nonblocking(true).map_err(ServeError::Listen)?;
+    let server = HttpServer::new(move || {
+        App::new()
+            .app_data(data.clone())
+            .wrap_fn(|req, srv| {
+                let started = StdInstant::now();
+                let svc = req.app_data::<Svc>().cloned();
+                let fut = srv.call(req);
+                async move {
+                    let res = fut.await?;
+                    if let Some(svc) = svc {
+                        record(&svc, &res, started);
+                    }
+                    Ok(res)
+                }
+            })
+            .route("/healthz", web::get().to(healthz))
+            .route("/metrics", web::get().to(metrics))
+            .route(
+                "/v2.1/os-server-external-events",
+                web::post().to(external_events),
+            )
+            .route(
+                "/os-server-external-events",
+                web::post().to(external_events),
+            )
+            .service(
+                web::scope("/v1")
+                    .route("/instances", web::get().to(list_instances))
+                    .route("/instances", web::post().to(create_instance))
+                    .route("/instances/{uuid}", web::get().to(show_instance))
+                    .route("/instances/{uuid}", web::delete().to(delete_instance))
+                    .route("/instances/{uuid}/action", web::post().to(instance_action))
+                    .route("/operations", web::get().to(list_operations))
+                    .route("/operations/{id}", web::get().to(show_operation)),
+            )
+            .default_service(web::to(no_route))
+    })
+    .workers(settings.http_workers)
+    .disable_signals()
+    .shutdown_timeout(settings.shutdown_timeout.as_secs().max(1))
+    .listen(listener)
+    .map_err(ServeError::Listen)?
+    .run();
+    let handle = server.handle();
+    info!(%addr, host = %settings.host, "agent listening");
+    let mut running = actix_rt::spawn(server);
+    let stopped_by_itself = tokio::select! {
+        r = &mut running => Some(r),
+        () = shutdown => None,
+    };
+    if let Some(r) = stopped_by_itself {
+        return match r {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(ServeError::Run(e)),
+            Err(_) => Err(ServeError::Run(std::io::Error::other("server task failed"))),
+        };
+    }
+    let deadline = Instant::now() + settings.shutdown_timeout;
+    info!("shutdown requested: no longer accepting connections");
+    svc.operations().close();
+    if tokio::time::timeout_at(deadline, handle.stop(true))
+        .await
+        .is_err()
+    {
+        warn!("in-flight requests did not finish in time");
+    }
+    svc.shutdown(deadline).await;
+    let _ = tokio::time::timeout_at(deadline, running).await;
+    info!("agent stopped");
+    Ok(())
+}

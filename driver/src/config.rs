@@ -1,0 +1,852 @@
+//! The agent's configuration file (`vireo agent --config FILE`): TOML, plain serde data.
+//!
+//! This module owns the file's schema, its defaults and its validation. Every table and key is
+//! `deny_unknown_fields`; every key has a default except where noted, and docs/AGENT.md lists
+//! them all. [`AgentConfig::load`] reads and checks a file and fails with one [`ConfigError`]
+//! whose message names the offending key (`events.vif_plugging_timeout: invalid type ...`);
+//! the CLI prints it and exits with code 2.
+//!
+//! ```toml
+//! host = "compute-1"                       # default: the machine's host name
+//! listen = "127.0.0.1:8774"
+//! api_token_file = "/etc/vireo/api-token"  # mode 0600 or stricter
+//!
+//! [network]
+//! kind = "neutron"
+//! [network.neutron]
+//! url = "http://127.0.0.1:9696"
+//! ```
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+use vireo_actors::events::WaitPolicy;
+use vireo_actors::libvirt::{LibvirtConfig, MAX_WORKERS};
+use vireo_actors::predict::DeviceForm;
+
+use crate::network::neutron::NeutronConfig;
+
+/// Where the agent keeps its state unless `[instances] state_dir` says otherwise.
+pub const DEFAULT_STATE_DIR: &str = "/var/lib/vireo";
+/// The API token file unless `api_token_file` says otherwise.
+pub const DEFAULT_API_TOKEN_FILE: &str = "/etc/vireo/api-token";
+/// The listen address unless `listen` says otherwise (Nova's compute API port, loopback).
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:8774";
+/// The header carrying the token unless `token_header` says otherwise (what Neutron sends).
+pub const DEFAULT_TOKEN_HEADER: &str = "X-Auth-Token";
+/// The file name of the private libvirt test-driver node under the state directory, used when
+/// `[libvirt] uri` is not set.
+pub const DEFAULT_TEST_NODE_FILE: &str = "libvirt-test-node.xml";
+/// Largest request body accepted unless `max_body_bytes` says otherwise (1 MiB).
+pub const DEFAULT_MAX_BODY_BYTES: usize = 1 << 20;
+/// Largest `max_body_bytes` accepted (16 MiB).
+pub const MAX_BODY_BYTES_LIMIT: usize = 16 << 20;
+/// Most events one POST may carry unless `max_events_per_request` says otherwise.
+pub const DEFAULT_MAX_EVENTS: usize = 1_000;
+/// Finished operations kept for `GET /v1/operations/{id}` unless `finished_operations` says
+/// otherwise; the oldest is forgotten first.
+pub const DEFAULT_FINISHED_OPERATIONS: usize = 1_024;
+/// Shortest token accepted in a token file.
+pub const MIN_TOKEN_LEN: usize = 16;
+
+/// The whole file.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentConfig {
+    /// This compute host's name, as Neutron binds ports to it (`binding:host_id`).
+    /// Default: the machine's host name.
+    #[serde(default)]
+    pub host: Option<String>,
+    /// Address the HTTP API listens on. Default `127.0.0.1:8774`.
+    #[serde(default = "default_listen")]
+    pub listen: SocketAddr,
+    /// HTTP worker threads. Default 2 (1..=64).
+    #[serde(default = "default_http_workers")]
+    pub http_workers: usize,
+    /// File holding the API token (one line; mode 0600 or stricter, at least 16 characters).
+    /// Every API request and every events POST must carry it. Default `/etc/vireo/api-token`.
+    #[serde(default = "default_api_token_file")]
+    pub api_token_file: PathBuf,
+    /// Optional second token accepted on the external-events endpoint only (what Neutron's
+    /// `[nova]` section is configured with). Same file rules. Default: none.
+    #[serde(default)]
+    pub events_token_file: Option<PathBuf>,
+    /// Accept the literal token `notused` on the external-events endpoint: what Neutron's Nova
+    /// notifier sends with `[nova] auth_type = none`. Only allowed when `listen` is a loopback
+    /// address. Default false.
+    #[serde(default)]
+    pub accept_noauth_events: bool,
+    /// The request header carrying the token. `Authorization: Bearer <token>` is accepted too.
+    /// Default `X-Auth-Token`.
+    #[serde(default = "default_token_header")]
+    pub token_header: String,
+    /// Largest request body in bytes; larger bodies get 413. Default 1048576 (1 MiB).
+    #[serde(default = "default_max_body_bytes")]
+    pub max_body_bytes: usize,
+    /// Most events one external-events POST may carry; more gets 400. Default 1000.
+    #[serde(default = "default_max_events")]
+    pub max_events_per_request: usize,
+    /// Finished operations kept for polling (oldest forgotten first). Default 1024.
+    #[serde(default = "default_finished_operations")]
+    pub finished_operations: usize,
+    /// Seconds the whole shutdown may take (stop accepting, let in-flight operations finish or
+    /// roll back, fail waiters). Default 30.
+    #[serde(default = "default_shutdown_timeout")]
+    pub shutdown_timeout: u64,
+    /// `[libvirt]`.
+    #[serde(default)]
+    pub libvirt: LibvirtSection,
+    /// `[driver]`.
+    #[serde(default)]
+    pub driver: DriverSection,
+    /// `[network]`.
+    #[serde(default)]
+    pub network: NetworkSection,
+    /// `[events]`.
+    #[serde(default)]
+    pub events: EventsSection,
+    /// `[instances]`.
+    #[serde(default)]
+    pub instances: InstancesSection,
+    /// `[logging]`.
+    #[serde(default)]
+    pub logging: LoggingSection,
+}
+
+/// `[libvirt]`: the hypervisor connection.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LibvirtSection {
+    /// Connection URI. Default: libvirt's test driver on a private node file,
+    /// `test:///<state_dir>/libvirt-test-node.xml` (created empty when missing), so an agent
+    /// started without configuration touches no real hypervisor. Use `qemu:///system` in
+    /// production.
+    #[serde(default)]
+    pub uri: Option<String>,
+    /// libvirt worker threads = calls in flight on the connection (1..=4). Default 4.
+    #[serde(default = "default_libvirt_workers")]
+    pub workers: usize,
+    /// Per-call deadline in seconds. Default 60.
+    #[serde(default = "default_call_timeout")]
+    pub call_timeout: u64,
+}
+
+/// `[driver]`: which virt driver the agent loads.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DriverSection {
+    /// The name given to `load_driver`. Default `libvirt`.
+    #[serde(default = "default_driver_name")]
+    pub name: String,
+}
+
+/// Which network service the agent uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NetworkKind {
+    /// vireo's in-process port store (no Neutron).
+    Embedded,
+    /// A real Neutron, configured in `[network.neutron]`.
+    Neutron,
+}
+
+impl NetworkKind {
+    /// The config value.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            NetworkKind::Embedded => "embedded",
+            NetworkKind::Neutron => "neutron",
+        }
+    }
+}
+
+/// `[network]`: the network service.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NetworkSection {
+    /// `embedded` (default) or `neutron`.
+    #[serde(default = "default_network_kind")]
+    pub kind: NetworkKind,
+    /// `[network.neutron]`: required when `kind = "neutron"`, refused otherwise. The Neutron
+    /// client's own keys (`url`, `auth`, timeouts, retries, `device_owner`).
+    #[serde(default)]
+    pub neutron: Option<NeutronConfig>,
+}
+
+/// `[events]`: waiting for Neutron's external events.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EventsSection {
+    /// Seconds an operation waits for its network events; 0 = do not wait. Default 300.
+    #[serde(default = "default_vif_plugging_timeout")]
+    pub vif_plugging_timeout: u64,
+    /// A timeout or a `failed` event fails the operation (it rolls back). Default true.
+    #[serde(default = "default_true")]
+    pub vif_plugging_is_fatal: bool,
+}
+
+/// How OVS native ports are wired (see `vireo events explain`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum OvsNativeForm {
+    /// libvirt creates the tap and plugs it (`<virtualport type='openvswitch'>`).
+    LibvirtManaged,
+    /// vireo creates the tap; libvirt uses it unmanaged.
+    PreCreated,
+}
+
+impl OvsNativeForm {
+    /// The event model's device form.
+    pub fn device_form(&self) -> DeviceForm {
+        match self {
+            OvsNativeForm::LibvirtManaged => DeviceForm::LibvirtManaged,
+            OvsNativeForm::PreCreated => DeviceForm::PreCreated,
+        }
+    }
+}
+
+/// `[instances]`: where instance files live and which images may be used.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InstancesSection {
+    /// The agent's state directory; instance directories (console logs, disks) live under
+    /// `<state_dir>/instances/<uuid>`. Default `/var/lib/vireo`.
+    #[serde(default = "default_state_dir")]
+    pub state_dir: PathBuf,
+    /// Directories kernels, initrds and disk images may be taken from; a path given in a
+    /// request must resolve (symlinks followed) inside one of them. Default
+    /// `["/var/lib/vireo/images"]`.
+    #[serde(default = "default_image_dirs")]
+    pub image_dirs: Vec<PathBuf>,
+    /// `libvirt-managed` (default) or `pre-created`.
+    #[serde(default = "default_ovs_native_form")]
+    pub ovs_native_form: OvsNativeForm,
+}
+
+/// Log output level names accepted by `[logging] level`.
+pub const LOG_LEVELS: [&str; 5] = ["error", "warn", "info", "debug", "trace"];
+
+/// `[logging]`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LoggingSection {
+    /// One JSON object per line instead of text. Default false.
+    #[serde(default)]
+    pub json: bool,
+    /// `error`, `warn`, `info` (default), `debug` or `trace`; `RUST_LOG` overrides it.
+    #[serde(default = "default_log_level")]
+    pub level: String,
+}
+
+fn default_listen() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 8774))
+}
+fn default_http_workers() -> usize {
+    2
+}
+fn default_api_token_file() -> PathBuf {
+    PathBuf::from(DEFAULT_API_TOKEN_FILE)
+}
+fn default_token_header() -> String {
+    DEFAULT_TOKEN_HEADER.to_owned()
+}
+fn default_max_body_bytes() -> usize {
+    DEFAULT_MAX_BODY_BYTES
+}
+fn default_max_events() -> usize {
+    DEFAULT_MAX_EVENTS
+}
+fn default_finished_operations() -> usize {
+    DEFAULT_FINISHED_OPERATIONS
+}
+fn default_shutdown_timeout() -> u64 {
+    30
+}
+fn default_libvirt_workers() -> usize {
+    MAX_WORKERS
+}
+fn default_call_timeout() -> u64 {
+    60
+}
+fn default_driver_name() -> String {
+    "libvirt".to_owned()
+}
+fn default_network_kind() -> NetworkKind {
+    NetworkKind::Embedded
+}
+fn default_vif_plugging_timeout() -> u64 {
+    300
+}
+fn default_true() -> bool {
+    true
+}
+fn default_state_dir() -> PathBuf {
+    PathBuf::from(DEFAULT_STATE_DIR)
+}
+fn default_image_dirs() -> Vec<PathBuf> {
+    vec![Path::new(DEFAULT_STATE_DIR).join("images")]
+}
+fn default_ovs_native_form() -> OvsNativeForm {
+    OvsNativeForm::LibvirtManaged
+}
+fn default_log_level() -> String {
+    "info".to_owned()
+}
+
+impl Default for LibvirtSection {
+    fn default() -> Self {
+        LibvirtSection {
+            uri: None,
+            workers: default_libvirt_workers(),
+            call_timeout: default_call_timeout(),
+        }
+    }
+}
+
+impl Default for DriverSection {
+    fn default() -> Self {
+        DriverSection {
+            name: default_driver_name(),
+        }
+    }
+}
+
+impl Default for NetworkSection {
+    fn default() -> Self {
+        NetworkSection {
+            kind: default_network_kind(),
+            neutron: None,
+        }
+    }
+}
+
+impl Default for EventsSection {
+    fn default() -> Self {
+        EventsSection {
+            vif_plugging_timeout: default_vif_plugging_timeout(),
+            vif_plugging_is_fatal: true,
+        }
+    }
+}
+
+impl Default for InstancesSection {
+    fn default() -> Self {
+        InstancesSection {
+            state_dir: default_state_dir(),
+            image_dirs: default_image_dirs(),
+            ovs_native_form: default_ovs_native_form(),
+        }
+    }
+}
+
+impl Default for LoggingSection {
+    fn default() -> Self {
+        LoggingSection {
+            json: false,
+            level: default_log_level(),
+        }
+    }
+}
+
+impl Default for AgentConfig {
+    /// Every key at its default.
+    fn default() -> Self {
+        AgentConfig {
+            host: None,
+            listen: default_listen(),
+            http_workers: default_http_workers(),
+            api_token_file: default_api_token_file(),
+            events_token_file: None,
+            accept_noauth_events: false,
+            token_header: default_token_header(),
+            max_body_bytes: default_max_body_bytes(),
+            max_events_per_request: default_max_events(),
+            finished_operations: default_finished_operations(),
+            shutdown_timeout: default_shutdown_timeout(),
+            libvirt: LibvirtSection::default(),
+            driver: DriverSection::default(),
+            network: NetworkSection::default(),
+            events: EventsSection::default(),
+            instances: InstancesSection::default(),
+            logging: LoggingSection::default(),
+        }
+    }
+}
+
+/// Why a configuration file was refused. The message names the file and the key.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("config {}: cannot read the file", path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML or does not fit the schema (unknown key, wrong type, ...).
+    #[error("config {}: {}{}", path.display(), key_prefix(key), message)]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// Dotted key (or table) the error is at, when it could be located.
+        key: Option<String>,
+        /// Line (1-based) of the error, when known.
+        line: Option<usize>,
+        /// What is wrong (the TOML/serde message, one line).
+        message: String,
+    },
+    /// A value is well-formed but not acceptable.
+    #[error("config {}: `{key}`: {reason}", path.display())]
+    Invalid {
+        /// The file.
+        path: PathBuf,
+        /// Dotted key.
+        key: &'static str,
+        /// Why.
+        reason: String,
+    },
+}
+
+fn key_prefix(key: &Option<String>) -> String {
+    match key {
+        Some(k) => format!("`{k}`: "),
+        None => String::new(),
+    }
+}
+
+impl ConfigError {
+    /// The dotted key the error names, when there is one.
+    pub fn key(&self) -> Option<&str> {
+        match self {
+            ConfigError::Read { .. } => None,
+            ConfigError::Parse { key, .. } => key.as_deref(),
+            ConfigError::Invalid { key, .. } => Some(key),
+        }
+    }
+}
+
+impl AgentConfig {
+    /// Read, parse and validate `path`.
+    pub fn load(path: &Path) -> Result<AgentConfig, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        Self::parse(&text, path)
+    }
+
+    /// Parse and validate `text`; `path` only names the file in errors.
+    pub fn parse(text: &str, path: &Path) -> Result<AgentConfig, ConfigError> {
+        let cfg: AgentConfig = toml::from_str(text).map_err(|e| {
+            let (key, line) = match e.span() {
+                Some(span) => locate(text, span.start),
+                None => (None, None),
+            };
+            ConfigError::Parse {
+                path: path.to_owned(),
+                key,
+                line,
+                message: e.message().trim().replace('\n', " "),
+            }
+        })?;
+        cfg.validate(path)?;
+        Ok(cfg)
+    }
+
+    /// Check the values serde cannot check.
+    pub fn validate(&self, path: &Path) -> Result<(), ConfigError> {
+        let bad = |key: &'static str, reason: String| {
+            Err(ConfigError::Invalid {
+                path: path.to_owned(),
+                key,
+                reason,
+            })
+        };
+        if let Some(h) = &self.host {
+            if h.is_empty() || h.len() > 255 || !h.bytes().all(|b| b.is_ascii_graphic()) {
+                return bad("host", format!("{h:?} is not a host name"));
+            }
+        }
+        if self.http_workers == 0 || self.http_workers > 64 {
+            return bad(
+                "http_workers",
+                format!("{} is not in 1..=64", self.http_workers),
+            );
+        }
+        if self.accept_noauth_events && !self.listen.ip().is_loopback() {
+            return bad(
+                "accept_noauth_events",
+                format!(
+                    "may only be true when `listen` is a loopback address (it is {})",
+                    self.listen
+                ),
+            );
+        }
+        if actix_web::http::header::HeaderName::from_bytes(self.token_header.as_bytes()).is_err() {
+            return bad(
+                "token_header",
+                format!("{:?} is not an HTTP header name", self.token_header),
+            );
+        }
+        if self.max_body_bytes < 1024 || self.max_body_bytes > MAX_BODY_BYTES_LIMIT {
+            return bad(
+                "max_body_bytes",
+                format!(
+                    "{} is not in 1024..={MAX_BODY_BYTES_LIMIT}",
+                    self.max_body_bytes
+                ),
+            );
+        }
+        if self.max_events_per_request == 0 || self.max_events_per_request > 100_000 {
+            return bad(
+                "max_events_per_request",
+                format!("{} is not in 1..=100000", self.max_events_per_request),
+            );
+        }
+        if self.finished_operations == 0 || self.finished_operations > 1_000_000 {
+            return bad(
+                "finished_operations",
+                format!("{} is not in 1..=1000000", self.finished_operations),
+            );
+        }
+        if self.shutdown_timeout == 0 || self.shutdown_timeout > 3_600 {
+            return bad(
+                "shutdown_timeout",
+                format!("{} is not in 1..=3600 seconds", self.shutdown_timeout),
+            );
+        }
+        if let Some(uri) = &self.libvirt.uri {
+            if uri.is_empty() || uri.contains(char::is_whitespace) {
+                return bad("libvirt.uri", format!("{uri:?} is not a libvirt URI"));
+            }
+        }
+        if self.libvirt.workers == 0 || self.libvirt.workers > MAX_WORKERS {
+            return bad(
+                "libvirt.workers",
+                format!("{} is not in 1..={MAX_WORKERS}", self.libvirt.workers),
+            );
+        }
+        if self.libvirt.call_timeout == 0 || self.libvirt.call_timeout > 86_400 {
+            return bad(
+                "libvirt.call_timeout",
+                format!("{} is not in 1..=86400 seconds", self.libvirt.call_timeout),
+            );
+        }
+        if self.driver.name.is_empty() {
+            return bad("driver.name", "is empty".to_owned());
+        }
+        match (self.network.kind, &self.network.neutron) {
+            (NetworkKind::Neutron, None) => {
+                return bad(
+                    "network.neutron",
+                    "is required when network.kind = \"neutron\"".to_owned(),
+                )
+            }
+            (NetworkKind::Embedded, Some(_)) => {
+                return bad(
+                    "network.neutron",
+                    "is set but network.kind is \"embedded\"".to_owned(),
+                )
+            }
+            (NetworkKind::Neutron, Some(n)) => {
+                if !(n.url.starts_with("http://") || n.url.starts_with("https://")) {
+                    return bad(
+                        "network.neutron.url",
+                        format!("{:?} is not an http(s) URL", n.url),
+                    );
+                }
+            }
+            (NetworkKind::Embedded, None) => {}
+        }
+        if self.events.vif_plugging_timeout > 86_400 {
+            return bad(
+                "events.vif_plugging_timeout",
+                format!(
+                    "{} is more than 86400 seconds",
+                    self.events.vif_plugging_timeout
+                ),
+            );
+        }
+        if !self.instances.state_dir.is_absolute() {
+            return bad(
+                "instances.state_dir",
+                format!(
+                    "{} is not an absolute path",
+                    self.instances.state_dir.display()
+                ),
+            );
+        }
+        if let Some(p) = self.instances.image_dirs.iter().find(|p| !p.is_absolute()) {
+            return bad(
+                "instances.image_dirs",
+                format!("{} is not an absolute path", p.display()),
+            );
+        }
+        if !LOG_LEVELS.contains(&self.logging.level.as_str()) {
+            return bad(
+                "logging.level",
+                format!(
+                    "{:?} is not one of {}",
+                    self.logging.level,
+                    LOG_LEVELS.join(", ")
+                ),
+            );
+        }
+        if !self.api_token_file.is_absolute() {
+            return bad(
+                "api_token_file",
+                format!("{} is not an absolute path", self.api_token_file.display()),
+            );
+        }
+        if let Some(p) = &self.events_token_file {
+            if !p.is_absolute() {
+                return bad(
+                    "events_token_file",
+                    format!("{} is not an absolute path", p.display()),
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// The host name: `host`, else the machine's.
+    pub fn host_name(&self) -> String {
+        if let Some(h) = &self.host {
+            return h.clone();
+        }
+        std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .ok()
+            .map(|h| h.trim().to_owned())
+            .filter(|h| !h.is_empty())
+            .unwrap_or_else(|| "localhost".to_owned())
+    }
+
+    /// The libvirt URI: `[libvirt] uri`, else the private test-driver node under the state
+    /// directory.
+    pub fn libvirt_uri(&self) -> String {
+        match &self.libvirt.uri {
+            Some(uri) => uri.clone(),
+            None => format!("test://{}", self.default_test_node().display()),
+        }
+    }
+
+    /// The node file of the default test-driver URI.
+    pub fn default_test_node(&self) -> PathBuf {
+        self.instances.state_dir.join(DEFAULT_TEST_NODE_FILE)
+    }
+
+    /// The libvirt layer's configuration.
+    pub fn libvirt_config(&self) -> LibvirtConfig {
+        LibvirtConfig {
+            workers: self.libvirt.workers,
+            call_timeout_ms: self.libvirt.call_timeout.saturating_mul(1_000),
+            ..LibvirtConfig::for_uri(self.libvirt_uri())
+        }
+    }
+
+    /// The wait policy operations use.
+    pub fn wait_policy(&self) -> WaitPolicy {
+        WaitPolicy {
+            timeout: Duration::from_secs(self.events.vif_plugging_timeout),
+            fatal: self.events.vif_plugging_is_fatal,
+        }
+    }
+
+    /// `shutdown_timeout` as a duration.
+    pub fn shutdown_timeout(&self) -> Duration {
+        Duration::from_secs(self.shutdown_timeout)
+    }
+
+    /// Where instance directories live: `<state_dir>/instances`.
+    pub fn instances_dir(&self) -> PathBuf {
+        self.instances.state_dir.join("instances")
+    }
+}
+
+impl fmt::Display for NetworkKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The dotted key at byte `offset` of `text` and its line: the last `[table]` header before
+/// it, plus the key on its line (text before `=`), or the header itself when the offset is on
+/// a header line.
+fn locate(text: &str, offset: usize) -> (Option<String>, Option<usize>) {
+    let mut table: Option<String> = None;
+    let mut pos = 0;
+    for (n, raw) in text.split_inclusive('\n').enumerate() {
+        let end = pos + raw.len();
+        let line = raw.trim();
+        let header = line
+            .strip_prefix("[[")
+            .and_then(|l| l.split("]]").next())
+            .or_else(|| line.strip_prefix('[').and_then(|l| l.split(']').next()))
+            .map(|h| h.trim().replace([' ', '"', '\''], ""));
+        if offset < end || end == text.len() {
+            if let Some(h) = header {
+                return (Some(h), Some(n + 1));
+            }
+            let key = line
+                .split_once('=')
+                .map(|(k, _)| k.trim().replace([' ', '"', '\''], ""))
+                .filter(|k| !k.is_empty() && !k.starts_with('#'));
+            let full = match (table, key) {
+                (Some(t), Some(k)) => Some(format!("{t}.{k}")),
+                (None, Some(k)) => Some(k),
+                (t, None) => t,
+            };
+            return (full, Some(n + 1));
+        }
+        if let Some(h) = header {
+            table = Some(h);
+        }
+        pos = end;
+    }
+    (table, None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<AgentConfig, ConfigError> {
+        AgentConfig::parse(text, Path::new("/etc/vireo/agent.toml"))
+    }
+
+    #[test]
+    fn empty_file_gives_every_default() {
+        let cfg = parse("").unwrap();
+        assert_eq!(cfg, AgentConfig::default());
+        assert_eq!(cfg.listen.to_string(), DEFAULT_LISTEN);
+        assert_eq!(cfg.wait_policy(), WaitPolicy::default());
+        assert_eq!(
+            cfg.libvirt_uri(),
+            "test:///var/lib/vireo/libvirt-test-node.xml"
+        );
+        assert_eq!(cfg.libvirt_config().workers, 4);
+        assert_eq!(cfg.libvirt_config().call_timeout_ms, 60_000);
+        assert_eq!(cfg.instances_dir(), Path::new("/var/lib/vireo/instances"));
+    }
+
+    #[test]
+    fn a_full_file_parses() {
+        let cfg = parse(
+            r#"
+host = "compute-1"
+listen = "127.0.0.1:9000"
+http_workers = 1
+api_token_file = "/run/vireo/api"
+events_token_file = "/run/vireo/events"
+accept_noauth_events = true
+shutdown_timeout = 5
+
+[libvirt]
+uri = "qemu:///system"
+workers = 2
+call_timeout = 10
+
+[driver]
+name = "libvirt"
+
+[network]
+kind = "neutron"
+[network.neutron]
+url = "http://127.0.0.1:9696"
+auth = { type = "noauth" }
+
+[events]
+vif_plugging_timeout = 0
+vif_plugging_is_fatal = false
+
+[instances]
+state_dir = "/srv/vireo"
+image_dirs = ["/srv/images", "/srv/kernels"]
+ovs_native_form = "pre-created"
+
+[logging]
+json = true
+level = "debug"
+"#,
+        )
+        .unwrap();
+        assert_eq!(cfg.host_name(), "compute-1");
+        assert_eq!(cfg.network.kind, NetworkKind::Neutron);
+        assert_eq!(
+            cfg.network.neutron.as_ref().unwrap().url,
+            "http://127.0.0.1:9696"
+        );
+        assert_eq!(cfg.libvirt_uri(), "qemu:///system");
+        assert!(!cfg.wait_policy().fatal);
+        assert_eq!(
+            cfg.instances.ovs_native_form.device_form(),
+            DeviceForm::PreCreated
+        );
+        assert_eq!(cfg.shutdown_timeout(), Duration::from_secs(5));
+    }
+
+    fn key_of(text: &str) -> String {
+        let e = parse(text).unwrap_err();
+        e.key().unwrap_or("<none>").to_owned()
+    }
+
+    #[test]
+    fn errors_name_the_key() {
+        assert_eq!(key_of("lisen = \"127.0.0.1:1\""), "lisen");
+        assert_eq!(key_of("listen = \"nope\""), "listen");
+        assert_eq!(
+            key_of("[events]\nvif_plugging_timeout = \"x\"\n"),
+            "events.vif_plugging_timeout"
+        );
+        assert_eq!(key_of("[events]\nbogus = 1\n"), "events.bogus");
+        assert_eq!(
+            key_of("[instances]\novs_native_form = \"magic\"\n"),
+            "instances.ovs_native_form"
+        );
+        assert_eq!(key_of("[network]\nkind = \"neutron\"\n"), "network.neutron");
+        assert_eq!(
+            key_of("[network]\nkind = \"embedded\"\n[network.neutron]\nurl = \"http://x\"\n"),
+            "network.neutron"
+        );
+        assert_eq!(
+            key_of("[network]\nkind = \"neutron\"\n[network.neutron]\nurl = \"ftp://x\"\n"),
+            "network.neutron.url"
+        );
+        assert_eq!(
+            key_of("[network]\nkind = \"neutron\"\n[network.neutron]\nurll = \"http://x\"\n"),
+            "network.neutron.urll"
+        );
+        assert_eq!(key_of("[libvirt]\nworkers = 9\n"), "libvirt.workers");
+        assert_eq!(key_of("[logging]\nlevel = \"loud\"\n"), "logging.level");
+        assert_eq!(key_of("shutdown_timeout = 0\n"), "shutdown_timeout");
+        assert_eq!(key_of("[bogus]\nx = 1\n"), "bogus");
+        assert_eq!(
+            key_of("listen = \"0.0.0.0:8774\"\naccept_noauth_events = true\n"),
+            "accept_noauth_events"
+        );
+        assert_eq!(key_of("token_header = \"X Auth\"\n"), "token_header");
+        assert_eq!(
+            key_of("[instances]\nimage_dirs = [\"relative\"]\n"),
+            "instances.image_dirs"
+        );
+    }
+
+    #[test]
+    fn messages_are_one_line_and_name_file_and_key() {
+        let e = parse("[events]\nvif_plugging_timeout = \"x\"\n").unwrap_err();
+        let msg = e.to_string();
+        assert!(!msg.contains('\n'), "{msg}");
+        assert!(msg.starts_with("config /etc/vireo/agent.toml: `events.vif_plugging_timeout`: "));
+        assert!(msg.contains("invalid type"), "{msg}");
+        let e = parse("x = [").unwrap_err();
+        assert!(
+            matches!(e, ConfigError::Parse { line: Some(1), .. }),
+            "{e:?}"
+        );
+    }
+}
