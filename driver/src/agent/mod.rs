@@ -35,7 +35,7 @@ use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use actix_web::http::header::HeaderName;
-use tracing::{error, info};
+use tracing::info;
 use tracing_subscriber::EnvFilter;
 use vireo_actors::events::{EventConfig, EventsHandle};
 
@@ -262,7 +262,6 @@ pub fn run(config_path: &Path, stderr: &mut dyn io::Write) -> u8 {
                 msg.push_str(&s.to_string());
                 src = s.source();
             }
-            error!("{msg}");
             let _ = writeln!(stderr, "vireo agent: {msg}");
             e.exit_code()
         }
@@ -279,7 +278,14 @@ fn run_inner(config_path: &Path) -> Result<(), StartError> {
     let system = actix_rt::System::new();
     system.block_on(async move {
         let events = EventsHandle::start(EventConfig::default());
-        let parts = load_driver(&cfg, &events).await?;
+        let parts = match load_driver(&cfg, &events).await {
+            Ok(p) => p,
+            Err(e) => {
+                // Stop the actor inside the runtime rather than in the system's drop.
+                let _ = events.shutdown().await;
+                return Err(e);
+            }
+        };
         info!(driver = parts.driver.name(), host = %settings.host,
               network = %cfg.network.kind, "agent starting");
         let svc = service::AgentService::new(parts, settings);

@@ -1,0 +1,346 @@
+//! The built `vireo` binary: `vireo agent` refusing bad configs and token files (exit 2, one
+//! line naming the key), and the client commands (`vireo instance ...`, `vireo events send`)
+//! against a real agent on 127.0.0.1:0.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod agent_common;
+
+use std::path::{Path, PathBuf};
+use std::process::Output;
+use std::time::Duration;
+
+use agent_common::*;
+use serde_json::{json, Value};
+use tokio::io::AsyncWriteExt;
+use tokio::process::Command;
+use uuid::Uuid;
+use vireo_actors::lifecycle::InstanceState;
+
+const BIN: &str = env!("CARGO_BIN_EXE_vireo");
+
+async fn vireo(args: &[&str], stdin: Option<&str>) -> Output {
+    let mut cmd = Command::new(BIN);
+    cmd.args(args)
+        .env_remove("VIREO_URL")
+        .env_remove("VIREO_TOKEN_FILE")
+        .env_remove("RUST_LOG")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true);
+    let mut child = cmd.spawn().unwrap();
+    let mut input = child.stdin.take().unwrap();
+    if let Some(s) = stdin {
+        input.write_all(s.as_bytes()).await.unwrap();
+    }
+    drop(input);
+    tokio::time::timeout(Duration::from_secs(60), child.wait_with_output())
+        .await
+        .expect("vireo did not finish")
+        .unwrap()
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// A config file plus its token file in `dir`.
+fn config(dir: &Path, body: &str, token_mode: u32) -> PathBuf {
+    let token = dir.join("api-token");
+    write_file(&token, TOKEN, token_mode);
+    let state = dir.join("state");
+    let cfg = dir.join("agent.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "api_token_file = {:?}\nlisten = \"127.0.0.1:0\"\n{body}\n[instances]\nstate_dir = {:?}\n",
+            token.to_str().unwrap(),
+            state.to_str().unwrap()
+        ),
+    )
+    .unwrap();
+    cfg
+}
+
+#[actix_rt::test]
+async fn agent_refuses_bad_configs_with_exit_2_naming_the_key() {
+    let d = tempfile::tempdir().unwrap();
+    let cases: Vec<(&str, &str)> = vec![
+        ("bogus_key = 1", "`bogus_key`"),
+        (
+            "[events]\nvif_plugging_timeout = \"soon\"",
+            "`events.vif_plugging_timeout`",
+        ),
+        ("[network]\nkind = \"neutron\"", "`network.neutron`"),
+        ("[libvirt]\nworkers = 0", "`libvirt.workers`"),
+        ("[logging]\nlevel = \"chatty\"", "`logging.level`"),
+    ];
+    for (body, key) in cases {
+        let cfg = config(d.path(), body, 0o600);
+        let out = vireo(&["agent", "--config", cfg.to_str().unwrap()], None).await;
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{body}: {err}");
+        assert!(err.contains(key), "{body}: {err}");
+        assert!(err.starts_with("vireo agent: config "), "{err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
+    }
+    let out = vireo(&["agent", "--config", "/nonexistent/agent.toml"], None).await;
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("/nonexistent/agent.toml"));
+    let out = vireo(&["agent"], None).await;
+    assert_eq!(out.status.code(), Some(2), "--config is required");
+}
+
+#[actix_rt::test]
+async fn agent_refuses_a_group_or_world_readable_token_file() {
+    let d = tempfile::tempdir().unwrap();
+    for mode in [0o644, 0o640, 0o604] {
+        let cfg = config(d.path(), "", mode);
+        let out = vireo(&["agent", "--config", cfg.to_str().unwrap()], None).await;
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{mode:o}: {err}");
+        assert!(err.contains("api_token_file"), "{err}");
+        assert!(err.contains("chmod 600"), "{err}");
+        assert!(!err.contains(TOKEN), "the token is never printed");
+    }
+    // The events token file is checked the same way.
+    let ev = d.path().join("events-token");
+    write_file(&ev, EVENTS_TOKEN, 0o644);
+    let cfg = config(
+        d.path(),
+        &format!("events_token_file = {:?}", ev.to_str().unwrap()),
+        0o600,
+    );
+    let out = vireo(&["agent", "--config", cfg.to_str().unwrap()], None).await;
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("events_token_file"));
+    // A good config passes every check before the driver is loaded.
+    let cfg = config(d.path(), "", 0o600);
+    let (cfg, settings) = vireo::agent::prepare(&cfg).unwrap();
+    assert_eq!(settings.max_body_bytes, 1 << 20);
+    assert!(
+        cfg.default_test_node().exists(),
+        "private test-driver node created"
+    );
+    assert!(settings.paths.instances_dir().is_dir());
+}
+
+#[actix_rt::test]
+async fn client_commands_against_a_running_agent() {
+    let mut agent = TestAgent::start().await;
+    let token = agent.dir.path().join("api-token");
+    let url = agent.base.clone();
+    let common = [
+        "--url",
+        url.as_str(),
+        "--token-file",
+        token.to_str().unwrap(),
+    ];
+    let with = |a: &[&str]| args(a, &common);
+    let run = |args: Vec<String>, stdin: Option<String>| async move {
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        vireo(&refs, stdin.as_deref()).await
+    };
+
+    // Empty list.
+    let out = run(with(&["instance", "list"]), None).await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(
+        text(&out.stdout),
+        "UUID  NAME  STATE  POWER  VIFS  OPERATION\n"
+    );
+
+    // Create with --wait: progress on stderr while it waits for its event.
+    let (uuid, port) = (Uuid::new_v4(), Uuid::new_v4());
+    let body = create_body(uuid, &[port]).to_string();
+    let create = tokio::spawn(run(
+        with(&["instance", "create", "--file", "-", "--wait"]),
+        Some(body),
+    ));
+    let c = http();
+    wait_instance(&c, &agent, uuid, Duration::from_secs(30), |v| {
+        v["operation"]["waiting_for"]
+            .as_array()
+            .is_some_and(|w| !w.is_empty())
+    })
+    .await;
+    // Let the client poll at least once while it waits.
+    tokio::time::sleep(super_poll()).await;
+    let sent = run(
+        with(&[
+            "events",
+            "send",
+            "--server",
+            &uuid.to_string(),
+            "--tag",
+            &port.to_string(),
+        ]),
+        None,
+    )
+    .await;
+    assert_eq!(sent.status.code(), Some(0), "{}", text(&sent.stderr));
+    let sent_out = text(&sent.stdout);
+    assert!(sent_out.starts_with("HTTP 200\nEVENT"), "{sent_out}");
+    assert!(
+        sent_out.contains(&format!(
+            "network-vif-plugged  {uuid}  {port}  completed  200"
+        )),
+        "{sent_out}"
+    );
+    let out = create.await.unwrap();
+    let (so, se) = (text(&out.stdout), text(&out.stderr));
+    assert_eq!(out.status.code(), Some(0), "{so}{se}");
+    assert!(
+        se.contains(&format!("waiting for network-vif-plugged {port}")),
+        "{se}"
+    );
+    assert!(se.contains("step wait-vif-plugged"), "{se}");
+    assert!(
+        so.contains(&format!("(create of {uuid}): succeeded")),
+        "{so}"
+    );
+    assert!(
+        so.contains("steps: define → plug-vifs → wait-vif-plugged → start"),
+        "{so}"
+    );
+
+    // Show as text and JSON.
+    let out = run(with(&["instance", "show", &uuid.to_string()]), None).await;
+    let so = text(&out.stdout);
+    assert!(so.contains("state:        running"), "{so}");
+    assert!(so.contains(&port.to_string()), "{so}");
+    let out = run(
+        with(&["instance", "show", &uuid.to_string(), "--json"]),
+        None,
+    )
+    .await;
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["uuid"], uuid.to_string());
+    assert_eq!(v["power_state"], "running");
+
+    // An action, waited for, then one that is illegal (exit 1, the agent's code shown).
+    let out = run(
+        with(&["instance", "action", &uuid.to_string(), "pause", "--wait"]),
+        None,
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("(pause of"),
+        "{}",
+        text(&out.stdout)
+    );
+    assert_eq!(agent.driver.state_of(uuid), Some(InstanceState::Paused));
+    let out = run(
+        with(&["instance", "action", &uuid.to_string(), "pause"]),
+        None,
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("HTTP 409 illegal-state"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = run(
+        with(&["instance", "action", &uuid.to_string(), "explode"]),
+        None,
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(2), "invalid input");
+
+    // List as a table.
+    let out = run(with(&["instance", "list"]), None).await;
+    let so = text(&out.stdout);
+    assert!(
+        so.lines()
+            .nth(1)
+            .unwrap()
+            .starts_with(&format!("{uuid}  vm-test  paused  paused  1     -")),
+        "{so}"
+    );
+
+    // Unknown instance: exit 1 with the 404.
+    let out = run(
+        with(&["instance", "show", &Uuid::new_v4().to_string()]),
+        None,
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("HTTP 404 not-found"));
+
+    // Delete --wait, then the operation by id as JSON.
+    let out = run(
+        with(&["instance", "delete", &uuid.to_string(), "--wait", "--json"]),
+        None,
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let op: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(op["state"], "succeeded");
+    let out = run(
+        with(&["instance", "operation", op["id"].as_str().unwrap()]),
+        None,
+    )
+    .await;
+    assert!(
+        text(&out.stdout).contains("(delete of"),
+        "{}",
+        text(&out.stdout)
+    );
+
+    // Events for an unknown instance: exit 1, the 404 shown.
+    let out = run(
+        with(&["events", "send", "--file", "-"]),
+        Some(json!([{"name": "network-changed", "server_uuid": Uuid::new_v4()}]).to_string()),
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("HTTP 404"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    // A wrong token: 401, exit 1; a world-readable token file: refused locally, exit 2.
+    let wrong = agent.dir.path().join("wrong-token");
+    write_file(&wrong, "not-the-right-token-000", 0o600);
+    let out = run(
+        vec![
+            "instance".into(),
+            "list".into(),
+            "--url".into(),
+            url.clone(),
+            "--token-file".into(),
+            wrong.to_str().unwrap().into(),
+        ],
+        None,
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("HTTP 401 unauthorized"));
+    write_file(&wrong, "not-the-right-token-000", 0o644);
+    let out = run(
+        vec![
+            "instance".into(),
+            "list".into(),
+            "--url".into(),
+            url.clone(),
+            "--token-file".into(),
+            wrong.to_str().unwrap().into(),
+        ],
+        None,
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(2));
+    agent.stop().await.unwrap();
+}
+
+fn super_poll() -> Duration {
+    vireo::cli::instance::POLL_EVERY * 2
+}
+
+fn args(a: &[&str], common: &[&str]) -> Vec<String> {
+    a.iter().chain(common).map(|s| s.to_string()).collect()
+}
