@@ -532,18 +532,34 @@ impl Run<'_> {
         self.delete_link(PlugStep::DeleteTap, &tap).await
     }
 
+    async fn delete_bridge_if_empty(&self, name: &str) -> Result<(), String> {
+        let nl = &self.p.netlink;
+        let Some(link) = nl.link(name).await.map_err(|e| e.to_string())? else {
+            return Ok(());
+        };
+        let ports = nl.ports_of(link.index).await.map_err(|e| e.to_string())?;
+        if !ports.is_empty() {
+            tracing::info!(bridge = name, "rollback keeps a bridge another port joined");
+            return Ok(());
+        }
+        nl.delete(name).await.map(|_| ()).map_err(|e| e.to_string())
+    }
+
     /// Undo what this call created, newest first. Failures are logged; the plug's own error
     /// is what the caller gets.
     async fn rollback(&mut self) {
         while let Some(dev) = self.created.pop() {
             let res: Result<(), String> = match &dev {
-                HostDevice::Tap(n) | HostDevice::LinuxBridge(n) => self
+                HostDevice::Tap(n) => self
                     .p
                     .netlink
                     .delete(n)
                     .await
                     .map(|_| ())
                     .map_err(|e| e.to_string()),
+                // A bridge this call created may have been joined meanwhile by another
+                // VIF of the same network: remove it only while it is empty.
+                HostDevice::LinuxBridge(n) => self.delete_bridge_if_empty(n).await,
                 HostDevice::VethPair { bridge_end, .. } => self
                     .p
                     .netlink

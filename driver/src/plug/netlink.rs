@@ -41,9 +41,9 @@ pub enum NetlinkError {
         op: &'static str,
         /// The link.
         name: String,
-        /// The error.
+        /// The error (boxed: it can hold a whole netlink message).
         #[source]
-        source: rtnetlink::Error,
+        source: Box<rtnetlink::Error>,
     },
     /// A link to act on does not exist.
     #[error("no link named {0}")]
@@ -61,7 +61,7 @@ impl NetlinkError {
             e => NetlinkError::Request {
                 op,
                 name: name.to_owned(),
-                source: e,
+                source: Box::new(e),
             },
         }
     }

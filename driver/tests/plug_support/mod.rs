@@ -6,6 +6,8 @@
 //! libvirtd. They fail, never skip, when one is missing.
 
 #![allow(dead_code)]
+// Test support: a failed helper is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::PathBuf;
 use std::process::Command;
