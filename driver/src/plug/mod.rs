@@ -7,6 +7,27 @@
 //! newest first. Links go through netlink ([`netlink`]), taps through the TUNSETIFF ioctl
 //! ([`tap`]), OVS through OVSDB JSON-RPC ([`ovsdb`]). [`watcher`] is the host's
 //! [`WiringSource`]; [`leak`] lists what vireo (or a test) left on the host.
+//!
+//! # What ran where
+//! - OVS native (both domain forms), OVS hybrid (both forms), Linux bridge (both forms) and
+//!   the plain tap: tested on real OVS 3.1 (userspace datapath, `datapath_type=netdev`
+//!   bridges), real kernel bridges, veths and taps, with real qemu:///system KVM domains
+//!   attached where the form allows; results checked with `ovs-vsctl`, `ip -d -j link` and
+//!   sysfs.
+//! - SR-IOV (VF, VF macvtap, PF passthrough): tested ONLY against a fabricated sysfs tree
+//!   ([`sriov::fabricate_pf`]) with the recording VF control ([`sriov::RecordingVfControl`]);
+//!   this machine has no VFs. The real netlink VF control has only been shown to reach the
+//!   kernel (a non-SR-IOV link answers EOPNOTSUPP to its request).
+//! - macvtap (the mechanism driver and VF macvtap): only up to what libvirt is given; this
+//!   machine cannot create macvtaps.
+//! - The kernel OVS datapath (`datapath_type=system`) is untested here (no kernel modules).
+//!
+//! # Domain forms
+//! See [`DomainForm`]: libvirt-managed leaves tap creation to libvirt; pre-created makes vireo
+//! create a persistent tap and wire it before any domain exists (the destination side of a
+//! live migration). Network bridges (OVS integration bridge, `brq...`) are created when
+//! missing and never deleted by unplug; per-VIF devices (`tap`, `qbr`, `qvb`, `qvo`, the OVS
+//! port) are.
 
 pub mod hybrid;
 pub mod leak;
@@ -88,6 +109,9 @@ impl Default for PlugConfig {
 /// Why the host plugger could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
+    /// Not called from within a tokio runtime (the plugger spawns its tasks there).
+    #[error("the host plugger must start inside a tokio runtime")]
+    NoRuntime,
     /// Opening a netlink socket failed.
     #[error("open netlink")]
     Netlink(#[source] NetlinkError),
@@ -117,6 +141,7 @@ impl HostPlugger {
     /// Start with the real SR-IOV side (sysfs at `cfg.sysfs_root`, VF settings through
     /// netlink).
     pub fn start(cfg: PlugConfig) -> Result<Self, StartError> {
+        tokio::runtime::Handle::try_current().map_err(|_| StartError::NoRuntime)?;
         let netlink = Arc::new(Netlink::open().map_err(StartError::Netlink)?);
         let sriov = Arc::new(SysfsSriov {
             topology: SysfsTopology::new(cfg.sysfs_root.clone()),
@@ -131,6 +156,7 @@ impl HostPlugger {
         cfg: PlugConfig,
         sriov: Arc<dyn SriovHost>,
     ) -> Result<Self, StartError> {
+        tokio::runtime::Handle::try_current().map_err(|_| StartError::NoRuntime)?;
         let netlink = Arc::new(Netlink::open().map_err(StartError::Netlink)?);
         Self::start_inner(cfg, netlink, sriov)
     }
