@@ -6,7 +6,7 @@
 #   two-host.sh status                    one line per part; exit 1 when a part is down
 #   two-host.sh exec CMD [ARG...]         run CMD inside host B's namespaces
 #   two-host.sh env                       print `export VIREO_HOSTB_...=` lines
-#   two-host.sh selftest [--events] [--no-boot] [--no-neutron]
+#   two-host.sh selftest [--events] [--no-boot] [--no-neutron] [--only PART,...]
 #                                         live migrations A -> B -> A (diskless, OVS, booted
 #                                         guest, Neutron port bindings), an offline move and
 #                                         back, a failing migration
@@ -292,6 +292,7 @@ create_links() {
 }
 
 # tcp_open ADDR PORT: something accepts TCP connections there.
+# shellcheck disable=SC2016 # $1/$2 expand in the inner bash
 tcp_open() { timeout 3 bash -c 'exec 3<>"/dev/tcp/$1/$2"' tcp_open "$1" "$2" 2>/dev/null; }
 
 # ---------------------------------------------------------------------------------------------
@@ -444,13 +445,15 @@ cmd_down() {
   fi
   local had_agent=0
   [[ -e $RUN/neutron-ovs-agent.pid ]] && had_agent=1
-  stop_pid neutron-ovs-agent 10
-  stop_pid libvirtd 30
-  stop_pid virtlogd 10
-  stop_pid ovs-vswitchd 10
-  stop_pid ovsdb-server 10
-  stop_pid fwd-libvirt 5
-  stop_pid fwd-rabbit 5
+  stop_pid neutron-ovs-agent 10 &
+  stop_pid libvirtd 30 &
+  stop_pid ovs-vswitchd 10 &
+  stop_pid fwd-libvirt 5 &
+  stop_pid fwd-rabbit 5 &
+  wait
+  stop_pid virtlogd 10 &
+  stop_pid ovsdb-server 10 &
+  wait
   # Whatever else still runs in B's namespaces (QEMU, privsep helpers, `exec` leftovers).
   local left
   mapfile -t left < <(pids_in_b)
@@ -578,7 +581,7 @@ cmd_status() {
     bad=1
   fi
   if [[ -e $NEU/neutron.conf ]]; then
-    if alive_b neutron-ovs-agent && agent_alive_b 2>/dev/null; then
+    if alive_b neutron-ovs-agent && agent_alive_b 0 2>/dev/null; then
       report "hostb neutron agent" up "host $HB_NAME, firewall $(cat "$HB_DIR/firewall" 2>/dev/null)"
     else
       report "hostb neutron agent" DOWN
@@ -615,6 +618,7 @@ esac
 [[ $(id -u) == 0 ]] || die "run as root"
 
 NO_NEUTRON=0
+export SELFTEST_EVENTS=0 SELFTEST_BOOT=1 SELFTEST_ONLY=bridge,ovs,boot,neutron,cold,fail # selftest.sh
 case $CMD in
 up | selftest)
   while [[ $# -gt 0 ]]; do
@@ -622,6 +626,10 @@ up | selftest)
     --no-neutron) NO_NEUTRON=1 ;;
     --events) SELFTEST_EVENTS=1 ;;
     --no-boot) SELFTEST_BOOT=0 ;;
+    --only)
+      SELFTEST_ONLY=${2:?--only needs a list of parts}
+      shift
+      ;;
     -h | --help) usage 0 ;;
     *) die "unknown option $1" ;;
     esac
@@ -640,7 +648,7 @@ exec)
   in_b "$@"
   ;;
 selftest)
-  # shellcheck source=setup/two-host/selftest.sh
+  # shellcheck source-path=SCRIPTDIR source=setup/two-host/selftest.sh
   . "$TPL_DIR/selftest.sh"
   cmd_selftest
   ;;
