@@ -356,20 +356,31 @@ event_seen() {
   jq -n -e --arg n "$1" --arg t "$2" --argjson s "$3" \
     'any(inputs; .name == $n and .tag == $t and .t >= $s)' "$ST_WORK/events" >/dev/null 2>&1
 }
+event_delay() { # event_delay NAME TAG SINCE: seconds from SINCE to the first such event
+  jq -n -r --arg n "$1" --arg t "$2" --argjson s "$3" \
+    '[inputs | select(.name == $n and .tag == $t and .t >= $s) | .t - $s] | first // empty
+     | . * 100 | round / 100' "$ST_WORK/events"
+}
 check_event() { # check_event LABEL NAME TAG SINCE
   ((SELFTEST_EVENTS)) || return 0
-  local s
-  s=$(now)
   if wait_for 20 "$2 for $3" event_seen "$2" "$3" "$4"; then
-    pass "$1: Neutron sent $2 (+$(awk -v a="$(now)" -v b="$4" 'BEGIN { printf "%.1f", a - b }')s)"
+    pass "$1: Neutron sent $2 $(event_delay "$2" "$3" "$4")s after it"
   else
     fail "$1: Neutron sent $2"
   fi
 }
+events_of() { # events_of PORT SINCE: the events Neutron sent for PORT, one line each
+  ((SELFTEST_EVENTS)) || return 0
+  sleep 3 # the notifier batches events per send_events_interval: let the last batch arrive
+  jq -n -r --arg t "$1" --argjson s "$2" \
+    'inputs | select(.tag == $t) | "EVENT +\(.t - $s | . * 10 | round / 10)s \(.name) \(.status // "-")"' \
+    "$ST_WORK/events"
+}
 
 st_neutron_live() {
-  local name=$ST-lm id mac tap=vhb${ST_ID}n0 p port s
+  local name=$ST-lm id mac tap=vhb${ST_ID}n0 p port s t_start
   id=$(uuid)
+  t_start=$(now)
   echo "== neutron: $name, port bound to $A_HOST, live migration with multiple port bindings"
   p=$(port_create "$ST-lm" "$id" "$A_HOST") || {
     fail "neutron: create port"
@@ -384,7 +395,7 @@ st_neutron_live() {
     return
   }
   wait_wired neutron-plug-on-a A "$A_HOST" "$port" "$tap" || return
-  check_event "neutron: plug on A" network-vif-plugged "$port" "${s%.*}"
+  check_event "neutron: plug on A" network-vif-plugged "$port" "$s"
   # Destination binding (inactive), as Nova's pre_live_migration does.
   check "neutron: inactive binding for $HB_NAME" \
     binding_create "$port" "$HB_NAME"
@@ -395,8 +406,8 @@ st_neutron_live() {
   s=$(now)
   check "neutron: activate the binding on $HB_NAME" api PUT "/v2.0/ports/$port/bindings/$HB_NAME/activate"
   wait_wired neutron-activate-on-b B "$HB_NAME" "$port" "$tap"
-  check_event "neutron: activation on B" network-vif-unplugged "$port" "${s%.*}"
-  check_event "neutron: activation on B" network-vif-plugged "$port" "${s%.*}"
+  check_event "neutron: activation on B" network-vif-unplugged "$port" "$s"
+  check_event "neutron: activation on B" network-vif-plugged "$port" "$s"
   check "neutron: delete the old binding on $A_HOST" api DELETE "/v2.0/ports/$port/bindings/$A_HOST"
   check "neutron: inactive binding for $A_HOST" \
     binding_create "$port" "$A_HOST"
@@ -407,16 +418,18 @@ st_neutron_live() {
   s=$(now)
   check "neutron: activate the binding on $A_HOST" api PUT "/v2.0/ports/$port/bindings/$A_HOST/activate"
   wait_wired neutron-activate-on-a A "$A_HOST" "$port" "$tap"
-  check_event "neutron: activation on A" network-vif-unplugged "$port" "${s%.*}"
-  check_event "neutron: activation on A" network-vif-plugged "$port" "${s%.*}"
+  check_event "neutron: activation on A" network-vif-unplugged "$port" "$s"
+  check_event "neutron: activation on A" network-vif-plugged "$port" "$s"
   check "neutron: delete the old binding on $HB_NAME" api DELETE "/v2.0/ports/$port/bindings/$HB_NAME"
   vA destroy "$name" >/dev/null
   check "neutron: delete port" port_delete "$port"
+  events_of "$port" "$t_start"
 }
 
 st_neutron_cold() {
-  local name=$ST-cold id mac tap=vhb${ST_ID}c0 p port s
+  local name=$ST-cold id mac tap=vhb${ST_ID}c0 p port s t_start
   id=$(uuid)
+  t_start=$(now)
   echo "== cold: $name, resize-like move A -> B (stop, define on B, rebind, start) and revert"
   p=$(port_create "$ST-cold" "$id" "$A_HOST") || {
     fail "cold: create port"
@@ -439,7 +452,7 @@ st_neutron_cold() {
   check "cold: running on B" running_on B "$name"
   check "cold: A keeps its (stopped) definition until the resize is confirmed" persistent_on A "$name"
   wait_wired cold-move-a-to-b B "$HB_NAME" "$port" "$tap"
-  check_event "cold: start on B" network-vif-plugged "$port" "${s%.*}"
+  check_event "cold: start on B" network-vif-plugged "$port" "$s"
   # Revert: back to A.
   s=$(now)
   vB destroy "$name" >/dev/null
@@ -448,10 +461,11 @@ st_neutron_cold() {
   vA start "$name" >/dev/null || fail "cold: start on A after revert"
   check "cold: gone from B" absent_on B "$name"
   wait_wired cold-revert-b-to-a A "$A_HOST" "$port" "$tap"
-  check_event "cold: revert to A" network-vif-plugged "$port" "${s%.*}"
+  check_event "cold: revert to A" network-vif-plugged "$port" "$s"
   vA destroy "$name" >/dev/null
   vA undefine "$name" >/dev/null
   check "cold: delete port" port_delete "$port"
+  events_of "$port" "$t_start"
 }
 
 # ---------------------------------------------------------------------------------------------
