@@ -648,15 +648,19 @@ up | selftest)
 esac
 
 # One `up`/`down` at a time; selftests may run alongside each other but not alongside those.
-# flock(1) holds the lock in its own process (the file is not inherited by the daemons `up`
-# starts, which would otherwise keep it locked).
+# This process holds the lock and runs the command as a child without the lock's descriptor (the
+# daemons `up` starts would otherwise inherit it and keep the lock forever).
 if [[ -z ${VIREO_HB_LOCKED:-} ]]; then
   case $CMD in
   up | down | selftest)
     mkdir -p "$STATE_DIR"
+    exec 9>"$STATE_DIR/.two-host.lock"
     mode=-x
     [[ $CMD == selftest ]] && mode=-s
-    exec flock "$mode" -w 600 -E 75 "$STATE_DIR/.two-host.lock" env VIREO_HB_LOCKED=1 "$SELF" "$CMD" "${ARGS[@]}"
+    flock "$mode" -w 600 9 || die "timed out waiting for $STATE_DIR/.two-host.lock (another up/down/selftest)"
+    rc=0
+    VIREO_HB_LOCKED=1 "$SELF" "$CMD" "${ARGS[@]}" 9>&- || rc=$?
+    exit $rc
     ;;
   esac
 fi
