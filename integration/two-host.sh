@@ -492,6 +492,14 @@ cmd_down() {
 
 check_host_a() {
   local c
+  # The only package host B needs beyond integration/host-setup.sh's set: the forwarders.
+  if ! command -v socat >/dev/null; then
+    log "installing socat"
+    DEBIAN_FRONTEND=noninteractive apt-get -y -q install --no-install-recommends socat >/dev/null 2>&1 || {
+      apt-get -q update >/dev/null 2>&1
+      DEBIAN_FRONTEND=noninteractive apt-get -y -q install --no-install-recommends socat >/dev/null
+    } || die "could not install socat"
+  fi
   for c in ip nsenter unshare mountpoint socat virsh libvirtd virtlogd ovsdb-server \
     ovs-vswitchd ovs-vsctl ovsdb-tool jq curl; do
     command -v "$c" >/dev/null || die "missing $c (run integration/host-setup.sh up; apt-get install socat)"
