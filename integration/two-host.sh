@@ -110,8 +110,7 @@ in_b() {
     "$SELF" __in-b "$@"
 }
 
-# pid_b NAME: the pid recorded in $RUN/NAME.pid if that process runs in host B's network
-# namespace (or, for forwarders, in the root namespace when ROOT=1).
+# pid_of NAME: the pid recorded in $RUN/NAME.pid, if that process runs.
 pid_of() {
   local name=$1 pid
   [[ -s $RUN/$name.pid ]] || return 1
@@ -125,18 +124,20 @@ alive_b() { # alive_b NAME: runs, and inside host B's network namespace
   want=$(netns_id)
   [[ -n $want && $(stat -L -c %i "/proc/$pid/ns/net" 2>/dev/null) == "$want" ]]
 }
-alive_root() { # alive_root NAME: runs, in the root network namespace
+alive_root() { # alive_root NAME: runs, is a socat, in the root network namespace
   local pid
   pid=$(pid_of "$1") || return 1
   [[ $(stat -L -c %i "/proc/$pid/ns/net" 2>/dev/null) == $(stat -L -c %i "/proc/$$/ns/net") ]] &&
     [[ $(tr '\0' ' ' <"/proc/$pid/cmdline") == socat* ]]
 }
 
-# stop_pid NAME [TIMEOUT]: TERM (then KILL) to the process recorded as NAME, and to its process
-# group when it leads one.
+# stop_pid NAME TIMEOUT CHECK: TERM (then KILL) to the process recorded as NAME — and to its
+# process group when it leads one — but only while `CHECK NAME` (alive_b or alive_root) confirms
+# it is ours: a stale pid file never gets another process killed.
 stop_pid() {
-  local name=$1 timeout=${2:-10} pid i
-  if pid=$(pid_of "$name"); then
+  local name=$1 timeout=$2 check=$3 pid i
+  if "$check" "$name"; then
+    pid=$(pid_of "$name")
     log "stopping $name (pid $pid)"
     if [[ $(ps -o pgid= -p "$pid" | tr -d ' ') == "$pid" ]]; then
       kill -TERM -- "-$pid" 2>/dev/null || true
@@ -144,10 +145,13 @@ stop_pid() {
       kill -TERM "$pid" 2>/dev/null || true
     fi
     for ((i = 0; i < timeout * 5; i++)); do
-      kill -0 "$pid" 2>/dev/null || break
+      "$check" "$name" || break
       sleep 0.2
     done
-    kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null || true
+    if "$check" "$name"; then
+      log "$name did not stop: KILL"
+      kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null || true
+    fi
   fi
   rm -f "$RUN/$name.pid"
 }
@@ -320,7 +324,7 @@ start_libvirt_b() {
   local s
   if alive_b libvirtd && changed libvirtd.conf qemu.conf; then
     log "configuration changed: restarting host B's libvirtd"
-    stop_pid libvirtd 30
+    stop_pid libvirtd 30 alive_b
   fi
   if ! alive_b virtlogd; then
     s=$(now)
@@ -401,7 +405,7 @@ start_agent_b() {
   start_forwarder_rabbit
   if alive_b neutron-ovs-agent && changed neutron.conf openvswitch_agent.ini; then
     log "configuration changed: restarting host B's Open vSwitch agent"
-    stop_pid neutron-ovs-agent 10
+    stop_pid neutron-ovs-agent 10 alive_b
   fi
   alive_b neutron-ovs-agent && return
   local s
@@ -453,14 +457,14 @@ cmd_down() {
   fi
   local had_agent=0
   [[ -e $RUN/neutron-ovs-agent.pid ]] && had_agent=1
-  stop_pid neutron-ovs-agent 10 &
-  stop_pid libvirtd 30 &
-  stop_pid ovs-vswitchd 10 &
-  stop_pid fwd-libvirt 5 &
-  stop_pid fwd-rabbit 5 &
+  stop_pid neutron-ovs-agent 10 alive_b &
+  stop_pid libvirtd 30 alive_b &
+  stop_pid ovs-vswitchd 10 alive_b &
+  stop_pid fwd-libvirt 5 alive_root &
+  stop_pid fwd-rabbit 5 alive_root &
   wait
-  stop_pid virtlogd 10 &
-  stop_pid ovsdb-server 10 &
+  stop_pid virtlogd 10 alive_b &
+  stop_pid ovsdb-server 10 alive_b &
   wait
   # Whatever else still runs in B's namespaces (QEMU, privsep helpers, `exec` leftovers).
   local left
