@@ -457,7 +457,7 @@ cmd_down() {
   fi
   local had_agent=0
   [[ -e $RUN/neutron-ovs-agent.pid ]] && had_agent=1
-  stop_pid neutron-ovs-agent 10 alive_b &
+  stop_pid neutron-ovs-agent 5 alive_b &
   stop_pid libvirtd 30 alive_b &
   stop_pid ovs-vswitchd 10 alive_b &
   stop_pid fwd-libvirt 5 alive_root &

@@ -321,11 +321,11 @@ port_is() { # port_is ID STATUS HOST
   p=$(api GET "/v2.0/ports/$1") || return 1
   jq -e --arg s "$2" --arg h "$3" '.port.status == $s and .port."binding:host_id" == $h' <<<"$p" >/dev/null
 }
-# wait_wired LABEL SIDE HOST PORT TAP: port ACTIVE on HOST and its OVS port on that host has a
-# local VLAN; records TIMING LABEL from the call.
+# wait_wired LABEL SIDE HOST PORT TAP [SINCE]: port ACTIVE on HOST and its OVS port on that host
+# has a local VLAN; records TIMING LABEL from SINCE (default: now).
 wait_wired() {
-  local label=$1 side=$2 host=$3 port=$4 tap=$5 s
-  s=$(now)
+  local label=$1 side=$2 host=$3 port=$4 tap=$5 s=${6:-}
+  [[ -n $s ]] || s=$(now)
   if wait_for 60 "port $port ACTIVE on $host" port_is "$port" ACTIVE "$host" &&
     wait_for 30 "$tap wired on $side" ovs_port_wired "$side" "$tap"; then
     record "$label" "$s"
@@ -394,7 +394,7 @@ st_neutron_live() {
     fail "neutron: create on A"
     return
   }
-  wait_wired neutron-plug-on-a A "$A_HOST" "$port" "$tap" || return
+  wait_wired neutron-plug-on-a A "$A_HOST" "$port" "$tap" "$s" || return
   check_event "neutron: plug on A" network-vif-plugged "$port" "$s"
   # Destination binding (inactive), as Nova's pre_live_migration does.
   check "neutron: inactive binding for $HB_NAME" \
@@ -405,7 +405,7 @@ st_neutron_live() {
   check "neutron: A's br-int port $tap removed" ovs_port_absent A br-int "$tap"
   s=$(now)
   check "neutron: activate the binding on $HB_NAME" api PUT "/v2.0/ports/$port/bindings/$HB_NAME/activate"
-  wait_wired neutron-activate-on-b B "$HB_NAME" "$port" "$tap"
+  wait_wired neutron-activate-on-b B "$HB_NAME" "$port" "$tap" "$s"
   check_event "neutron: activation on B" network-vif-unplugged "$port" "$s"
   check_event "neutron: activation on B" network-vif-plugged "$port" "$s"
   check "neutron: delete the old binding on $A_HOST" api DELETE "/v2.0/ports/$port/bindings/$A_HOST"
@@ -417,7 +417,7 @@ st_neutron_live() {
   check "neutron: B's br-int port $tap removed" ovs_port_absent B br-int "$tap"
   s=$(now)
   check "neutron: activate the binding on $A_HOST" api PUT "/v2.0/ports/$port/bindings/$A_HOST/activate"
-  wait_wired neutron-activate-on-a A "$A_HOST" "$port" "$tap"
+  wait_wired neutron-activate-on-a A "$A_HOST" "$port" "$tap" "$s"
   check_event "neutron: activation on A" network-vif-unplugged "$port" "$s"
   check_event "neutron: activation on A" network-vif-plugged "$port" "$s"
   check "neutron: delete the old binding on $HB_NAME" api DELETE "/v2.0/ports/$port/bindings/$HB_NAME"
@@ -438,11 +438,12 @@ st_neutron_cold() {
   port=$(jq -r .port.id <<<"$p")
   mac=$(jq -r .port.mac_address <<<"$p")
   dom_xml "$name" "$id" "$(accel)" "$(ovs_nic br-int "$mac" "$tap" "$port")" >"$ST_WORK/$name.xml"
+  s=$(now)
   if ! vA define "$ST_WORK/$name.xml" >/dev/null || ! vA start "$name" >/dev/null; then
     fail "cold: start on A"
     return 1
   fi
-  wait_wired cold-plug-on-a A "$A_HOST" "$port" "$tap" || return
+  wait_wired cold-plug-on-a A "$A_HOST" "$port" "$tap" "$s" || return
   s=$(now)
   vA destroy "$name" >/dev/null
   vA dumpxml --inactive --migratable "$name" >"$ST_WORK/$name-b.xml"
@@ -451,7 +452,7 @@ st_neutron_cold() {
   vB start "$name" >/dev/null || fail "cold: start on B"
   check "cold: running on B" running_on B "$name"
   check "cold: A keeps its (stopped) definition until the resize is confirmed" persistent_on A "$name"
-  wait_wired cold-move-a-to-b B "$HB_NAME" "$port" "$tap"
+  wait_wired cold-move-a-to-b B "$HB_NAME" "$port" "$tap" "$s"
   check_event "cold: start on B" network-vif-plugged "$port" "$s"
   # Revert: back to A.
   s=$(now)
@@ -460,7 +461,7 @@ st_neutron_cold() {
   api PUT "/v2.0/ports/$port" "{\"port\": {\"binding:host_id\": \"$A_HOST\"}}" >/dev/null
   vA start "$name" >/dev/null || fail "cold: start on A after revert"
   check "cold: gone from B" absent_on B "$name"
-  wait_wired cold-revert-b-to-a A "$A_HOST" "$port" "$tap"
+  wait_wired cold-revert-b-to-a A "$A_HOST" "$port" "$tap" "$s"
   check_event "cold: revert to A" network-vif-plugged "$port" "$s"
   vA destroy "$name" >/dev/null
   vA undefine "$name" >/dev/null
