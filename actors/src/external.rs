@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 /// The name of an external event.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum EventName {
     /// A port became ACTIVE (status `completed`) or ERROR (status `failed`).
@@ -124,7 +124,7 @@ mod tests {
     #[test]
     fn names_round_trip() {
         for n in EventName::ALL {
-            assert_eq!(n.as_str().parse::<EventName>(), Ok(n.clone()));
+            assert_eq!(n.as_str().parse::<EventName>(), Ok(n));
             let json = serde_json::to_string(&n).unwrap();
             assert_eq!(json, format!("\"{}\"", n.as_str()));
         }

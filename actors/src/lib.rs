@@ -7,10 +7,14 @@
 //! - [`wiring`]: what is wired on this host, as a stream.
 //! - [`network`]: the network service as the flows see it (`NetworkApi`).
 //! - [`libvirt`]: every libvirt call, on dedicated threads, with events and reconnects.
+//! - [`predict`]: which VIF produces a bind-time, plug-time or no event for an operation.
+//! - [`events`]: the NetworkEventActor that holds waits and buffers early events.
 
+pub mod events;
 pub mod external;
 pub mod libvirt;
 pub mod lifecycle;
 pub mod network;
+pub mod predict;
 pub mod vif;
 pub mod wiring;

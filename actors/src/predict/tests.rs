@@ -1,0 +1,518 @@
+//! Tests of the event prediction: every cell of docs/EVENT_MODEL.md, Nova's own cases, errors.
+
+use super::*;
+use crate::vif::{NetworkInfo, Problem};
+use serde_json::{json, Value};
+
+const DOC: &str = include_str!(concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../docs/EVENT_MODEL.md"
+));
+
+fn port(n: u32) -> String {
+    format!("3b2c4d5e-0000-4000-8000-{n:012}")
+}
+
+fn vif_json(n: u32, vif_type: &str, vnic: &str, hybrid: bool, active: bool) -> Value {
+    json!({
+        "id": port(n),
+        "address": format!("fa:16:3e:00:00:{:02x}", n),
+        "type": vif_type,
+        "vnic_type": vnic,
+        "active": active,
+        "details": {"ovs_hybrid_plug": hybrid, "port_filter": true},
+        "network": {"id": "net-1", "bridge": "br-int", "meta": {"mtu": 1450}},
+    })
+}
+
+fn vifs(items: Vec<Value>) -> Vec<Vif> {
+    NetworkInfo::from_value(&Value::Array(items)).unwrap().vifs
+}
+
+/// The markdown table rows between `<!-- {tag}:begin -->` and `<!-- {tag}:end -->`, header and
+/// separator dropped, cells trimmed.
+fn doc_rows(tag: &str) -> Vec<Vec<String>> {
+    let begin = format!("<!-- {tag}:begin -->");
+    let end = format!("<!-- {tag}:end -->");
+    let start = DOC.find(&begin).unwrap() + begin.len();
+    let stop = DOC.find(&end).unwrap();
+    DOC[start..stop]
+        .lines()
+        .filter(|l| l.starts_with('|'))
+        .skip(2)
+        .map(|l| {
+            l.trim()
+                .trim_matches('|')
+                .split('|')
+                .map(|c| c.trim().to_owned())
+                .collect()
+        })
+        .collect()
+}
+
+fn timing_of(s: &str) -> Timing {
+    match s {
+        "bind" => Timing::BindTime,
+        "plug" => Timing::PlugTime,
+        "none" => Timing::None,
+        other => panic!("bad cell {other:?}"),
+    }
+}
+
+fn wiring_of(variant: &str) -> (bool, Wiring) {
+    let form = if variant.contains("pre-created") {
+        DeviceForm::PreCreated
+    } else {
+        DeviceForm::LibvirtManaged
+    };
+    (
+        variant == "hybrid",
+        Wiring {
+            ovs_native: form,
+            linux_bridge: form,
+        },
+    )
+}
+
+/// A representative operation for each column, with hosts.
+fn op_for(column: Column) -> Operation {
+    let h = |s: &str| s.to_owned();
+    match column {
+        Column::Spawn => Operation::Spawn,
+        Column::AttachInterface => Operation::AttachInterface,
+        Column::HardReboot => Operation::HardReboot,
+        Column::PowerOn => Operation::PowerOn,
+        Column::FinishResizeCrossHost => Operation::FinishResize { same_host: false },
+        Column::FinishResizeSameHost => Operation::FinishResize { same_host: true },
+        Column::RevertResizeCrossHost => Operation::RevertResize {
+            source: h("h1"),
+            dest: h("h2"),
+        },
+        Column::RevertResizeSameHost => Operation::RevertResize {
+            source: h("h1"),
+            dest: h("h1"),
+        },
+        Column::LiveMigrationSource => Operation::LiveMigration {
+            source: h("h1"),
+            dest: h("h2"),
+        },
+        Column::PostLiveMigrationDest => Operation::PostLiveMigration {
+            source: h("h1"),
+            dest: h("h2"),
+        },
+        Column::UpdateBindingProfile => Operation::UpdateBindingProfile,
+    }
+}
+
+#[test]
+fn every_cell_of_the_documented_table_holds() {
+    let rows = doc_rows("cells");
+    assert_eq!(rows.len(), Kind::ALL.len(), "one row per kind");
+    let mut kinds_seen = Vec::new();
+    let mut cells = 0;
+    for row in &rows {
+        assert_eq!(row.len(), 3 + Column::ALL.len(), "{row:?}");
+        let (hybrid, wiring) = wiring_of(&row[2]);
+        for vnic in row[1].split(", ") {
+            for (i, column) in Column::ALL.into_iter().enumerate() {
+                let text = &row[3 + i];
+                let (inactive, active) = match text.split_once('/') {
+                    Some((a, b)) => {
+                        assert!(column.uses_active(), "{column:?} has no a/b cell");
+                        (timing_of(a), timing_of(b))
+                    }
+                    None => {
+                        assert!(!column.uses_active(), "{column:?} needs an a/b cell");
+                        (timing_of(text), timing_of(text))
+                    }
+                };
+                for (flag, want) in [(false, inactive), (true, active)] {
+                    let v = vifs(vec![vif_json(1, &row[0], vnic, hybrid, flag)]);
+                    let p = predict(&op_for(column), &v, &wiring).unwrap();
+                    assert_eq!(
+                        p.vifs[0].timing, want,
+                        "{}/{vnic}/{} active={flag} {column:?}: {}",
+                        row[0], row[2], p.vifs[0].reason
+                    );
+                    assert_eq!(p.column, column);
+                    cells += 1;
+                }
+                let v = vifs(vec![vif_json(1, &row[0], vnic, hybrid, false)]);
+                kinds_seen.push(predict(&op_for(column), &v, &wiring).unwrap().vifs[0].kind);
+            }
+        }
+    }
+    for k in Kind::ALL {
+        assert!(kinds_seen.contains(&k), "{k:?} has no row in the doc");
+    }
+    // 9 (vif, vnic, variant) rows x 11 columns x both values of `active`.
+    assert_eq!(cells, 9 * 11 * 2);
+}
+
+#[test]
+fn every_vif_type_vnic_type_pair_is_documented_and_classified() {
+    let rows = doc_rows("kinds");
+    let header: Vec<&str> = DOC[DOC.find("<!-- kinds:begin -->").unwrap()..]
+        .lines()
+        .find(|l| l.starts_with('|'))
+        .unwrap()
+        .trim_matches('|')
+        .split('|')
+        .map(str::trim)
+        .skip(1)
+        .collect();
+    let vnics: Vec<VnicType> = header.iter().map(|h| h.parse().unwrap()).collect();
+    assert_eq!(
+        vnics,
+        VnicType::ALL.to_vec(),
+        "columns are VnicType::ALL in order"
+    );
+    let types: Vec<VifType> = rows.iter().map(|r| vif_type_of(&r[0])).collect();
+    assert_eq!(
+        types,
+        VifType::ALL.to_vec(),
+        "rows are VifType::ALL in order"
+    );
+    let wiring = Wiring::default();
+    let mut pairs = 0;
+    for row in &rows {
+        let vt = vif_type_of(&row[0]);
+        for (j, vnic) in vnics.iter().enumerate() {
+            let want = &row[1 + j];
+            for hybrid in [false, true] {
+                let got = match classify(vt, *vnic, hybrid, &wiring) {
+                    Ok(Kind::OvsHybrid | Kind::OvsNative(_)) => "ovs".to_owned(),
+                    Ok(Kind::LinuxBridge(_)) => "linux-bridge".to_owned(),
+                    Ok(k) => k.label(),
+                    Err(e) => e.code().to_owned(),
+                };
+                assert_eq!(&got, want, "{vt}/{vnic} hybrid={hybrid}");
+            }
+            // And through `predict`, as a typed error naming the VIF.
+            if let Err(why) = classify(vt, *vnic, false, &wiring) {
+                let v = vifs(vec![
+                    vif_json(1, "ovs", "normal", false, false),
+                    vif_json(2, vt.as_str(), vnic.as_str(), false, false),
+                ]);
+                let err = predict(&Operation::Spawn, &v, &wiring).unwrap_err();
+                assert_eq!(
+                    err,
+                    PredictError::Unsupported {
+                        index: 1,
+                        port: port(2).parse().unwrap(),
+                        vif_type: vt,
+                        vnic_type: *vnic,
+                        why,
+                    }
+                );
+                assert!(err.to_string().contains(&port(2)), "{err}");
+            }
+            pairs += 1;
+        }
+    }
+    assert_eq!(pairs, VifType::ALL.len() * VnicType::ALL.len());
+}
+
+fn vif_type_of(s: &str) -> VifType {
+    VifType::ALL.into_iter().find(|t| t.as_str() == s).unwrap()
+}
+
+#[test]
+fn every_reason_is_one_non_empty_line() {
+    for column in Column::ALL {
+        for kind in Kind::ALL {
+            for active in [false, true] {
+                let c = table_cell(column, kind, active);
+                assert!(!c.reason.is_empty() && !c.reason.contains('\n'));
+                assert!(c.reason.len() < 200, "{}", c.reason);
+            }
+        }
+    }
+}
+
+// Nova's own cases (nova/tests/unit/network/test_network_info.py, test_get_events, and the
+// libvirt driver's _get_neutron_events).
+
+fn hybrid_and_normal() -> Vec<Vif> {
+    vifs(vec![
+        vif_json(1, "ovs", "normal", true, false),
+        vif_json(2, "ovs", "normal", false, false),
+    ])
+}
+
+#[test]
+fn nova_revert_cross_host_hybrid_is_bind_time_normal_is_plug_time() {
+    let op = Operation::RevertResize {
+        source: "h1".into(),
+        dest: "h2".into(),
+    };
+    let p = predict(&op, &hybrid_and_normal(), &Wiring::default()).unwrap();
+    let p1: PortId = port(1).parse().unwrap();
+    let p2: PortId = port(2).parse().unwrap();
+    assert_eq!(p.bind_time_events(), vec![ExpectedEvent::plugged(p1)]);
+    assert_eq!(p.plug_time_events(), vec![ExpectedEvent::plugged(p2)]);
+}
+
+#[test]
+fn nova_revert_same_host_everything_is_plug_time() {
+    let op = Operation::RevertResize {
+        source: "h1".into(),
+        dest: "h1".into(),
+    };
+    let p = predict(&op, &hybrid_and_normal(), &Wiring::default()).unwrap();
+    assert_eq!(p.bind_time_events(), vec![]);
+    let want: Vec<_> = [1, 2]
+        .map(|n| ExpectedEvent::plugged(port(n).parse().unwrap()))
+        .to_vec();
+    assert_eq!(p.plug_time_events(), want);
+}
+
+#[test]
+fn nova_spawn_waits_only_on_inactive_vifs_and_never_on_remote_managed() {
+    let v = vifs(vec![
+        vif_json(1, "ovs", "normal", true, false),
+        vif_json(2, "ovs", "normal", false, true),
+        vif_json(3, "ovs", "remote-managed", false, false),
+        vif_json(4, "hw_veb", "direct", false, false),
+        vif_json(5, "bridge", "normal", false, true),
+    ]);
+    let p = predict(&Operation::Spawn, &v, &Wiring::default()).unwrap();
+    let plug: Vec<u32> = [1, 4].to_vec();
+    assert_eq!(
+        p.plug_time_events(),
+        plug.iter()
+            .map(|n| ExpectedEvent::plugged(port(*n).parse().unwrap()))
+            .collect::<Vec<_>>()
+    );
+    assert!(p.bind_time_events().is_empty());
+    let none: Vec<PortId> = p.not_waited().map(|v| v.port).collect();
+    assert_eq!(
+        none,
+        [2, 3, 5]
+            .map(|n| port(n).parse::<PortId>().unwrap())
+            .to_vec()
+    );
+}
+
+#[test]
+fn a_missing_active_flag_counts_as_inactive() {
+    let mut raw = vif_json(1, "ovs", "normal", false, false);
+    raw.as_object_mut().unwrap().remove("active");
+    let p = predict(&Operation::Spawn, &vifs(vec![raw]), &Wiring::default()).unwrap();
+    assert_eq!(p.vifs[0].timing, Timing::PlugTime);
+}
+
+#[test]
+fn no_double_waits_an_empty_plug_list_stays_empty() {
+    // Nova fell back to every inactive port when its plug-time list was empty; vireo does
+    // not: a hard reboot of pre-created and hybrid VIFs waits on nothing.
+    let v = vifs(vec![
+        vif_json(1, "ovs", "normal", true, false),
+        vif_json(2, "ovs", "normal", false, false),
+    ]);
+    let w = Wiring {
+        ovs_native: DeviceForm::PreCreated,
+        linux_bridge: DeviceForm::PreCreated,
+    };
+    let p = predict(&Operation::HardReboot, &v, &w).unwrap();
+    assert!(p.plug_time_events().is_empty() && p.bind_time_events().is_empty());
+    assert_eq!(p.not_waited().count(), 2);
+}
+
+#[test]
+fn string_false_hybrid_flag_means_native() {
+    let mut raw = vif_json(1, "ovs", "normal", false, false);
+    raw["details"]["ovs_hybrid_plug"] = json!("False");
+    let op = Operation::RevertResize {
+        source: "h1".into(),
+        dest: "h2".into(),
+    };
+    let p = predict(&op, &vifs(vec![raw]), &Wiring::default()).unwrap();
+    assert_eq!(p.vifs[0].kind, Kind::OvsNative(DeviceForm::LibvirtManaged));
+    assert_eq!(p.vifs[0].timing, Timing::PlugTime);
+}
+
+#[test]
+fn every_vif_lands_in_exactly_one_list_in_order() {
+    let v = vifs(vec![
+        vif_json(1, "ovs", "normal", true, false),
+        vif_json(2, "hostdev_physical", "direct-physical", false, false),
+        vif_json(3, "hw_veb", "macvtap", false, false),
+        vif_json(4, "ovs", "normal", false, false),
+    ]);
+    for column in Column::ALL {
+        let p = predict(&op_for(column), &v, &Wiring::default()).unwrap();
+        let total =
+            p.bind_time_events().len() + p.plug_time_events().len() + p.not_waited().count();
+        assert_eq!(total, 4, "{column:?}");
+        let order: Vec<usize> = p.vifs.iter().map(|v| v.index).collect();
+        assert_eq!(order, vec![0, 1, 2, 3]);
+    }
+}
+
+#[test]
+fn migrations_with_bad_hosts_are_errors() {
+    let v = hybrid_and_normal();
+    let w = Wiring::default();
+    let same = Operation::LiveMigration {
+        source: "h1".into(),
+        dest: "h1".into(),
+    };
+    assert!(matches!(
+        predict(&same, &v, &w),
+        Err(PredictError::InvalidMigration {
+            operation: "live-migration",
+            ..
+        })
+    ));
+    let same = Operation::PostLiveMigration {
+        source: "h1".into(),
+        dest: "h1".into(),
+    };
+    assert!(predict(&same, &v, &w).is_err());
+    let empty = Operation::RevertResize {
+        source: String::new(),
+        dest: "h2".into(),
+    };
+    let err = predict(&empty, &v, &w).unwrap_err();
+    assert!(err.to_string().contains("empty"), "{err}");
+}
+
+#[test]
+fn operation_names_and_forms_round_trip() {
+    for f in [DeviceForm::LibvirtManaged, DeviceForm::PreCreated] {
+        assert_eq!(f.as_str().parse::<DeviceForm>(), Ok(f));
+    }
+    assert!("managed".parse::<DeviceForm>().is_err());
+    let names: Vec<&str> = Column::ALL.into_iter().map(|c| op_for(c).name()).collect();
+    assert!(names.contains(&"update-binding-profile") && names.contains(&"spawn"));
+}
+
+#[test]
+fn agent_served_matches_the_rule() {
+    // Agentless kinds never get plug-time anywhere; agent-served kinds never get bind-time
+    // at spawn.
+    for kind in Kind::ALL {
+        for column in Column::ALL {
+            let c = table_cell(column, kind, false);
+            if !kind.agent_served() {
+                assert_ne!(c.timing, Timing::PlugTime, "{kind:?} {column:?}");
+            } else if column == Column::Spawn {
+                assert_eq!(c.timing, Timing::PlugTime, "{kind:?}");
+            }
+        }
+    }
+}
+
+// predict_json: the lean path agrees with the full model.
+
+fn full(op: &Operation, text: &str, w: &Wiring) -> Result<Prediction, PredictError> {
+    let ni = NetworkInfo::parse(text).map_err(PredictError::NetworkInfo)?;
+    predict(op, &ni.vifs, w)
+}
+
+#[test]
+fn predict_json_agrees_with_the_full_model_on_every_pair_and_column() {
+    let mut checked = 0;
+    for vt in VifType::ALL {
+        for vnic in VnicType::ALL {
+            for hybrid in [false, true] {
+                for active in [false, true] {
+                    let text = Value::Array(vec![
+                        vif_json(1, "ovs", "normal", !hybrid, !active),
+                        vif_json(2, vt.as_str(), vnic.as_str(), hybrid, active),
+                    ])
+                    .to_string();
+                    for column in Column::ALL {
+                        for w in [
+                            Wiring::default(),
+                            Wiring {
+                                ovs_native: DeviceForm::PreCreated,
+                                linux_bridge: DeviceForm::PreCreated,
+                            },
+                        ] {
+                            let op = op_for(column);
+                            assert_eq!(predict_json(&op, &text, &w), full(&op, &text, &w));
+                            checked += 1;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert_eq!(checked, 8 * 11 * 2 * 2 * 11 * 2);
+}
+
+#[test]
+fn predict_json_reports_the_same_field_errors() {
+    let op = Operation::Spawn;
+    let w = Wiring::default();
+    let mut cases: Vec<Value> = Vec::new();
+    let base = vif_json(1, "ovs", "normal", true, false);
+    for (path, bad) in [
+        ("active", json!("no")),
+        ("active", json!(1)),
+        ("id", json!(7)),
+        ("id", json!("not-a-uuid")),
+        ("id", Value::Null),
+        ("type", json!("802.qbh")),
+        ("type", json!("binding_failed")),
+        ("type", Value::Null),
+        ("vnic_type", json!("fancy")),
+        ("vnic_type", json!(false)),
+    ] {
+        let mut v = base.clone();
+        v[path] = bad;
+        cases.push(Value::Array(vec![
+            vif_json(2, "ovs", "normal", false, false),
+            v,
+        ]));
+    }
+    let mut v = base.clone();
+    v["details"]["ovs_hybrid_plug"] = json!("yes");
+    cases.push(Value::Array(vec![v]));
+    cases.push(Value::Array(vec![base.clone(), {
+        let mut d = vif_json(2, "ovs", "normal", true, false);
+        d["id"] = base["id"].clone();
+        d
+    }]));
+    for case in cases {
+        let text = case.to_string();
+        let want = full(&op, &text, &w).unwrap_err();
+        assert!(
+            matches!(want, PredictError::NetworkInfo(VifError::Field { .. })),
+            "{want}"
+        );
+        assert_eq!(predict_json(&op, &text, &w).unwrap_err(), want, "{text}");
+    }
+    assert_eq!(
+        predict_json(&op, "{}", &w),
+        Err(PredictError::NetworkInfo(VifError::NotAList))
+    );
+    assert!(matches!(
+        predict_json(&op, "[1", &w),
+        Err(PredictError::NetworkInfo(VifError::Json(_)))
+    ));
+}
+
+#[test]
+fn predict_json_finds_duplicates_in_long_lists_too() {
+    let w = Wiring::default();
+    for (len, dup_of) in [(3usize, 1u32), (33, 2), (40, 35)] {
+        let mut items: Vec<Value> = (0..len as u32)
+            .map(|n| vif_json(n, "ovs", "normal", false, false))
+            .collect();
+        let mut d = vif_json(200, "ovs", "normal", false, false);
+        d["id"] = json!(port(dup_of));
+        items.push(d);
+        let text = Value::Array(items).to_string();
+        let want = full(&Operation::Spawn, &text, &w).unwrap_err();
+        assert_eq!(
+            predict_json(&Operation::Spawn, &text, &w).unwrap_err(),
+            want
+        );
+        assert!(
+            matches!(want, PredictError::NetworkInfo(VifError::Field { problem: Problem::Duplicate(i), .. }) if i == dup_of as usize)
+        );
+    }
+}
