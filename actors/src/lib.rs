@@ -9,6 +9,7 @@
 //! - [`libvirt`]: every libvirt call, on dedicated threads, with events and reconnects.
 //! - [`predict`]: which VIF produces a bind-time, plug-time or no event for an operation.
 //! - [`events`]: the NetworkEventActor that holds waits and buffers early events.
+//! - [`vif_config`]: which libvirt device connects a VIF (Nova's libvirt VIF driver facts).
 
 pub mod events;
 pub mod external;
@@ -17,4 +18,5 @@ pub mod lifecycle;
 pub mod network;
 pub mod predict;
 pub mod vif;
+pub mod vif_config;
 pub mod wiring;

@@ -14,6 +14,127 @@ pub enum ValueError {
     /// Not `DDDD:BB:SS.F`.
     #[error("invalid PCI address {0:?}")]
     Pci(String),
+    /// Not a UUID.
+    #[error("invalid UUID {0:?}")]
+    Uuid(String),
+    /// Empty, blank, or holding a control character.
+    #[error("invalid domain name {0:?}")]
+    DomainName(String),
+    /// Not a Linux network device name (1..=15 bytes, no `/`, `:`, whitespace or control).
+    #[error("invalid device name {0:?}")]
+    DeviceName(String),
+}
+
+/// Parse a UUID in any form the `uuid` crate accepts (libvirt prints it hyphenated).
+pub fn parse_uuid(s: &str) -> Result<uuid::Uuid, ValueError> {
+    uuid::Uuid::parse_str(s).map_err(|_| ValueError::Uuid(s.to_owned()))
+}
+
+/// A libvirt domain name: not empty or blank, no control characters (libvirt refuses a
+/// newline; XML cannot carry the others). Any other character, XML metacharacters and
+/// non-ASCII included, is allowed and escaped on output.
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct DomainName(String);
+
+impl DomainName {
+    /// Validate a name.
+    pub fn new(name: impl Into<String>) -> Result<Self, ValueError> {
+        let name = name.into();
+        if name.trim().is_empty() || name.chars().any(char::is_control) {
+            return Err(ValueError::DomainName(name));
+        }
+        Ok(DomainName(name))
+    }
+
+    /// The name.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl FromStr for DomainName {
+    type Err = ValueError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        DomainName::new(s)
+    }
+}
+
+impl fmt::Display for DomainName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl fmt::Debug for DomainName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "DomainName({:?})", self.0)
+    }
+}
+
+impl AsRef<str> for DomainName {
+    fn as_ref(&self) -> &str {
+        &self.0
+    }
+}
+
+/// A Linux network device name as the kernel accepts it (`dev_valid_name`): 1..=15 bytes,
+/// not `.` or `..`, no `/`, `:`, whitespace or control characters. Used for bridges, taps,
+/// macvtap lower devices and the `target dev` libvirt reports (`vnet3`).
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct DeviceName(String);
+
+/// Longest Linux interface name (IFNAMSIZ - 1).
+pub const MAX_DEVICE_NAME_LEN: usize = 15;
+
+impl DeviceName {
+    /// Validate a device name.
+    pub fn new(name: impl Into<String>) -> Result<Self, ValueError> {
+        let name = name.into();
+        let ok = !name.is_empty()
+            && name.len() <= MAX_DEVICE_NAME_LEN
+            && name != "."
+            && name != ".."
+            && !name
+                .chars()
+                .any(|c| c == '/' || c == ':' || c.is_whitespace() || c.is_control());
+        if ok {
+            Ok(DeviceName(name))
+        } else {
+            Err(ValueError::DeviceName(name))
+        }
+    }
+
+    /// The name.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl FromStr for DeviceName {
+    type Err = ValueError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        DeviceName::new(s)
+    }
+}
+
+impl fmt::Display for DeviceName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl fmt::Debug for DeviceName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "DeviceName({:?})", self.0)
+    }
+}
+
+impl AsRef<str> for DeviceName {
+    fn as_ref(&self) -> &str {
+        &self.0
+    }
 }
 
 /// An Ethernet MAC address, printed as `aa:bb:cc:dd:ee:ff` (lower case).
@@ -202,6 +323,57 @@ mod tests {
             }
         );
         assert_eq!(p.to_string(), "0000:81:00.1");
+    }
+
+    #[test]
+    fn domain_names() {
+        assert_eq!(
+            DomainName::new("a <b> & 'c' \"d\" é").unwrap().as_str(),
+            "a <b> & 'c' \"d\" é"
+        );
+        for bad in ["", "   ", "a\nb", "a\u{1}b", "tab\there"] {
+            assert_eq!(
+                DomainName::new(bad),
+                Err(ValueError::DomainName(bad.into())),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn device_names() {
+        for ok in [
+            "vnet3",
+            "tap3b2c4d5e-00",
+            "br-int",
+            "a.b_c",
+            "123456789012345",
+        ] {
+            assert_eq!(DeviceName::new(ok).unwrap().as_str(), ok);
+        }
+        for bad in [
+            "",
+            ".",
+            "..",
+            "a/b",
+            "a:b",
+            "a b",
+            "1234567890123456",
+            "a\u{7f}",
+        ] {
+            assert_eq!(
+                DeviceName::new(bad),
+                Err(ValueError::DeviceName(bad.into())),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn uuids() {
+        let u = parse_uuid("6f1c1b0e-1111-4222-8333-444455556666").unwrap();
+        assert_eq!(u.to_string(), "6f1c1b0e-1111-4222-8333-444455556666");
+        assert_eq!(parse_uuid("nope"), Err(ValueError::Uuid("nope".into())));
     }
 
     #[test]
