@@ -16,6 +16,7 @@ pub mod external;
 pub mod libvirt;
 pub mod lifecycle;
 pub mod network;
+pub mod plug;
 pub mod predict;
 pub mod vif;
 pub mod vif_config;
