@@ -79,6 +79,9 @@ pub struct VireoMetadata {
     pub network_info: serde_json::Value,
     /// The operation in flight, if any.
     pub operation: Option<InFlightOperation>,
+    /// vireo's own record of the instance (lifecycle state, boot source, resize in
+    /// progress, ...), as JSON. Opaque to this crate.
+    pub record: Option<serde_json::Value>,
 }
 
 struct Names {
@@ -88,6 +91,7 @@ struct Names {
     spec: &'static str,
     net: &'static str,
     op: &'static str,
+    record: &'static str,
 }
 
 const PREFIXED: Names = Names {
@@ -97,6 +101,7 @@ const PREFIXED: Names = Names {
     spec: "vireo:extra_spec",
     net: "vireo:network_info",
     op: "vireo:operation",
+    record: "vireo:record",
 };
 
 const PLAIN: Names = Names {
@@ -106,6 +111,7 @@ const PLAIN: Names = Names {
     spec: "extra_spec",
     net: "network_info",
     op: "operation",
+    record: "record",
 };
 
 impl VireoMetadata {
@@ -177,6 +183,13 @@ impl VireoMetadata {
             w.text(&json)?;
             w.end(n.op);
         }
+        if let Some(record) = &self.record {
+            let json = serde_json::to_string(record).map_err(|source| XmlError::Json {
+                field: "record",
+                source,
+            })?;
+            w.text_elem(n.record, &json)?;
+        }
         w.end(n.root);
         Ok(())
     }
@@ -235,11 +248,19 @@ impl VireoMetadata {
                 })?,
             }),
         };
+        let record = match i.record {
+            None => None,
+            Some(text) => Some(serde_json::from_str(&text).map_err(|source| XmlError::Json {
+                field: "record",
+                source,
+            })?),
+        };
         Ok(VireoMetadata {
             instance_uuid: parse::uuid(&uuid, || "instance/uuid".to_owned())?,
             flavor,
             network_info,
             operation,
+            record,
         })
     }
 }
@@ -284,6 +305,8 @@ struct InstanceW<'a> {
     network_info: Option<Str<'a>>,
     #[serde(borrow)]
     operation: Option<OperationW<'a>>,
+    #[serde(borrow)]
+    record: Option<Str<'a>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
