@@ -188,6 +188,21 @@ impl Hostdev {
         Hostdev::from_wire(wire, &|| "hostdev".to_owned())
     }
 
+    /// The host PCI address of a `<hostdev>` in a live document (`None` for non-PCI
+    /// hostdevs), for selecting it in a rewrite.
+    pub(crate) fn peek_source(xml: &str) -> Result<Option<PciAddress>, XmlError> {
+        let h: HostdevW<'_> = quick_xml::de::from_str(xml)?;
+        if h.kind.as_deref() != Some("pci") {
+            return Ok(None);
+        }
+        match h.source.and_then(|s| s.address) {
+            None => Ok(None),
+            Some(a) => a
+                .host_pci(&|| "hostdev/source/address".to_owned())
+                .map(Some),
+        }
+    }
+
     pub(crate) fn write(&self, w: &mut Writer) -> Result<(), XmlError> {
         w.open("hostdev");
         w.attr_raw("mode", "subsystem");

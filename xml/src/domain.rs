@@ -457,7 +457,7 @@ impl Domain {
         };
         let metadata = match span {
             None => None,
-            Some(span) => Some(VireoMetadata::from_xml(&xml[span])?),
+            Some(span) => Some(VireoMetadata::from_checked_xml(&xml[span])?),
         };
         let d: DomainW<'_> = quick_xml::de::from_str(xml)?;
         let field = |s: &str| format!("domain/{s}");

@@ -1,7 +1,8 @@
 //! Rewriting libvirt's live (or inactive) domain XML in place.
 //!
 //! [`rewrite`] applies [`Edit`]s — replace, add or remove an `<interface>` selected by MAC or
-//! alias, set or remove vireo's metadata element — at the event level with quick-xml's
+//! alias, add or remove a PCI `<hostdev>` selected by its host address, set or remove
+//! vireo's metadata element — at the event level with quick-xml's
 //! reader: it finds the byte span of the element to change and splices new text in. Every
 //! byte outside the edited spans (controllers, graphics, unknown elements and attributes,
 //! other applications' metadata, comments, whitespace) is kept exactly as it was.
@@ -13,10 +14,11 @@ use quick_xml::events::Event;
 use quick_xml::name::ResolveResult;
 use quick_xml::NsReader;
 
+use crate::devices::Hostdev;
 use crate::error::XmlError;
 use crate::interface::Interface;
 use crate::metadata::{VireoMetadata, ELEMENT, NAMESPACE_URI};
-use crate::types::MacAddress;
+use crate::types::{MacAddress, PciAddress};
 use crate::write::Writer;
 
 /// Which interface an edit is about.
@@ -46,6 +48,11 @@ pub enum Edit {
     RemoveInterface(Selector),
     /// Add an interface after the last one (or at the end of `<devices>`).
     AddInterface(Interface),
+    /// Add a PCI hostdev after the last hostdev (or the last interface, or at the end of
+    /// `<devices>`).
+    AddHostdev(Hostdev),
+    /// Remove the one PCI hostdev with this host address.
+    RemoveHostdev(PciAddress),
     /// Set vireo's metadata element (replacing the old one, other metadata untouched).
     SetMetadata(VireoMetadata),
     /// Remove vireo's metadata element if present.
@@ -78,6 +85,22 @@ fn apply(xml: &str, edit: &Edit) -> Result<String, XmlError> {
                 (None, None) => (devices.whole.clone(), format!("<devices>{new}</devices>")),
             }
         }
+        Edit::AddHostdev(hostdev) => {
+            let new = hostdev.to_xml()?;
+            let devices = scan
+                .devices
+                .as_ref()
+                .ok_or_else(|| XmlError::missing("domain/devices"))?;
+            match (
+                scan.hostdevs.last().or(scan.interfaces.last()),
+                devices.end_tag_start,
+            ) {
+                (Some(last), _) => (last.end..last.end, new),
+                (None, Some(end)) => (end..end, new),
+                (None, None) => (devices.whole.clone(), format!("<devices>{new}</devices>")),
+            }
+        }
+        Edit::RemoveHostdev(pci) => (find_hostdev(xml, &scan, pci)?, String::new()),
         Edit::SetMetadata(meta) => {
             let mut w = Writer::with_capacity(1024);
             meta.write(&mut w, true)?;
@@ -132,6 +155,25 @@ fn find_interface(xml: &str, scan: &Scan, sel: &Selector) -> Result<Range<usize>
     })
 }
 
+fn find_hostdev(xml: &str, scan: &Scan, pci: &PciAddress) -> Result<Range<usize>, XmlError> {
+    let mut found: Option<Range<usize>> = None;
+    for span in &scan.hostdevs {
+        if Hostdev::peek_source(&xml[span.clone()])? == Some(*pci) {
+            if found.is_some() {
+                return Err(XmlError::Ambiguous {
+                    what: "hostdev",
+                    selector: pci.to_string(),
+                });
+            }
+            found = Some(span.clone());
+        }
+    }
+    found.ok_or_else(|| XmlError::NotFound {
+        what: "hostdev",
+        selector: pci.to_string(),
+    })
+}
+
 /// The span of vireo's metadata element in a domain document, if it has one.
 pub(crate) fn find_metadata(xml: &str) -> Result<Option<Range<usize>>, XmlError> {
     Ok(scan(xml, false)?.ours)
@@ -156,6 +198,8 @@ struct Scan {
     devices: Option<Container>,
     /// Every `<interface>` directly in `<devices>`.
     interfaces: Vec<Range<usize>>,
+    /// Every `<hostdev>` directly in `<devices>`.
+    hostdevs: Vec<Range<usize>>,
 }
 
 fn pos(r: &NsReader<&[u8]>) -> usize {
@@ -169,11 +213,9 @@ fn scan(xml: &str, devices: bool) -> Result<Scan, XmlError> {
     let mut s = Scan::default();
     // The root.
     loop {
-        let start = pos(&r);
         match r.read_event()? {
             Event::Start(e) if e.local_name().as_ref() == b"domain" => break,
             Event::Start(e) | Event::Empty(e) => {
-                let _ = start;
                 return Err(XmlError::WrongRoot {
                     expected: "domain",
                     found: String::from_utf8_lossy(e.name().as_ref()).into_owned(),
@@ -266,17 +308,23 @@ fn scan_metadata(r: &mut NsReader<&[u8]>, s: &mut Scan) -> Result<usize, XmlErro
     }
 }
 
-/// Inside `<devices>`: record every `<interface>`. Returns where `</devices>` starts.
+/// Inside `<devices>`: record every `<interface>` and `<hostdev>`. Returns where
+/// `</devices>` starts.
 fn scan_devices(r: &mut NsReader<&[u8]>, s: &mut Scan) -> Result<usize, XmlError> {
     loop {
         let start = pos(r);
         let ev = r.read_event()?;
         match ev {
             Event::Start(ref e) => {
-                let is_iface = e.local_name().as_ref() == b"interface";
+                let local = e.local_name();
+                let list = match local.as_ref() {
+                    b"interface" => Some(&mut s.interfaces),
+                    b"hostdev" => Some(&mut s.hostdevs),
+                    _ => None,
+                };
                 r.read_to_end(e.name())?;
-                if is_iface {
-                    s.interfaces.push(start..pos(r));
+                if let Some(list) = list {
+                    list.push(start..pos(r));
                 }
             }
             Event::Empty(ref e) if e.local_name().as_ref() == b"interface" => {

@@ -127,6 +127,12 @@ impl VireoMetadata {
     /// `virDomainGetMetadata` returns it. A root in another namespace is refused.
     pub fn from_xml(xml: &str) -> Result<Self, XmlError> {
         check_ns_root(xml)?;
+        Self::from_checked_xml(xml)
+    }
+
+    /// Parse an element whose namespace the caller has already resolved (inside a domain
+    /// document the prefix may be declared on an ancestor, out of the fragment's sight).
+    pub(crate) fn from_checked_xml(xml: &str) -> Result<Self, XmlError> {
         let wire: InstanceW<'_> = quick_xml::de::from_str(xml)?;
         VireoMetadata::from_wire(wire)
     }

@@ -316,3 +316,59 @@ fn interleaved_device_kinds_and_unknown_elements_parse() {
     assert!(out.contains("<future-option x='y'/>"));
     assert_eq!(Domain::from_xml(&out).unwrap().devices.interfaces.len(), 2);
 }
+
+#[test]
+fn metadata_namespace_declared_on_an_ancestor() {
+    let ns = vireo_xml::metadata::NAMESPACE_URI;
+    let inner = metadata().to_xml().unwrap();
+    // Prefix every element of the unprefixed fragment and declare the prefix on <domain>.
+    let prefixed = inner
+        .replace("</", "</v:")
+        .replace('<', "<v:")
+        .replace("<v:/v:", "</v:");
+    let xml = format!(
+        "<domain type='kvm' xmlns:v='{ns}'><name>x</name><metadata>{prefixed}\
+         <v:instance-not-ours/></metadata><memory>1</memory><os><type>hvm</type></os></domain>"
+    );
+    assert_eq!(Domain::from_xml(&xml).unwrap().metadata, Some(metadata()));
+    // The same element in another namespace is not vireo's.
+    let other = xml.replace(ns, "http://example.invalid/other");
+    assert_eq!(Domain::from_xml(&other).unwrap().metadata, None);
+}
+
+#[test]
+fn add_and_remove_pci_hostdevs() {
+    let conn = TestConn::open();
+    let orig = fixture("inactive-kvm-q35.xml");
+    let pf: PciAddress = "0000:82:00.0".parse().unwrap();
+    let vf: PciAddress = "0000:82:10.1".parse().unwrap();
+    let out = rewrite(
+        &orig,
+        &[
+            Edit::AddHostdev(Hostdev::pci(pf)),
+            Edit::AddHostdev(Hostdev::pci(vf)),
+        ],
+    )
+    .unwrap();
+    let d = Domain::from_xml(&conn.define_validated(&out).unwrap()).unwrap();
+    let sources: Vec<_> = d.devices.hostdevs.iter().map(|h| h.source).collect();
+    assert_eq!(sources, vec![pf, vf]);
+
+    let out = rewrite(&out, &[Edit::RemoveHostdev(pf)]).unwrap();
+    let d = Domain::from_xml(&out).unwrap();
+    assert_eq!(d.devices.hostdevs, vec![Hostdev::pci(vf)]);
+    let err = rewrite(&out, &[Edit::RemoveHostdev(pf)]).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            XmlError::NotFound {
+                what: "hostdev",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    // Everything else is untouched.
+    let back = rewrite(&out, &[Edit::RemoveHostdev(vf)]).unwrap();
+    assert_eq!(back, orig);
+}

@@ -511,3 +511,106 @@ fn config_is_strict_serde_data() {
     assert_eq!(c.buffer_max_age_secs, 600);
     assert!(serde_json::from_str::<EventConfig>(r#"{"buffer": 8}"#).is_err());
 }
+
+mod model {
+    //! Random sequences of registrations, deliveries, cancellations and time: every wait
+    //! resolves, a wait is only ever satisfied by events that arrived at or after its start,
+    //! and nothing is left behind.
+
+    use super::*;
+    use proptest::prelude::*;
+
+    #[derive(Debug, Clone)]
+    enum Step {
+        Expect { i: u32, ports: u8, fatal: bool },
+        Deliver { i: u32, port: u32, failed: bool },
+        Cancel { i: u32, op: u64 },
+        Advance { secs: u64 },
+    }
+
+    fn step() -> impl Strategy<Value = Step> {
+        prop_oneof![
+            (0..3u32, 1..8u8, any::<bool>()).prop_map(|(i, ports, fatal)| Step::Expect {
+                i,
+                ports,
+                fatal
+            }),
+            (0..4u32, 0..3u32, prop::bool::weighted(0.1))
+                .prop_map(|(i, port, failed)| Step::Deliver { i, port, failed }),
+            (0..3u32, 0..20u64).prop_map(|(i, op)| Step::Cancel { i, op }),
+            (0..15u64).prop_map(|secs| Step::Advance { secs }),
+        ]
+    }
+
+    struct Registered {
+        instance: u32,
+        ports: Vec<u32>,
+        since: Instant,
+        handle: WaitHandle,
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+        #[test]
+        fn waits_resolve_soundly_and_nothing_leaks(steps in prop::collection::vec(step(), 1..60)) {
+            let sys = actix_rt::System::new();
+            sys.block_on(async move {
+                tokio::time::pause();
+                let h = EventsHandle::start(EventConfig::default());
+                for i in 0..3 {
+                    h.track(inst(i));
+                }
+                let policy = |fatal| WaitPolicy { timeout: Duration::from_secs(10), fatal };
+                let mut waits: Vec<Registered> = Vec::new();
+                // (instance, port, completed?, received)
+                let mut delivered: Vec<(u32, u32, bool, Instant)> = Vec::new();
+                for (n, s) in steps.into_iter().enumerate() {
+                    match s {
+                        Step::Expect { i, ports, fatal } => {
+                            let ports: Vec<u32> = (0..3).filter(|b| ports & (1 << b) != 0).collect();
+                            let since = Instant::now();
+                            let handle = h
+                                .expect(inst(i), want(&ports), since, policy(fatal), OpId(n as u64 % 20))
+                                .await
+                                .unwrap();
+                            waits.push(Registered { instance: i, ports, since, handle });
+                        }
+                        Step::Deliver { i, port: p, failed } => {
+                            let status = if failed { EventStatus::Failed } else { EventStatus::Completed };
+                            delivered.push((i, p, !failed, Instant::now()));
+                            h.deliver(ev(inst(i), EventName::NetworkVifPlugged, port(p), status));
+                        }
+                        Step::Cancel { i, op } => {
+                            h.cancel(inst(i), OpId(op)).await.unwrap();
+                        }
+                        Step::Advance { secs } => {
+                            tokio::time::advance(Duration::from_secs(secs)).await;
+                            settle(&h).await;
+                        }
+                    }
+                }
+                tokio::time::advance(Duration::from_secs(11)).await;
+                settle(&h).await;
+                for mut w in waits {
+                    let r = (&mut w.handle).now_or_never();
+                    let Some(r) = r else { panic!("a wait never resolved") };
+                    if let Ok(out) = r {
+                        if out.waited && out.complete() {
+                            for p in &w.ports {
+                                assert!(
+                                    delivered.iter().any(|(i, q, ok, at)| *i == w.instance
+                                        && q == p && *ok && *at >= w.since),
+                                    "released without its event"
+                                );
+                            }
+                        }
+                    }
+                }
+                let s = settle(&h).await;
+                assert_eq!(s.waits_now, 0);
+                assert!(s.buffered_now <= 3 * EventConfig::default().buffer_per_instance as u64);
+                assert_eq!(s.instances_now, 3);
+            });
+        }
+    }
+}
