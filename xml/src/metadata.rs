@@ -1,5 +1,6 @@
 //! vireo's instance facts in the domain's `<metadata>`: instance uuid, flavor,
-//! `network_info` and the in-flight operation, so a restarted agent recovers from libvirt
+//! `network_info`, the in-flight operation and vireo's own record (lifecycle state, boot
+//! source, a resize waiting for confirm or revert), so a restarted agent recovers from libvirt
 //! alone.
 //!
 //! In a domain document the element is `<vireo:instance xmlns:vireo=NAMESPACE_URI>` with
@@ -15,6 +16,7 @@
 //!   </vireo:flavor>
 //!   <vireo:network_info>[…Nova network_info JSON…]</vireo:network_info>
 //!   <vireo:operation id="…" kind="resize" phase="…" started_at="1764000000000">{…}</vireo:operation>
+//!   <vireo:record>{"state": "running", "boot": {…}, "resize": null}</vireo:record>
 //! </vireo:instance>
 //! ```
 

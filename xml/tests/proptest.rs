@@ -194,8 +194,9 @@ fn metadata() -> impl Strategy<Value = VireoMetadata> {
         ),
         json(),
         option::of((text(), text(), text(), any::<u64>(), json())),
+        option::of(json()),
     )
-        .prop_map(|(instance_uuid, f, network_info, op)| VireoMetadata {
+        .prop_map(|(instance_uuid, f, network_info, op, record)| VireoMetadata {
             instance_uuid,
             flavor: Flavor {
                 name: f.0,
@@ -212,6 +213,7 @@ fn metadata() -> impl Strategy<Value = VireoMetadata> {
                 started_at,
                 data,
             }),
+            record,
         })
 }
 
