@@ -113,8 +113,8 @@ pub fn valid_transition(from: InstanceState, to: InstanceState) -> bool {
         (Paused, Paused | Running | Stopped | Suspended) => true,
         (Suspended, Suspended | Running | Stopped) => true,
         (Stopped, Stopped | Running) => true,
-        // Resize / cold migration, source side.
-        (Running | Stopped, ResizeSource) => true,
+        // Resize / cold migration, source side (same host: straight to the target state).
+        (Running | Stopped, ResizeSource | ResizeTarget) => true,
         (ResizeSource, Running | Stopped) => true,
         // Resize, destination side: confirm keeps the domain here.
         (ResizeTarget, Running | Stopped) => true,
@@ -151,14 +151,16 @@ pub enum Request {
     Suspend,
     /// Restore from disk.
     Resume,
-    /// Source: power off and hand over to the destination (resize / cold migrate).
-    ResizeOut,
+    /// Start a resize or cold migration on the source (same host: the whole resize).
+    Resize,
     /// Destination: create the resized instance here.
     FinishResize,
-    /// Source: the resize was confirmed, clean up here.
+    /// Destination (where the resized instance runs): confirm the resize.
     ConfirmResize,
-    /// Destination: the resize is reverted, remove the instance here.
-    RevertResizeTarget,
+    /// Source: the resize was confirmed, remove the old instance here.
+    ConfirmResizeSource,
+    /// Destination (where the resized instance runs): revert the resize.
+    RevertResize,
     /// Source: the resize is reverted, bring the instance back here.
     FinishRevertResize,
     /// Source: live-migrate to another host.
@@ -179,7 +181,7 @@ pub enum Request {
 
 impl Request {
     /// Every request.
-    pub const ALL: [Request; 22] = [
+    pub const ALL: [Request; 23] = [
         Request::Spawn,
         Request::Destroy,
         Request::PowerOff,
@@ -190,10 +192,11 @@ impl Request {
         Request::Unpause,
         Request::Suspend,
         Request::Resume,
-        Request::ResizeOut,
+        Request::Resize,
         Request::FinishResize,
         Request::ConfirmResize,
-        Request::RevertResizeTarget,
+        Request::ConfirmResizeSource,
+        Request::RevertResize,
         Request::FinishRevertResize,
         Request::LiveMigrate,
         Request::PreLiveMigration,
@@ -217,10 +220,11 @@ impl Request {
             Request::Unpause => "unpause",
             Request::Suspend => "suspend",
             Request::Resume => "resume",
-            Request::ResizeOut => "resize-out",
+            Request::Resize => "resize",
             Request::FinishResize => "finish-resize",
             Request::ConfirmResize => "confirm-resize",
-            Request::RevertResizeTarget => "revert-resize-target",
+            Request::ConfirmResizeSource => "confirm-resize-source",
+            Request::RevertResize => "revert-resize",
             Request::FinishRevertResize => "finish-revert-resize",
             Request::LiveMigrate => "live-migrate",
             Request::PreLiveMigration => "pre-live-migration",
@@ -243,10 +247,11 @@ impl Request {
             Request::Pause => &[Paused],
             Request::Unpause | Request::Resume => &[Running],
             Request::Suspend => &[Suspended],
-            Request::ResizeOut => &[ResizeSource],
+            Request::Resize => &[ResizeSource, ResizeTarget],
             Request::FinishResize => &[ResizeTarget],
-            Request::ConfirmResize | Request::RevertResizeTarget => &[Gone],
-            Request::FinishRevertResize => &[Running, Stopped],
+            Request::ConfirmResize | Request::FinishRevertResize => &[Running, Stopped],
+            Request::ConfirmResizeSource => &[Gone],
+            Request::RevertResize => &[Gone, Running, Stopped],
             Request::LiveMigrate => &[Gone],
             Request::PreLiveMigration => &[Incoming],
             Request::PostLiveMigrationAtDestination => &[Running, Paused],
@@ -283,9 +288,9 @@ pub fn accepts(state: InstanceState, request: Request) -> bool {
         Unpause => state == Paused,
         Suspend => matches!(state, Running | Paused),
         Resume => state == Suspended,
-        ResizeOut => matches!(state, Running | Stopped),
-        ConfirmResize | FinishRevertResize => state == ResizeSource,
-        RevertResizeTarget => state == ResizeTarget,
+        Resize => matches!(state, Running | Stopped),
+        ConfirmResizeSource | FinishRevertResize => state == ResizeSource,
+        ConfirmResize | RevertResize => state == ResizeTarget,
         LiveMigrate => matches!(state, Running | Paused),
         PostLiveMigrationAtDestination | RollbackLiveMigrationAtDestination => state == Incoming,
         AttachInterface | DetachInterface => matches!(state, Running | Paused | Stopped),
@@ -308,13 +313,14 @@ mod tests {
                 Paused,
                 Suspended,
                 ResizeSource,
+                ResizeTarget,
                 Migrating,
                 Error,
                 Gone,
             ],
             Paused => &[Paused, Running, Stopped, Suspended, Migrating, Error, Gone],
             Suspended => &[Suspended, Running, Stopped, Error, Gone],
-            Stopped => &[Stopped, Running, ResizeSource, Error, Gone],
+            Stopped => &[Stopped, Running, ResizeSource, ResizeTarget, Error, Gone],
             Migrating => &[Running, Paused, Error, Gone],
             Incoming => &[Running, Paused, Error, Gone],
             ResizeSource => &[Running, Stopped, Error, Gone],
@@ -363,7 +369,7 @@ mod tests {
         // Spot the rules an operator relies on.
         assert!(!accepts(Stopped, Request::Pause));
         assert!(!accepts(Building, Request::RebootHard));
-        assert!(!accepts(Migrating, Request::ResizeOut));
+        assert!(!accepts(Migrating, Request::Resize));
         assert!(!accepts(ResizeTarget, Request::LiveMigrate));
         assert!(!accepts(Running, Request::Spawn));
         assert!(accepts(Gone, Request::Destroy), "destroy is idempotent");
