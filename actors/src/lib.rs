@@ -10,6 +10,7 @@
 //! - [`predict`]: which VIF produces a bind-time, plug-time or no event for an operation.
 //! - [`events`]: the NetworkEventActor that holds waits and buffers early events.
 //! - [`vif_config`]: which libvirt device connects a VIF (Nova's libvirt VIF driver facts).
+//! - [`plug`]: the VIF plugging trait, its data types and the recording plugger of `test:///`.
 
 pub mod events;
 pub mod external;

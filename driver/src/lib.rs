@@ -3,6 +3,9 @@
 //! # Layout
 //! - [`network`]: the network service (Neutron REST client, embedded service).
 //! - [`cli`]: the `vireo` command line (`vireo events explain`).
+//! - [`plug`]: host VIF plugging (OVS, OVS hybrid, Linux bridge, SR-IOV) and the wiring
+//!   watcher.
 
 pub mod cli;
 pub mod network;
+pub mod plug;
