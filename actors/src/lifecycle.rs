@@ -177,11 +177,14 @@ pub enum Request {
     DetachInterface,
     /// Release networking after a failed build so the build can be rescheduled.
     CleanupForReschedule,
+    /// Finish or roll back an operation that was in flight when the agent stopped (internal:
+    /// issued by recovery at start-up, never by a caller).
+    Recover,
 }
 
 impl Request {
     /// Every request.
-    pub const ALL: [Request; 23] = [
+    pub const ALL: [Request; 24] = [
         Request::Spawn,
         Request::Destroy,
         Request::PowerOff,
@@ -205,6 +208,7 @@ impl Request {
         Request::AttachInterface,
         Request::DetachInterface,
         Request::CleanupForReschedule,
+        Request::Recover,
     ];
 
     /// The kebab-case name.
@@ -233,6 +237,7 @@ impl Request {
             Request::AttachInterface => "attach-interface",
             Request::DetachInterface => "detach-interface",
             Request::CleanupForReschedule => "cleanup-for-reschedule",
+            Request::Recover => "recover",
         }
     }
 
@@ -256,6 +261,8 @@ impl Request {
             Request::PreLiveMigration => &[Incoming],
             Request::PostLiveMigrationAtDestination => &[Running, Paused],
             Request::RollbackLiveMigrationAtDestination => &[Gone],
+            // Recovery ends wherever libvirt says the domain is (or rolled back to Gone).
+            Request::Recover => &[],
             Request::AttachInterface | Request::DetachInterface => match from {
                 Running => &[Running],
                 Paused => &[Paused],
@@ -292,8 +299,11 @@ pub fn accepts(state: InstanceState, request: Request) -> bool {
         ConfirmResizeSource | FinishRevertResize => state == ResizeSource,
         ConfirmResize | RevertResize => state == ResizeTarget,
         LiveMigrate => matches!(state, Running | Paused),
-        PostLiveMigrationAtDestination | RollbackLiveMigrationAtDestination => state == Incoming,
+        PostLiveMigrationAtDestination => state == Incoming,
+        // The destination may have lost its record (agent restart): roll back from Absent too.
+        RollbackLiveMigrationAtDestination => matches!(state, Absent | Incoming),
         AttachInterface | DetachInterface => matches!(state, Running | Paused | Stopped),
+        Recover => state.has_domain(),
     }
 }
 

@@ -40,7 +40,8 @@ pub const NAMESPACE_PREFIX: &str = "vireo";
 pub const ELEMENT: &str = "instance";
 
 /// The flavor the instance was built with.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Flavor {
     /// Flavor name.
     pub name: String,
@@ -51,6 +52,7 @@ pub struct Flavor {
     /// Root disk in GiB.
     pub root_gb: u64,
     /// Extra specs.
+    #[serde(default)]
     pub extra_specs: BTreeMap<String, String>,
 }
 

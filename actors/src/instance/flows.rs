@@ -338,18 +338,8 @@ pub(crate) async fn power_off(
 
 async fn remove_managed_save(op: &mut OpCtx) -> Result<(), InstanceError> {
     let lv = op.deps.libvirt.clone();
-    let uuid = op.uuid.to_string();
-    op.lv(
-        "managed-save-remove",
-        lv.call("managed-save-remove", move |conn| {
-            let d = virt::domain::Domain::lookup_by_uuid_string(conn, &uuid)?;
-            if d.has_managed_save(0)? {
-                d.managed_save_remove(0)?;
-            }
-            Ok(())
-        }),
-    )
-    .await
+    op.lv("managed-save-remove", lv.managed_save_remove(op.uuid))
+        .await
 }
 
 /// What state the domain is really in after a failed operation.
@@ -488,16 +478,7 @@ pub(crate) async fn pause(op: &mut OpCtx, record: InstanceRecord, pause: bool) -
 /// Save the guest to disk (managed save).
 pub(crate) async fn suspend(op: &mut OpCtx, record: InstanceRecord, from: InstanceState) -> Finished {
     let lv = op.deps.libvirt.clone();
-    let uuid = op.uuid.to_string();
-    let r = op
-        .lv(
-            "managed-save",
-            lv.call("managed-save", move |conn| {
-                let d = virt::domain::Domain::lookup_by_uuid_string(conn, &uuid)?;
-                d.managed_save(0)
-            }),
-        )
-        .await;
+    let r = op.lv("managed-save", lv.managed_save(op.uuid)).await;
     match r {
         Ok(()) => {
             let mut done = record.clone();
@@ -601,7 +582,7 @@ pub(crate) async fn resize(
     source.resize = Some(ResizeRecord {
         migration: migration.clone(),
         role: ResizeRole::Source,
-        old_flavor: (&record.flavor).into(),
+        old_flavor: record.flavor.clone(),
         was_running,
     });
     source.state = InstanceState::ResizeSource;
@@ -666,7 +647,7 @@ pub(crate) async fn finish_resize(op: &mut OpCtx, migration: Migration, h: Hando
     record.resize = Some(ResizeRecord {
         migration: migration.clone(),
         role: ResizeRole::Target,
-        old_flavor: (&h.old_flavor).into(),
+        old_flavor: h.old_flavor.clone(),
         was_running: h.power_on,
     });
     record.state = InstanceState::ResizeTarget;
@@ -932,7 +913,7 @@ async fn resize_same_host(
     target.resize = Some(ResizeRecord {
         migration: migration.clone(),
         role: ResizeRole::Target,
-        old_flavor: (&record.flavor).into(),
+        old_flavor: record.flavor.clone(),
         was_running,
     });
     target.state = InstanceState::ResizeTarget;
@@ -989,7 +970,7 @@ async fn resize_same_host(
 /// original guest (so every agent-served port reports at plug time).
 async fn revert_same_host(op: &mut OpCtx, record: InstanceRecord, resize: ResizeRecord) -> Finished {
     let mut back = record.clone();
-    back.flavor = (&resize.old_flavor).into();
+    back.flavor = resize.old_flavor.clone();
     back.resize = None;
     let r = async {
         let in_flight = op.in_flight("revert", json!({ "migration": resize.migration }));
@@ -1109,7 +1090,9 @@ pub(crate) async fn live_migrate(
                 .peer(
                     &dest,
                     "post-live-migration",
-                    InstanceRequest::PostLiveMigrationAtDestination,
+                    InstanceRequest::PostLiveMigrationAtDestination {
+                        migration: migration.clone(),
+                    },
                 )
                 .await;
             op.phase("clean up the source");
@@ -1522,5 +1505,66 @@ pub(crate) async fn detach_interface(
     match r {
         Ok(without) => Finished::ok(from, Some(without)),
         Err(e) => Finished::err(from, Some(record), e),
+    }
+}
+
+// ----------------------------------------------------------------------------------------
+// Recovery
+
+/// An operation was in flight when the agent stopped and has no dedicated recovery: a live
+/// migration the guest never left for is rolled back (network clean-up from here, the
+/// destination told to remove what it prepared); anything else is reconciled — the state is
+/// what libvirt says the domain is, and the in-flight marker is cleared.
+pub(crate) async fn recover(
+    op: &mut OpCtx,
+    record: InstanceRecord,
+    from: InstanceState,
+    interrupted: vireo_xml::metadata::InFlightOperation,
+) -> Finished {
+    op.phase("recover");
+    let mut failure = None;
+    if interrupted.kind == Request::LiveMigrate.as_str() {
+        match serde_json::from_value::<Migration>(interrupted.data["migration"].clone()) {
+            Ok(migration) => {
+                let h = handover(&record, &record.flavor, true);
+                if let Err(e) = rollback_live_migration(op, &record, &migration, h, true, true).await {
+                    failure = Some(e);
+                }
+            }
+            Err(e) => failure = Some(format!("interrupted live migration without its migration: {e}")),
+        }
+    }
+    let mut state = settle_state(op, from).await;
+    if state == InstanceState::Error {
+        // No domain: nothing of it is here any more.
+        state = InstanceState::Gone;
+    }
+    if record.resize.as_ref().map(|r| r.role) == Some(ResizeRole::Source)
+        && state == InstanceState::Stopped
+    {
+        // The stopped source of a handed-over resize waits for confirm or revert.
+        state = InstanceState::ResizeSource;
+    }
+    let mut done = record.clone();
+    done.state = state;
+    if state != InstanceState::Gone {
+        if let Err(e) = op.save(&done, None).await {
+            failure.get_or_insert(e.to_string());
+        }
+    }
+    match failure {
+        None => Finished::ok(state, (state != InstanceState::Gone).then_some(done)),
+        Some(f) => Finished::err(
+            InstanceState::Error,
+            Some(record),
+            InstanceError::RollbackFailed {
+                request: Request::Recover,
+                rollback: f,
+                cause: Box::new(InstanceError::Invalid(format!(
+                    "interrupted {} at {}",
+                    interrupted.kind, interrupted.phase
+                ))),
+            },
+        ),
     }
 }

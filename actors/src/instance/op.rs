@@ -212,7 +212,7 @@ impl OpCtx {
                 opts.vf_netdev = Some(dev);
             }
         }
-        let mut dev = interface_for(vif, vif_form(form), &opts).map_err(InstanceError::VifConfig)?;
+        let mut dev = interface_for(vif, form, &opts).map_err(InstanceError::VifConfig)?;
         if let DeviceConfig::Interface(i) = &mut dev {
             i.alias = Some(format!("{ALIAS_PREFIX}{}", vif.id));
         }
@@ -510,13 +510,6 @@ pub(crate) fn timing_label(t: Timing) -> &'static str {
         Timing::BindTime => "bind-time",
         Timing::PlugTime => "plug-time",
         Timing::None => "no",
-    }
-}
-
-fn vif_form(form: DomainForm) -> crate::vif_config::DomainForm {
-    match form {
-        DomainForm::LibvirtManaged => crate::vif_config::DomainForm::LibvirtManaged,
-        DomainForm::PreCreated => crate::vif_config::DomainForm::PreCreated,
     }
 }
 

@@ -33,6 +33,9 @@ pub enum RecordError {
     /// The domain has no vireo metadata.
     #[error("domain has no vireo metadata")]
     NoMetadata,
+    /// The domain name is not valid.
+    #[error("domain name")]
+    Name(#[from] vireo_xml::types::ValueError),
     /// A value is out of range.
     #[error("{0}")]
     Invalid(String),
@@ -83,49 +86,9 @@ pub struct ResizeRecord {
     /// This host's role.
     pub role: ResizeRole,
     /// The flavor before the resize.
-    pub old_flavor: FlavorRecord,
+    pub old_flavor: Flavor,
     /// The instance ran before the resize (and runs again after a revert).
     pub was_running: bool,
-}
-
-/// A flavor in the JSON record (the XML metadata holds the current one natively).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct FlavorRecord {
-    /// Name.
-    pub name: String,
-    /// vCPUs.
-    pub vcpus: u32,
-    /// RAM in MiB.
-    pub memory_mb: u64,
-    /// Root disk in GiB.
-    pub root_gb: u64,
-    /// Extra specs.
-    #[serde(default)]
-    pub extra_specs: std::collections::BTreeMap<String, String>,
-}
-
-impl From<&Flavor> for FlavorRecord {
-    fn from(f: &Flavor) -> Self {
-        FlavorRecord {
-            name: f.name.clone(),
-            vcpus: f.vcpus,
-            memory_mb: f.memory_mb,
-            root_gb: f.root_gb,
-            extra_specs: f.extra_specs.clone(),
-        }
-    }
-}
-
-impl From<&FlavorRecord> for Flavor {
-    fn from(f: &FlavorRecord) -> Self {
-        Flavor {
-            name: f.name.clone(),
-            vcpus: f.vcpus,
-            memory_mb: f.memory_mb,
-            root_gb: f.root_gb,
-            extra_specs: f.extra_specs.clone(),
-        }
-    }
 }
 
 /// The part of the record kept as JSON in `<vireo:record>`.
@@ -215,7 +178,7 @@ impl InstanceRecord {
         devices: Vec<DeviceConfig>,
         operation: Option<InFlightOperation>,
     ) -> Result<Domain, RecordError> {
-        let name = DomainName::new(self.name.clone()).map_err(XmlError::from)?;
+        let name = DomainName::new(self.name.clone())?;
         let mut d = Domain::new(name);
         d.domain_type = settings.domain_type;
         d.uuid = Some(self.uuid);

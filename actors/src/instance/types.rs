@@ -176,7 +176,10 @@ pub enum InstanceRequest {
         handover: Box<Handover>,
     },
     /// Destination: the migration succeeded, take over.
-    PostLiveMigrationAtDestination,
+    PostLiveMigrationAtDestination {
+        /// The migration.
+        migration: Migration,
+    },
     /// Destination: the migration failed; remove what was prepared.
     RollbackLiveMigrationAtDestination {
         /// The instance's network_info (the destination may have lost its own record).
@@ -192,6 +195,8 @@ pub enum InstanceRequest {
     DetachInterface(PortId),
     /// Release everything after a failed build so it can be rescheduled.
     CleanupForReschedule,
+    /// Finish or roll back an operation that was in flight when the agent stopped.
+    Recover(Box<vireo_xml::metadata::InFlightOperation>),
 }
 
 impl InstanceRequest {
@@ -216,7 +221,7 @@ impl InstanceRequest {
             InstanceRequest::FinishRevertResize => Request::FinishRevertResize,
             InstanceRequest::LiveMigrate(_) => Request::LiveMigrate,
             InstanceRequest::PreLiveMigration { .. } => Request::PreLiveMigration,
-            InstanceRequest::PostLiveMigrationAtDestination => {
+            InstanceRequest::PostLiveMigrationAtDestination { .. } => {
                 Request::PostLiveMigrationAtDestination
             }
             InstanceRequest::RollbackLiveMigrationAtDestination { .. } => {
@@ -225,6 +230,7 @@ impl InstanceRequest {
             InstanceRequest::AttachInterface(_) => Request::AttachInterface,
             InstanceRequest::DetachInterface(_) => Request::DetachInterface,
             InstanceRequest::CleanupForReschedule => Request::CleanupForReschedule,
+            InstanceRequest::Recover(_) => Request::Recover,
         }
     }
 }
