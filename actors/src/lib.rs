@@ -11,6 +11,7 @@
 //! - [`events`]: the NetworkEventActor that holds waits and buffers early events.
 //! - [`instance`]: one actor per instance: lifecycle, operations and their rollbacks.
 //! - [`host`]: the registry of instance actors, libvirt event routing, recovery at start-up.
+//! - [`runtime`]: the named thread the actors run on.
 //! - [`vif_config`]: which libvirt device connects a VIF (Nova's libvirt VIF driver facts).
 //! - [`plug`]: the VIF plugging trait, its data types and the recording plugger of `test:///`.
 
@@ -23,6 +24,7 @@ pub mod lifecycle;
 pub mod network;
 pub mod plug;
 pub mod predict;
+pub mod runtime;
 pub mod vif;
 pub mod vif_config;
 pub mod wiring;

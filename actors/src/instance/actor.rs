@@ -508,8 +508,16 @@ async fn dispatch(
     use InstanceRequest as R;
     match request {
         R::Spawn(args) => return flows::spawn(op, *args).await,
-        R::Destroy(args) => return flows::destroy(op, record, args).await,
+        R::Destroy(args) => {
+            if let Some(r) = &record {
+                op.use_record(r);
+            }
+            return flows::destroy(op, record, args).await;
+        }
         R::CleanupForReschedule => {
+            if let Some(r) = &record {
+                op.use_record(r);
+            }
             return flows::destroy(
                 op,
                 record,
@@ -539,6 +547,7 @@ async fn dispatch(
             result: Err(InstanceError::NotFound(op.uuid)),
         };
     };
+    op.use_record(&record);
     match request {
         R::PowerOff { timeout } => flows::power_off(op, record, from, timeout).await,
         R::PowerOn => flows::power_on(op, record, from).await,

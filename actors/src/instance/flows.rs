@@ -129,6 +129,7 @@ pub(crate) async fn spawn(op: &mut OpCtx, args: SpawnArgs) -> Finished {
         state: InstanceState::Building,
         resize: None,
     };
+    op.use_record(&record);
     let result = async {
         // The caller's network_info may be older than the ports: a port that is ACTIVE on
         // this host already has no transition left to report. Read after the operation
@@ -479,6 +480,9 @@ pub(crate) async fn pause(op: &mut OpCtx, record: InstanceRecord, pause: bool) -
 pub(crate) async fn suspend(op: &mut OpCtx, record: InstanceRecord, from: InstanceState) -> Finished {
     let lv = op.deps.libvirt.clone();
     let r = op.lv("managed-save", lv.managed_save(op.uuid)).await;
+    if r.is_ok() {
+        op.detached().await;
+    }
     match r {
         Ok(()) => {
             let mut done = record.clone();
@@ -651,6 +655,7 @@ pub(crate) async fn finish_resize(op: &mut OpCtx, migration: Migration, h: Hando
         was_running: h.power_on,
     });
     record.state = InstanceState::ResizeTarget;
+    op.use_record(&record);
     op.deps.events.track(op.uuid);
     let r = async {
         let prediction = predicted(
@@ -1263,6 +1268,7 @@ pub(crate) async fn pre_live_migration(op: &mut OpCtx, migration: Migration, h: 
         Err(e) => return Finished::err(InstanceState::Gone, None, e),
     };
     record.state = InstanceState::Incoming;
+    op.use_record(&record);
     let _ = migration;
     op.deps.events.track(op.uuid);
     op.phase("plug");
@@ -1346,6 +1352,7 @@ pub(crate) async fn rollback_at_destination(
         Ok(r) => r,
         Err(e) => return Finished::err(InstanceState::Error, None, e),
     };
+    op.use_record(&record);
     // vireo keeps no instance directory or disks of its own: the flags only decide whether
     // an incoming domain definition is removed (it always is when it exists and is not the
     // running guest).
@@ -1421,6 +1428,9 @@ pub(crate) async fn attach_interface(
         op.lv("attach device", lv.attach_device(op.uuid, xml, affect)).await?;
         attached = true;
         if live {
+            op.deps.plugger.devices_attached(&[vif.id]).await;
+        }
+        if live {
             op.phase("wait for events");
             op.wait(bind).await?;
             op.wait(plug).await?;
@@ -1468,7 +1478,10 @@ async fn detach(op: &mut OpCtx, vif: &Vif, live: bool) -> Result<(), InstanceErr
         | Err(InstanceError::Libvirt {
             source: crate::libvirt::LibvirtError::NoDevice { .. },
             ..
-        }) => Ok(()),
+        }) => {
+            op.deps.plugger.devices_detached(&[vif.id]).await;
+            Ok(())
+        }
         Err(e) => Err(e),
     }
 }

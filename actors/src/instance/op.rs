@@ -16,7 +16,7 @@ use crate::libvirt::{Affect, DomainState, LibvirtError, Metadata};
 use crate::network::NetworkError;
 use crate::plug::{static_attachment, Attachment, DomainForm, PlugContext, PlugKind};
 use crate::predict::{ExpectedEvent, Timing};
-use crate::vif::Vif;
+use crate::vif::{PortId, Vif};
 use crate::vif_config::{interface_for, DeviceConfig, InterfaceOptions};
 
 use super::deps::HostDeps;
@@ -66,6 +66,8 @@ pub(crate) struct OpCtx {
     started_unix_ms: u64,
     pub live: Arc<Mutex<LiveProgress>>,
     pub report: OpReport,
+    /// The ports whose libvirt-made devices come and go with the domain.
+    devices: Vec<PortId>,
 }
 
 impl OpCtx {
@@ -94,7 +96,22 @@ impl OpCtx {
                 request: request.as_str().to_owned(),
                 ..OpReport::default()
             },
+            devices: Vec::new(),
         }
+    }
+
+    /// The instance's VIFs are these (for the plugger's device hooks).
+    pub fn use_record(&mut self, record: &InstanceRecord) {
+        self.devices = record.network_info.vifs.iter().map(|v| v.id).collect();
+    }
+
+    async fn attached(&self) {
+        self.deps.plugger.devices_attached(&self.devices).await;
+    }
+
+    /// libvirt removed the devices of the domain (it stopped).
+    pub async fn detached(&self) {
+        self.deps.plugger.devices_detached(&self.devices).await;
     }
 
     /// Finish the report.
@@ -332,17 +349,19 @@ impl OpCtx {
         let lv = self.deps.libvirt.clone();
         let uuid = self.uuid;
         match self.lv("start-paused", lv.start(uuid, true)).await {
-            Ok(()) => Ok(Started::Paused),
+            Ok(()) => {}
             Err(InstanceError::Libvirt {
                 source: LibvirtError::Unsupported { .. },
                 ..
             }) => {
                 self.lv("start", lv.start(uuid, false)).await?;
+                self.attached().await;
                 self.lv("suspend", lv.suspend(uuid)).await?;
-                Ok(Started::Paused)
             }
-            Err(e) => Err(e),
+            Err(e) => return Err(e),
         }
+        self.attached().await;
+        Ok(Started::Paused)
     }
 
     /// Resume a paused domain.
@@ -371,7 +390,7 @@ impl OpCtx {
             _ => {}
         }
         let lv = self.deps.libvirt.clone();
-        match self.lv("destroy", lv.destroy(self.uuid)).await {
+        let r = match self.lv("destroy", lv.destroy(self.uuid)).await {
             Ok(()) => Ok(()),
             Err(e) => {
                 // It may have stopped by itself in between.
@@ -380,7 +399,11 @@ impl OpCtx {
                     _ => Err(e),
                 }
             }
+        };
+        if r.is_ok() {
+            self.detached().await;
         }
+        r
     }
 
     /// Undefine the domain; nothing to do when it is gone.
@@ -409,6 +432,7 @@ impl OpCtx {
             let poll = self.deps.config.power_off_poll;
             loop {
                 if matches!(self.power().await?, PowerState::Shutoff | PowerState::NoDomain) {
+                    self.detached().await;
                     return Ok(());
                 }
                 if tokio::time::Instant::now() >= deadline {
