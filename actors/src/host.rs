@@ -163,9 +163,11 @@ impl Actor for HostActor {
 
     fn started(&mut self, ctx: &mut Self::Context) {
         let events = self.deps.libvirt.events();
-        let stream = futures::stream::unfold(events, |mut ev| async move {
-            ev.recv().await.map(|e| (e, ev))
-        });
+        let stream =
+            futures::stream::unfold(
+                events,
+                |mut ev| async move { ev.recv().await.map(|e| (e, ev)) },
+            );
         ctx.add_stream(stream.boxed_local());
     }
 }
@@ -221,7 +223,10 @@ impl Handler<ShowInstance> for HostActor {
         let addr = self.instances.get(&uuid).cloned();
         Box::pin(async move {
             match addr {
-                Some(a) => a.send(Show).await.map_err(|_| InstanceError::NotFound(uuid)),
+                Some(a) => a
+                    .send(Show)
+                    .await
+                    .map_err(|_| InstanceError::NotFound(uuid)),
                 None => Err(InstanceError::NotFound(uuid)),
             }
         })
@@ -304,7 +309,10 @@ impl Handler<Recover> for HostActor {
                 if known.contains(&d.uuid) {
                     continue;
                 }
-                let meta = match lv.get_metadata(d.uuid, NAMESPACE_URI, crate::libvirt::Affect::Current).await {
+                let meta = match lv
+                    .get_metadata(d.uuid, NAMESPACE_URI, crate::libvirt::Affect::Current)
+                    .await
+                {
                     Ok(Some(xml)) => xml,
                     Ok(None) | Err(_) => {
                         foreign += 1;
@@ -381,7 +389,11 @@ pub struct HostHandle {
 
 impl HostHandle {
     /// Wrap a host actor's address.
-    pub fn new(addr: Addr<HostActor>, name: impl Into<String>, migration_uri: Option<String>) -> Self {
+    pub fn new(
+        addr: Addr<HostActor>,
+        name: impl Into<String>,
+        migration_uri: Option<String>,
+    ) -> Self {
         HostHandle {
             addr,
             name: name.into(),
@@ -395,7 +407,11 @@ impl HostHandle {
     }
 
     /// Run a request on an instance.
-    pub async fn run(&self, uuid: Uuid, request: InstanceRequest) -> Result<InstanceReply, InstanceError> {
+    pub async fn run(
+        &self,
+        uuid: Uuid,
+        request: InstanceRequest,
+    ) -> Result<InstanceReply, InstanceError> {
         self.addr
             .send(Route { uuid, request })
             .await

@@ -738,8 +738,16 @@ struct RecordingState {
 fn libvirt_made(p: &Plugged) -> bool {
     matches!(
         (p.kind, &p.attachment),
-        (PlugKind::OvsNative | PlugKind::LinuxBridge, Attachment::Bridge { .. })
-            | (PlugKind::Tap, Attachment::Ethernet { precreated: false, .. })
+        (
+            PlugKind::OvsNative | PlugKind::LinuxBridge,
+            Attachment::Bridge { .. }
+        ) | (
+            PlugKind::Tap,
+            Attachment::Ethernet {
+                precreated: false,
+                ..
+            }
+        )
     )
 }
 

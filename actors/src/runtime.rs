@@ -68,13 +68,18 @@ impl ActorSystem {
 
     /// Start a network-event actor.
     pub fn start_events(&self, cfg: EventConfig) -> EventsHandle {
-        EventsHandle::from_addr(NetworkEventActor::start_in_arbiter(&self.arbiter, move |_| {
-            NetworkEventActor::new(cfg)
-        }))
+        EventsHandle::from_addr(NetworkEventActor::start_in_arbiter(
+            &self.arbiter,
+            move |_| NetworkEventActor::new(cfg),
+        ))
     }
 
     /// Start a host actor.
-    pub fn start_host(&self, deps: std::sync::Arc<HostDeps>, migration_uri: Option<String>) -> HostHandle {
+    pub fn start_host(
+        &self,
+        deps: std::sync::Arc<HostDeps>,
+        migration_uri: Option<String>,
+    ) -> HostHandle {
         let name = deps.host.clone();
         let addr = HostActor::start_in_arbiter(&self.arbiter, move |_| HostActor::new(deps));
         HostHandle::new(addr, name, migration_uri)

@@ -103,8 +103,7 @@ pub trait ComputeDriver: Send + Sync + std::fmt::Debug {
     async fn attach_interface(&self, uuid: Uuid, vif: Vif) -> Result<OpReport, InstanceError>;
 
     /// Hot-unplug an interface.
-    async fn detach_interface(&self, uuid: Uuid, port: PortId)
-        -> Result<OpReport, InstanceError>;
+    async fn detach_interface(&self, uuid: Uuid, port: PortId) -> Result<OpReport, InstanceError>;
 
     /// Remove a failed build's remains and release its networking so it can be rescheduled.
     async fn cleanup_for_reschedule(&self, uuid: Uuid) -> Result<OpReport, InstanceError>;
@@ -209,7 +208,9 @@ pub async fn load_driver(
     config: &DriverConfig,
 ) -> Result<Box<dyn ComputeDriver>, DriverError> {
     match name {
-        "libvirt" => Ok(Box::new(LibvirtDriver::builder(config.clone()).build().await?)),
+        "libvirt" => Ok(Box::new(
+            LibvirtDriver::builder(config.clone()).build().await?,
+        )),
         other => Err(DriverError::UnknownDriver(other.to_owned())),
     }
 }
@@ -278,7 +279,10 @@ impl DriverBuilder {
         } = self;
         let (system, owns_system) = match system {
             Some(s) => (s, false),
-            None => (Arc::new(ActorSystem::start().map_err(DriverError::Runtime)?), true),
+            None => (
+                Arc::new(ActorSystem::start().map_err(DriverError::Runtime)?),
+                true,
+            ),
         };
         let (events, owns_events) = match events {
             Some(e) => (e, false),
@@ -346,7 +350,7 @@ impl DriverBuilder {
 }
 
 /// Run `f` on the actor thread (where background tasks it spawns live on).
-async fn on_actor_thread<T: Send + 'static>(
+pub(crate) async fn on_actor_thread<T: Send + 'static>(
     system: &ActorSystem,
     f: impl FnOnce() -> T + Send + 'static,
 ) -> Result<T, DriverError> {
@@ -512,18 +516,16 @@ impl ComputeDriver for LibvirtDriver {
         uuid: Uuid,
         args: LiveMigrateArgs,
     ) -> Result<OpReport, InstanceError> {
-        self.op(uuid, InstanceRequest::LiveMigrate(Box::new(args))).await
+        self.op(uuid, InstanceRequest::LiveMigrate(Box::new(args)))
+            .await
     }
 
     async fn attach_interface(&self, uuid: Uuid, vif: Vif) -> Result<OpReport, InstanceError> {
-        self.op(uuid, InstanceRequest::AttachInterface(Box::new(vif))).await
+        self.op(uuid, InstanceRequest::AttachInterface(Box::new(vif)))
+            .await
     }
 
-    async fn detach_interface(
-        &self,
-        uuid: Uuid,
-        port: PortId,
-    ) -> Result<OpReport, InstanceError> {
+    async fn detach_interface(&self, uuid: Uuid, port: PortId) -> Result<OpReport, InstanceError> {
         self.op(uuid, InstanceRequest::DetachInterface(port)).await
     }
 

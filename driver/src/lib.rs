@@ -3,6 +3,8 @@
 //! # Layout
 //! - [`compute`]: the [`compute::ComputeDriver`] API a compute agent loads, and
 //!   [`compute::load_driver`].
+//! - [`local`]: the embedded default: hosts on libvirt's test driver sharing the embedded
+//!   network service (the demo and the `test:///` tier).
 //! - [`network`]: the network service (Neutron REST client, embedded service).
 //! - [`cli`]: the `vireo` command line (`vireo events explain`).
 //! - [`plug`]: host VIF plugging (OVS, OVS hybrid, Linux bridge, SR-IOV) and the wiring
@@ -10,5 +12,6 @@
 
 pub mod cli;
 pub mod compute;
+pub mod local;
 pub mod network;
 pub mod plug;

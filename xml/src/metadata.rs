@@ -260,10 +260,12 @@ impl VireoMetadata {
         };
         let record = match i.record {
             None => None,
-            Some(text) => Some(serde_json::from_str(&text).map_err(|source| XmlError::Json {
-                field: "record",
-                source,
-            })?),
+            Some(text) => Some(
+                serde_json::from_str(&text).map_err(|source| XmlError::Json {
+                    field: "record",
+                    source,
+                })?,
+            ),
         };
         Ok(VireoMetadata {
             instance_uuid: parse::uuid(&uuid, || "instance/uuid".to_owned())?,

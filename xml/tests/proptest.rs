@@ -196,25 +196,27 @@ fn metadata() -> impl Strategy<Value = VireoMetadata> {
         option::of((text(), text(), text(), any::<u64>(), json())),
         option::of(json()),
     )
-        .prop_map(|(instance_uuid, f, network_info, op, record)| VireoMetadata {
-            instance_uuid,
-            flavor: Flavor {
-                name: f.0,
-                vcpus: f.1,
-                memory_mb: f.2,
-                root_gb: f.3,
-                extra_specs: f.4,
+        .prop_map(
+            |(instance_uuid, f, network_info, op, record)| VireoMetadata {
+                instance_uuid,
+                flavor: Flavor {
+                    name: f.0,
+                    vcpus: f.1,
+                    memory_mb: f.2,
+                    root_gb: f.3,
+                    extra_specs: f.4,
+                },
+                network_info,
+                operation: op.map(|(id, kind, phase, started_at, data)| InFlightOperation {
+                    id,
+                    kind,
+                    phase,
+                    started_at,
+                    data,
+                }),
+                record,
             },
-            network_info,
-            operation: op.map(|(id, kind, phase, started_at, data)| InFlightOperation {
-                id,
-                kind,
-                phase,
-                started_at,
-                data,
-            }),
-            record,
-        })
+        )
 }
 
 fn disk() -> impl Strategy<Value = Disk> {

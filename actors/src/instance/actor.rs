@@ -24,8 +24,8 @@ use super::flows::{self, Finished};
 use super::op::{power_of, LiveProgress, OpCtx};
 use super::record::{InstanceRecord, ResizeRole};
 use super::types::{
-    DestroyArgs, InstanceError, InstanceReply, InstanceRequest, InstanceView, OpReport,
-    PowerState, Progress, RebootKind, VifView,
+    DestroyArgs, InstanceError, InstanceReply, InstanceRequest, InstanceView, OpReport, PowerState,
+    Progress, RebootKind, VifView,
 };
 
 /// Run a request on the instance.
@@ -159,7 +159,11 @@ impl InstanceActor {
         }
     }
 
-    fn start(&mut self, request: InstanceRequest, ctx: &mut Context<Self>) -> ResponseActFuture<Self, Reply> {
+    fn start(
+        &mut self,
+        request: InstanceRequest,
+        ctx: &mut Context<Self>,
+    ) -> ResponseActFuture<Self, Reply> {
         let kind = request.kind();
         let op_id = OpId(self.op_ids.fetch_add(1, Ordering::Relaxed) + 1);
         let live = Arc::new(Mutex::new(LiveProgress::default()));
@@ -173,7 +177,8 @@ impl InstanceActor {
         self.state = self.transient(kind);
         let record = self.record.clone();
         let mut op = OpCtx::new(self.deps.clone(), self.uuid, op_id, kind, live);
-        let span = tracing::info_span!("op", instance = %self.uuid, op = op_id.0, request = kind.as_str());
+        let span =
+            tracing::info_span!("op", instance = %self.uuid, op = op_id.0, request = kind.as_str());
         let _ = ctx;
         let fut = async move {
             info!("started");
@@ -185,10 +190,19 @@ impl InstanceActor {
             (fin, op.into_report())
         }
         .instrument(span);
-        Box::pin(fut.into_actor(self).map(move |(fin, report), act, ctx| act.finish(from, fin, report, ctx)))
+        Box::pin(
+            fut.into_actor(self)
+                .map(move |(fin, report), act, ctx| act.finish(from, fin, report, ctx)),
+        )
     }
 
-    fn finish(&mut self, from: InstanceState, fin: Finished, report: OpReport, ctx: &mut Context<Self>) -> Reply {
+    fn finish(
+        &mut self,
+        from: InstanceState,
+        fin: Finished,
+        report: OpReport,
+        ctx: &mut Context<Self>,
+    ) -> Reply {
         if fin.state != from && !valid_transition(from, fin.state) {
             // A flow returned a state the lifecycle does not allow: a bug, logged loudly.
             warn!(instance = %self.uuid, %from, to = %fin.state, "unexpected lifecycle transition");
@@ -368,7 +382,8 @@ impl Handler<Run> for InstanceActor {
                     let _ = events.cancel(uuid, op_id).await;
                 });
                 return Box::pin(
-                    async move { rx.await.unwrap_or(Err(InstanceError::Unavailable)) }.into_actor(self),
+                    async move { rx.await.unwrap_or(Err(InstanceError::Unavailable)) }
+                        .into_actor(self),
                 );
             }
             if matches!(self.state, InstanceState::Absent | InstanceState::Gone)
@@ -410,7 +425,9 @@ impl Handler<DomainEvent> for InstanceActor {
         match msg.event {
             // A stop may be the first half of a reboot: look again a little later.
             LifecycleEvent::Stopped | LifecycleEvent::Shutdown | LifecycleEvent::Crashed => {
-                ctx.run_later(self.deps.config.lifecycle_debounce, |act, ctx| act.reconcile(ctx));
+                ctx.run_later(self.deps.config.lifecycle_debounce, |act, ctx| {
+                    act.reconcile(ctx)
+                });
             }
             _ => self.reconcile(ctx),
         }
@@ -525,14 +542,16 @@ async fn dispatch(
                     deallocate_network: true,
                 },
             )
-            .await
+            .await;
         }
-        R::FinishResize { migration, handover } => {
-            return flows::finish_resize(op, migration, *handover).await
-        }
-        R::PreLiveMigration { migration, handover } => {
-            return flows::pre_live_migration(op, migration, *handover).await
-        }
+        R::FinishResize {
+            migration,
+            handover,
+        } => return flows::finish_resize(op, migration, *handover).await,
+        R::PreLiveMigration {
+            migration,
+            handover,
+        } => return flows::pre_live_migration(op, migration, *handover).await,
         R::RollbackLiveMigrationAtDestination {
             handover,
             do_cleanup,

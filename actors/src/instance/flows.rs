@@ -13,7 +13,9 @@ use tracing::{info, warn};
 
 use crate::events::WaitPolicy;
 use crate::lifecycle::{InstanceState, Request};
-use crate::network::{NetworkError, NewBinding, PortStatus, PortUpdate, MIGRATING_TO, MigrationHosts};
+use crate::network::{
+    MigrationHosts, NetworkError, NewBinding, PortStatus, PortUpdate, MIGRATING_TO,
+};
 use crate::predict::{predict, ExpectedEvent, Operation, Prediction, Timing};
 use crate::vif::{NetworkInfo, PortId, Vif};
 
@@ -59,11 +61,7 @@ impl Finished {
     }
 }
 
-fn predicted(
-    op: &OpCtx,
-    operation: &Operation,
-    vifs: &[Vif],
-) -> Result<Prediction, InstanceError> {
+fn predicted(op: &OpCtx, operation: &Operation, vifs: &[Vif]) -> Result<Prediction, InstanceError> {
     predict(operation, vifs, &op.deps.config.wiring()).map_err(InstanceError::Predict)
 }
 
@@ -100,7 +98,10 @@ pub(crate) async fn spawn(op: &mut OpCtx, args: SpawnArgs) -> Finished {
         NetworkRequest::Allocate(requests) => {
             let net = op.deps.network.clone();
             match op
-                .net("allocate", net.allocate_for_instance(op.uuid, &host, &requests))
+                .net(
+                    "allocate",
+                    net.allocate_for_instance(op.uuid, &host, &requests),
+                )
                 .await
             {
                 Ok(ni) => ni,
@@ -387,7 +388,11 @@ async fn boot_with_events(
 }
 
 /// Start a stopped (or errored) instance.
-pub(crate) async fn power_on(op: &mut OpCtx, record: InstanceRecord, from: InstanceState) -> Finished {
+pub(crate) async fn power_on(
+    op: &mut OpCtx,
+    record: InstanceRecord,
+    from: InstanceState,
+) -> Finished {
     let r = async {
         let in_flight = op.in_flight("start", json!({}));
         op.save(&record, Some(in_flight)).await?;
@@ -463,9 +468,17 @@ pub(crate) async fn pause(op: &mut OpCtx, record: InstanceRecord, pause: bool) -
     let lv = op.deps.libvirt.clone();
     let uuid = op.uuid;
     let (r, ok_state, from) = if pause {
-        (op.lv("suspend", lv.suspend(uuid)).await, InstanceState::Paused, InstanceState::Running)
+        (
+            op.lv("suspend", lv.suspend(uuid)).await,
+            InstanceState::Paused,
+            InstanceState::Running,
+        )
     } else {
-        (op.lv("resume", lv.resume(uuid)).await, InstanceState::Running, InstanceState::Paused)
+        (
+            op.lv("resume", lv.resume(uuid)).await,
+            InstanceState::Running,
+            InstanceState::Paused,
+        )
     };
     match r {
         Ok(()) => Finished::ok(ok_state, Some(record)),
@@ -477,7 +490,11 @@ pub(crate) async fn pause(op: &mut OpCtx, record: InstanceRecord, pause: bool) -
 }
 
 /// Save the guest to disk (managed save).
-pub(crate) async fn suspend(op: &mut OpCtx, record: InstanceRecord, from: InstanceState) -> Finished {
+pub(crate) async fn suspend(
+    op: &mut OpCtx,
+    record: InstanceRecord,
+    from: InstanceState,
+) -> Finished {
     let lv = op.deps.libvirt.clone();
     let r = op.lv("managed-save", lv.managed_save(op.uuid)).await;
     if r.is_ok() {
@@ -530,7 +547,11 @@ pub(crate) async fn resume(op: &mut OpCtx, record: InstanceRecord) -> Finished {
 // ----------------------------------------------------------------------------------------
 // Resize
 
-fn handover(record: &InstanceRecord, flavor: &vireo_xml::metadata::Flavor, power_on: bool) -> Handover {
+fn handover(
+    record: &InstanceRecord,
+    flavor: &vireo_xml::metadata::Flavor,
+    power_on: bool,
+) -> Handover {
     Handover {
         name: record.name.clone(),
         flavor: flavor.clone(),
@@ -719,7 +740,8 @@ async fn bind_ports_here(op: &mut OpCtx, ni: &NetworkInfo) -> Result<Vec<PortId>
             host_id: Some(host.clone()),
             ..PortUpdate::default()
         };
-        op.net("bind port", net.update_port(vif.id, &update)).await?;
+        op.net("bind port", net.update_port(vif.id, &update))
+            .await?;
         moved.push(vif.id);
     }
     Ok(moved)
@@ -929,8 +951,13 @@ async fn resize_same_host(
         op.shutdown_domain(op.deps.config.power_off_timeout).await?;
         op.phase("redefine");
         op.define(&target, Some(in_flight)).await?;
-        boot_with_events(op, &target, Operation::FinishResize { same_host: true }, was_running)
-            .await?;
+        boot_with_events(
+            op,
+            &target,
+            Operation::FinishResize { same_host: true },
+            was_running,
+        )
+        .await?;
         op.save(&target, None).await
     }
     .await;
@@ -943,7 +970,8 @@ async fn resize_same_host(
                 op.destroy_domain().await?;
                 op.define(&record, None).await?;
                 if was_running {
-                    op.lv("start", op.deps.libvirt.clone().start(op.uuid, false)).await?;
+                    op.lv("start", op.deps.libvirt.clone().start(op.uuid, false))
+                        .await?;
                 }
                 Ok::<_, InstanceError>(())
             }
@@ -973,7 +1001,11 @@ async fn resize_same_host(
 
 /// Same-host revert: the resized guest's VIFs are unplugged and plugged again for the
 /// original guest (so every agent-served port reports at plug time).
-async fn revert_same_host(op: &mut OpCtx, record: InstanceRecord, resize: ResizeRecord) -> Finished {
+async fn revert_same_host(
+    op: &mut OpCtx,
+    record: InstanceRecord,
+    resize: ResizeRecord,
+) -> Finished {
     let mut back = record.clone();
     back.flavor = resize.old_flavor.clone();
     back.resize = None;
@@ -1040,9 +1072,9 @@ pub(crate) async fn live_migrate(
     let migrated = async {
         op.save(&record, Some(in_flight)).await?;
         let peer = op.deps.peers.get(&dest)?;
-        let uri = peer
-            .migration_uri()
-            .ok_or_else(|| InstanceError::Invalid(format!("host {dest} takes no live migrations")))?;
+        let uri = peer.migration_uri().ok_or_else(|| {
+            InstanceError::Invalid(format!("host {dest} takes no live migrations"))
+        })?;
         op.phase("destination bindings");
         let net = op.deps.network.clone();
         for vif in &record.network_info.vifs {
@@ -1051,7 +1083,10 @@ pub(crate) async fn live_migrate(
                 vnic_type: Some(vif.vnic_type),
                 profile: None,
             };
-            match op.net("create binding", net.create_binding(vif.id, &binding)).await {
+            match op
+                .net("create binding", net.create_binding(vif.id, &binding))
+                .await
+            {
                 Ok(_) => {}
                 Err(InstanceError::Network {
                     source: NetworkError::BindingExists { .. },
@@ -1081,7 +1116,12 @@ pub(crate) async fn live_migrate(
             | virt::sys::VIR_MIGRATE_UNDEFINE_SOURCE;
         op.lv(
             "migrate",
-            lv.migrate(op.uuid, uri, flags, crate::libvirt::MigrateParameters::default()),
+            lv.migrate(
+                op.uuid,
+                uri,
+                flags,
+                crate::libvirt::MigrateParameters::default(),
+            ),
         )
         .await?;
         Ok::<_, InstanceError>(())
@@ -1105,7 +1145,9 @@ pub(crate) async fn live_migrate(
             let net = op.deps.network.clone();
             let host = op.deps.host.clone();
             for vif in &record.network_info.vifs {
-                let _ = op.net("delete source binding", net.delete_binding(vif.id, &host)).await;
+                let _ = op
+                    .net("delete source binding", net.delete_binding(vif.id, &host))
+                    .await;
             }
             let _ = op.undefine_domain().await;
             op.deps.events.forget(op.uuid);
@@ -1118,7 +1160,9 @@ pub(crate) async fn live_migrate(
             warn!(instance = %op.uuid, error = %cause, "live migration failed; rolling back");
             op.cancel_waits().await;
             let (do_cleanup, destroy_disks) = args.cleanup_flags();
-            let rollback = rollback_live_migration(op, &record, &migration, h, do_cleanup, destroy_disks).await;
+            let rollback =
+                rollback_live_migration(op, &record, &migration, h, do_cleanup, destroy_disks)
+                    .await;
             let state = settle_state(op, from).await;
             let state = if matches!(state, InstanceState::Running | InstanceState::Paused) {
                 state
@@ -1262,7 +1306,11 @@ async fn update_profiles(
 }
 
 /// Destination: pre-wire the devices so the guest has its network the moment it arrives.
-pub(crate) async fn pre_live_migration(op: &mut OpCtx, migration: Migration, h: Handover) -> Finished {
+pub(crate) async fn pre_live_migration(
+    op: &mut OpCtx,
+    migration: Migration,
+    h: Handover,
+) -> Finished {
     let mut record = match record_from_handover(op, &h) {
         Ok(r) => r,
         Err(e) => return Finished::err(InstanceState::Gone, None, e),
@@ -1282,7 +1330,11 @@ pub(crate) async fn pre_live_migration(op: &mut OpCtx, migration: Migration, h: 
 }
 
 /// Destination: the guest arrived; activate the bindings here and await the events.
-pub(crate) async fn post_live_migration(op: &mut OpCtx, record: InstanceRecord, source: String) -> Finished {
+pub(crate) async fn post_live_migration(
+    op: &mut OpCtx,
+    record: InstanceRecord,
+    source: String,
+) -> Finished {
     let r = async {
         let prediction = predicted(
             op,
@@ -1303,7 +1355,10 @@ pub(crate) async fn post_live_migration(op: &mut OpCtx, record: InstanceRecord, 
         let net = op.deps.network.clone();
         let host = op.deps.host.clone();
         for vif in &record.network_info.vifs {
-            match op.net("activate binding", net.activate_binding(vif.id, &host)).await {
+            match op
+                .net("activate binding", net.activate_binding(vif.id, &host))
+                .await
+            {
                 Ok(_) => {}
                 Err(InstanceError::Network {
                     source: NetworkError::BindingAlreadyActive { .. },
@@ -1387,7 +1442,11 @@ pub(crate) async fn attach_interface(
     vif: Vif,
 ) -> Finished {
     if record.network_info.get(&vif.id).is_some()
-        || record.network_info.vifs.iter().any(|v| v.address == vif.address)
+        || record
+            .network_info
+            .vifs
+            .iter()
+            .any(|v| v.address == vif.address)
     {
         return Finished::err(
             from,
@@ -1425,7 +1484,8 @@ pub(crate) async fn attach_interface(
         } else {
             crate::libvirt::Affect::Config
         };
-        op.lv("attach device", lv.attach_device(op.uuid, xml, affect)).await?;
+        op.lv("attach device", lv.attach_device(op.uuid, xml, affect))
+            .await?;
         attached = true;
         if live {
             op.deps.plugger.devices_attached(&[vif.id]).await;
@@ -1471,7 +1531,10 @@ async fn detach(op: &mut OpCtx, vif: &Vif, live: bool) -> Result<(), InstanceErr
         crate::libvirt::Affect::Config
     };
     match op
-        .lv("detach device", lv.detach_device_alias(op.uuid, alias, affect))
+        .lv(
+            "detach device",
+            lv.detach_device_alias(op.uuid, alias, affect),
+        )
         .await
     {
         Ok(())
@@ -1540,11 +1603,17 @@ pub(crate) async fn recover(
         match serde_json::from_value::<Migration>(interrupted.data["migration"].clone()) {
             Ok(migration) => {
                 let h = handover(&record, &record.flavor, true);
-                if let Err(e) = rollback_live_migration(op, &record, &migration, h, true, true).await {
+                if let Err(e) =
+                    rollback_live_migration(op, &record, &migration, h, true, true).await
+                {
                     failure = Some(e);
                 }
             }
-            Err(e) => failure = Some(format!("interrupted live migration without its migration: {e}")),
+            Err(e) => {
+                failure = Some(format!(
+                    "interrupted live migration without its migration: {e}"
+                ))
+            }
         }
     }
     let mut state = settle_state(op, from).await;

@@ -11,8 +11,8 @@ use uuid::Uuid;
 use vireo_xml::metadata::InFlightOperation;
 
 use crate::events::{OpId, WaitHandle, WaitOutcome, WaitPolicy};
-use crate::lifecycle::Request;
 use crate::libvirt::{Affect, DomainState, LibvirtError, Metadata};
+use crate::lifecycle::Request;
 use crate::network::NetworkError;
 use crate::plug::{static_attachment, Attachment, DomainForm, PlugContext, PlugKind};
 use crate::predict::{ExpectedEvent, Timing};
@@ -22,8 +22,7 @@ use crate::vif_config::{interface_for, DeviceConfig, InterfaceOptions};
 use super::deps::HostDeps;
 use super::record::InstanceRecord;
 use super::types::{
-    InstanceError, InstanceReply, InstanceRequest, OpReport, PowerState, Step, StepKind,
-    WaitReport,
+    InstanceError, InstanceReply, InstanceRequest, OpReport, PowerState, Step, StepKind, WaitReport,
 };
 
 /// What `show` sees of a running operation.
@@ -185,7 +184,12 @@ impl OpCtx {
             Ok(peer) => peer.request(self.uuid, request).await,
             Err(e) => Err(e),
         };
-        self.step(format!("{step} on {host}"), StepKind::Peer, start, r.is_err());
+        self.step(
+            format!("{step} on {host}"),
+            StepKind::Peer,
+            start,
+            r.is_err(),
+        );
         r.map_err(|e| InstanceError::Peer {
             host: host.to_owned(),
             step,
@@ -252,9 +256,16 @@ impl OpCtx {
         let ctx = self.plug_ctx(record, form);
         let start = std::time::Instant::now();
         let r = self.deps.plugger.plug(&ctx, vif).await;
-        self.step(format!("plug {}", vif.id), StepKind::Plug, start, r.is_err());
-        r.map(|_| ())
-            .map_err(|source| InstanceError::Plug { step: "plug", source })
+        self.step(
+            format!("plug {}", vif.id),
+            StepKind::Plug,
+            start,
+            r.is_err(),
+        );
+        r.map(|_| ()).map_err(|source| InstanceError::Plug {
+            step: "plug",
+            source,
+        })
     }
 
     /// Plug every VIF of the record, in order. On failure the caller unplugs (unplug is
@@ -276,7 +287,12 @@ impl OpCtx {
         let ctx = self.plug_ctx(record, form);
         let start = std::time::Instant::now();
         let r = self.deps.plugger.unplug(&ctx, vif).await;
-        self.step(format!("unplug {}", vif.id), StepKind::Plug, start, r.is_err());
+        self.step(
+            format!("unplug {}", vif.id),
+            StepKind::Plug,
+            start,
+            r.is_err(),
+        );
         r.map_err(|source| InstanceError::Plug {
             step: "unplug",
             source,
@@ -311,7 +327,9 @@ impl OpCtx {
             .and_then(|d| d.to_xml().map_err(Into::into))
             .map_err(InstanceError::Record)?;
         let lv = self.deps.libvirt.clone();
-        self.lv("define", lv.define_xml(xml, true)).await.map(|_| ())
+        self.lv("define", lv.define_xml(xml, true))
+            .await
+            .map(|_| ())
     }
 
     /// Store the record (and the operation in flight) in the domain's metadata.
@@ -431,7 +449,10 @@ impl OpCtx {
             let deadline = tokio::time::Instant::now() + timeout;
             let poll = self.deps.config.power_off_poll;
             loop {
-                if matches!(self.power().await?, PowerState::Shutoff | PowerState::NoDomain) {
+                if matches!(
+                    self.power().await?,
+                    PowerState::Shutoff | PowerState::NoDomain
+                ) {
                     self.detached().await;
                     return Ok(());
                 }

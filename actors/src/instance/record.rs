@@ -133,7 +133,10 @@ pub struct DomainSettings {
 
 impl InstanceRecord {
     /// The metadata element for this record, with `operation` in flight.
-    pub fn metadata(&self, operation: Option<InFlightOperation>) -> Result<VireoMetadata, RecordError> {
+    pub fn metadata(
+        &self,
+        operation: Option<InFlightOperation>,
+    ) -> Result<VireoMetadata, RecordError> {
         let stored = StoredRecord {
             state: self.state,
             boot: self.boot.clone(),

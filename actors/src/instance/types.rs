@@ -8,8 +8,8 @@ use uuid::Uuid;
 use vireo_xml::metadata::Flavor;
 
 use crate::events::WaitError;
-use crate::lifecycle::{InstanceState, Request};
 use crate::libvirt::LibvirtError;
+use crate::lifecycle::{InstanceState, Request};
 use crate::network::{Deallocation, NetworkError, PortRequest};
 use crate::plug::PlugError;
 use crate::predict::{ExpectedEvent, PredictError, Timing};
@@ -304,7 +304,11 @@ pub struct OpReport {
 impl OpReport {
     /// Total time of the steps of one kind.
     pub fn total(&self, kind: StepKind) -> Duration {
-        self.steps.iter().filter(|s| s.kind == kind).map(|s| s.took).sum()
+        self.steps
+            .iter()
+            .filter(|s| s.kind == kind)
+            .map(|s| s.took)
+            .sum()
     }
 }
 

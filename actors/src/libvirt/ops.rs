@@ -211,8 +211,10 @@ impl LibvirtHandle {
     /// (`virDomainManagedSave`); the next start restores it.
     #[instrument(level = "debug", skip(self), fields(%uuid))]
     pub async fn managed_save(&self, uuid: Uuid) -> Result<(), LibvirtError> {
-        self.call("managed-save", move |conn| lookup(conn, uuid)?.managed_save(0))
-            .await
+        self.call("managed-save", move |conn| {
+            lookup(conn, uuid)?.managed_save(0)
+        })
+        .await
     }
 
     /// Drops the managed-save image, if there is one (`virDomainManagedSaveRemove`).
