@@ -607,6 +607,13 @@ pub trait VifPlugger: Send + Sync + fmt::Debug + 'static {
     async fn unplug(&self, ctx: &PlugContext, vif: &Vif) -> Result<(), PlugError>;
     /// What is wired on this host.
     fn wiring(&self) -> Arc<dyn WiringSource>;
+    /// libvirt created the devices of these ports (their domain started, or an interface was
+    /// hot-plugged). A host plugger has nothing to do — its watcher sees libvirt's taps come —
+    /// which is the default; the recording plugger emulates them.
+    async fn devices_attached(&self, _ports: &[PortId]) {}
+    /// libvirt removed the devices of these ports (their domain stopped, or an interface was
+    /// hot-unplugged). Default: nothing, as for [`VifPlugger::devices_attached`].
+    async fn devices_detached(&self, _ports: &[PortId]) {}
 }
 
 /// Whether a fault fires once or every time.
@@ -720,14 +727,38 @@ pub struct RecordedCall {
 #[derive(Debug, Default)]
 struct RecordingState {
     plugged: BTreeMap<PortId, Plugged>,
+    /// Ports whose libvirt-made devices exist (their domain runs).
+    attached: BTreeSet<PortId>,
     calls: Vec<RecordedCall>,
+}
+
+/// True when libvirt, not the plugger, makes the device the L2 agent watches: the tap of a
+/// libvirt-managed OVS native or Linux-bridge port, or of a plain tap port. It exists only
+/// while the domain runs.
+fn libvirt_made(p: &Plugged) -> bool {
+    matches!(
+        (p.kind, &p.attachment),
+        (
+            PlugKind::OvsNative | PlugKind::LinuxBridge,
+            Attachment::Bridge { .. }
+        ) | (
+            PlugKind::Tap,
+            Attachment::Ethernet {
+                precreated: false,
+                ..
+            }
+        )
+    )
 }
 
 /// The plugger of the `test:///` tier, where libvirt's test driver creates no devices: it
 /// creates nothing on the host either. It keeps the set of plugged ports in memory, records
 /// every call, keeps the plugger contract (idempotent plug and unplug, nothing left after an
-/// injected failure), honours a [`FaultPlan`], and is a [`WiringSource`] (plug → wired,
-/// unplug → unwired) so the embedded network service can follow it.
+/// injected failure), honours a [`FaultPlan`], and is a [`WiringSource`] so the embedded
+/// network service can follow it: a device the plugger makes is wired at plug; a device
+/// libvirt makes (the tap of a libvirt-managed OVS native or Linux-bridge port) is wired
+/// while the domain runs — between [`VifPlugger::devices_attached`] and
+/// [`VifPlugger::devices_detached`] — exactly when real libvirt has it. Unplug unwires.
 ///
 /// It returns the same [`Attachment`] a host plugger would, except for SR-IOV macvtap, whose
 /// VF netdev name it cannot read from sysfs: it makes one up as `vf<bus><slot><function>` in
@@ -927,9 +958,15 @@ impl VifPlugger for RecordingPlugger {
             created: Vec::new(),
             attachment,
         };
-        self.lock().plugged.insert(vif.id, plugged.clone());
+        let wired = {
+            let mut st = self.lock();
+            st.plugged.insert(vif.id, plugged.clone());
+            !libvirt_made(&plugged) || st.attached.contains(&vif.id)
+        };
         self.record(PlugOp::Plug, ctx, vif.id, CallOutcome::Done);
-        self.wiring.set(vif.id, plugged.attachment.device(), true);
+        if wired {
+            self.wiring.set(vif.id, plugged.attachment.device(), true);
+        }
         Ok(plugged)
     }
 
@@ -949,6 +986,44 @@ impl VifPlugger for RecordingPlugger {
 
     fn wiring(&self) -> Arc<dyn WiringSource> {
         self.wiring.clone()
+    }
+
+    async fn devices_attached(&self, ports: &[PortId]) {
+        let now_wired: Vec<(PortId, String)> = {
+            let mut guard = self.lock();
+            let st = &mut *guard;
+            let mut out = Vec::new();
+            for p in ports {
+                if st.attached.insert(*p) {
+                    if let Some(pl) = st.plugged.get(p).filter(|pl| libvirt_made(pl)) {
+                        out.push((pl.port, pl.attachment.device()));
+                    }
+                }
+            }
+            out
+        };
+        for (port, dev) in now_wired {
+            self.wiring.set(port, dev, true);
+        }
+    }
+
+    async fn devices_detached(&self, ports: &[PortId]) {
+        let now_unwired: Vec<(PortId, String)> = {
+            let mut guard = self.lock();
+            let st = &mut *guard;
+            let mut out = Vec::new();
+            for p in ports {
+                if st.attached.remove(p) {
+                    if let Some(pl) = st.plugged.get(p).filter(|pl| libvirt_made(pl)) {
+                        out.push((pl.port, pl.attachment.device()));
+                    }
+                }
+            }
+            out
+        };
+        for (port, dev) in now_unwired {
+            self.wiring.set(port, dev, false);
+        }
     }
 }
 
