@@ -59,14 +59,16 @@ pub struct Cloud {
 /// A local cloud with `hosts`, fatal waits of `timeout`.
 pub async fn cloud(hosts: &[&str], timeout: Duration) -> Cloud {
     let dir = tempfile::tempdir().unwrap();
-    let mut instances = InstanceConfig::default();
-    instances.wait = WaitPolicy {
-        timeout,
-        fatal: true,
+    let instances = InstanceConfig {
+        wait: WaitPolicy {
+            timeout,
+            fatal: true,
+        },
+        profile_wait: Duration::from_secs(2),
+        power_off_timeout: Duration::from_secs(5),
+        power_off_poll: Duration::from_millis(20),
+        ..InstanceConfig::default()
     };
-    instances.profile_wait = Duration::from_secs(2);
-    instances.power_off_timeout = Duration::from_secs(5);
-    instances.power_off_poll = Duration::from_millis(20);
     let network = EmbeddedConfig {
         networks: networks(),
         ..serde_json::from_str("{}").unwrap()
