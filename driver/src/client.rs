@@ -234,13 +234,18 @@ impl AgentClient {
         Ok(a.operation)
     }
 
-    /// `DELETE /v1/instances/{uuid}`.
-    pub async fn delete_instance(&self, uuid: Uuid) -> Result<Operation, ClientError> {
+    /// `DELETE /v1/instances/{uuid}`; `deallocate_network` false keeps the ports.
+    pub async fn delete_instance(
+        &self,
+        uuid: Uuid,
+        deallocate_network: bool,
+    ) -> Result<Operation, ClientError> {
+        let q = (!deallocate_network).then(|| ("deallocate_network", "false".to_owned()));
         let a: Accepted = self
             .call(
                 Method::DELETE,
                 &format!("/v1/instances/{uuid}"),
-                None,
+                q,
                 None::<&()>,
             )
             .await?;

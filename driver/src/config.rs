@@ -23,11 +23,16 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::Deserialize;
-use vireo_actors::events::WaitPolicy;
+use vireo_actors::events::{EventConfig, WaitPolicy};
+use vireo_actors::instance::{DomainSettings, InstanceConfig};
 use vireo_actors::libvirt::{LibvirtConfig, MAX_WORKERS};
-use vireo_actors::predict::DeviceForm;
+use vireo_actors::plug::DomainForm;
+use vireo_xml::domain::DomainType;
 
+use crate::compute::{DriverConfig, NetworkConfig, PluggingConfig};
+use crate::network::embedded::EmbeddedConfig;
 use crate::network::neutron::NeutronConfig;
+use crate::plug::PlugConfig;
 
 /// Where the agent keeps its state unless `[instances] state_dir` says otherwise.
 pub const DEFAULT_STATE_DIR: &str = "/var/lib/vireo";
@@ -114,6 +119,11 @@ pub struct AgentConfig {
     /// `[logging]`.
     #[serde(default)]
     pub logging: LoggingSection,
+    /// `[plugging]`: host VIF plugging (OVSDB socket, datapath type, sysfs root, OVS
+    /// timeout). Only with a real hypervisor: with a `test:` URI the test driver creates no
+    /// devices and plugging is recorded only, so the section is refused there.
+    #[serde(default)]
+    pub plugging: Option<PlugConfig>,
 }
 
 /// `[libvirt]`: the hypervisor connection.
@@ -132,6 +142,10 @@ pub struct LibvirtSection {
     /// Per-call deadline in seconds. Default 60.
     #[serde(default = "default_call_timeout")]
     pub call_timeout: u64,
+    /// The URI other hosts live-migrate to (e.g. `qemu+tcp://compute-1/system`). Default:
+    /// none (this host takes no live migrations).
+    #[serde(default)]
+    pub migration_uri: Option<String>,
 }
 
 /// `[driver]`: which virt driver the agent loads.
@@ -174,6 +188,10 @@ pub struct NetworkSection {
     /// client's own keys (`url`, `auth`, timeouts, retries, `device_owner`).
     #[serde(default)]
     pub neutron: Option<NeutronConfig>,
+    /// `[network.embedded]`: the embedded service's keys (`networks`, `event_delay_ms`,
+    /// `device_owner`, `project_id`); refused when `kind = "neutron"`. Default: no networks.
+    #[serde(default)]
+    pub embedded: Option<EmbeddedConfig>,
 }
 
 /// `[events]`: waiting for Neutron's external events.
@@ -199,11 +217,34 @@ pub enum OvsNativeForm {
 }
 
 impl OvsNativeForm {
-    /// The event model's device form.
-    pub fn device_form(&self) -> DeviceForm {
+    /// The driver's domain form.
+    pub fn domain_form(&self) -> DomainForm {
         match self {
-            OvsNativeForm::LibvirtManaged => DeviceForm::LibvirtManaged,
-            OvsNativeForm::PreCreated => DeviceForm::PreCreated,
+            OvsNativeForm::LibvirtManaged => DomainForm::LibvirtManaged,
+            OvsNativeForm::PreCreated => DomainForm::PreCreated,
+        }
+    }
+}
+
+/// The libvirt domain type instances get.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DomainTypeName {
+    /// QEMU with KVM.
+    Kvm,
+    /// QEMU with TCG (no KVM).
+    Qemu,
+    /// libvirt's test driver type.
+    Test,
+}
+
+impl DomainTypeName {
+    /// The XML model's type.
+    pub fn domain_type(&self) -> DomainType {
+        match self {
+            DomainTypeName::Kvm => DomainType::Kvm,
+            DomainTypeName::Qemu => DomainType::Qemu,
+            DomainTypeName::Test => DomainType::Test,
         }
     }
 }
@@ -224,6 +265,15 @@ pub struct InstancesSection {
     /// `libvirt-managed` (default) or `pre-created`.
     #[serde(default = "default_ovs_native_form")]
     pub ovs_native_form: OvsNativeForm,
+    /// Domain type: `kvm` (default), `qemu` (TCG) or `test`.
+    #[serde(default = "default_domain_type")]
+    pub domain_type: DomainTypeName,
+    /// Machine type (e.g. `q35`). Default: libvirt's choice.
+    #[serde(default)]
+    pub machine: Option<String>,
+    /// Seconds a graceful power off may take before the domain is destroyed. Default 60.
+    #[serde(default = "default_power_off_timeout")]
+    pub power_off_timeout: u64,
 }
 
 /// Log output level names accepted by `[logging] level`.
@@ -292,6 +342,12 @@ fn default_image_dirs() -> Vec<PathBuf> {
 fn default_ovs_native_form() -> OvsNativeForm {
     OvsNativeForm::LibvirtManaged
 }
+fn default_domain_type() -> DomainTypeName {
+    DomainTypeName::Kvm
+}
+fn default_power_off_timeout() -> u64 {
+    60
+}
 fn default_log_level() -> String {
     "info".to_owned()
 }
@@ -302,6 +358,7 @@ impl Default for LibvirtSection {
             uri: None,
             workers: default_libvirt_workers(),
             call_timeout: default_call_timeout(),
+            migration_uri: None,
         }
     }
 }
@@ -319,6 +376,7 @@ impl Default for NetworkSection {
         NetworkSection {
             kind: default_network_kind(),
             neutron: None,
+            embedded: None,
         }
     }
 }
@@ -338,6 +396,9 @@ impl Default for InstancesSection {
             state_dir: default_state_dir(),
             image_dirs: default_image_dirs(),
             ovs_native_form: default_ovs_native_form(),
+            domain_type: default_domain_type(),
+            machine: None,
+            power_off_timeout: default_power_off_timeout(),
         }
     }
 }
@@ -372,6 +433,7 @@ impl Default for AgentConfig {
             events: EventsSection::default(),
             instances: InstancesSection::default(),
             logging: LoggingSection::default(),
+            plugging: None,
         }
     }
 }
@@ -540,6 +602,35 @@ impl AgentConfig {
         if self.driver.name.is_empty() {
             return bad("driver.name", "is empty".to_owned());
         }
+        if self.network.kind == NetworkKind::Neutron && self.network.embedded.is_some() {
+            return bad(
+                "network.embedded",
+                "is set but network.kind is \"neutron\"".to_owned(),
+            );
+        }
+        if let Some(uri) = &self.libvirt.migration_uri {
+            if uri.is_empty() || uri.contains(char::is_whitespace) || !uri.contains(':') {
+                return bad(
+                    "libvirt.migration_uri",
+                    format!("{uri:?} is not a libvirt URI"),
+                );
+            }
+        }
+        if self.plugging.is_some() && self.uses_test_driver() {
+            return bad(
+                "plugging",
+                "is only used with a real hypervisor (libvirt.uri is a test: URI)".to_owned(),
+            );
+        }
+        if self.instances.power_off_timeout == 0 || self.instances.power_off_timeout > 3_600 {
+            return bad(
+                "instances.power_off_timeout",
+                format!(
+                    "{} is not in 1..=3600 seconds",
+                    self.instances.power_off_timeout
+                ),
+            );
+        }
         match (self.network.kind, &self.network.neutron) {
             (NetworkKind::Neutron, None) => {
                 return bad(
@@ -640,6 +731,48 @@ impl AgentConfig {
         self.instances.state_dir.join(DEFAULT_TEST_NODE_FILE)
     }
 
+    /// True when the libvirt URI is the test driver's, local (`test:`) or through a daemon
+    /// (`test+unix:`, ...): it creates no devices, so plugging is recorded only.
+    pub fn uses_test_driver(&self) -> bool {
+        let uri = self.libvirt_uri();
+        uri.starts_with("test:") || uri.starts_with("test+")
+    }
+
+    /// The instance settings the driver uses.
+    pub fn instance_config(&self) -> InstanceConfig {
+        InstanceConfig {
+            domain: DomainSettings {
+                domain_type: self.instances.domain_type.domain_type(),
+                machine: self.instances.machine.clone(),
+                console_dir: Some(self.instances_dir().display().to_string()),
+            },
+            ovs_native_form: self.instances.ovs_native_form.domain_form(),
+            wait: self.wait_policy(),
+            power_off_timeout: Duration::from_secs(self.instances.power_off_timeout),
+            ..InstanceConfig::default()
+        }
+    }
+
+    /// What `load_driver` needs.
+    pub fn driver_config(&self) -> DriverConfig {
+        DriverConfig {
+            host: self.host_name(),
+            libvirt: self.libvirt_config(),
+            instances: self.instance_config(),
+            events: EventConfig::default(),
+            plugging: if self.uses_test_driver() {
+                PluggingConfig::Recording
+            } else {
+                PluggingConfig::Host(self.plugging.clone().unwrap_or_default())
+            },
+            network: match (&self.network.kind, &self.network.neutron) {
+                (NetworkKind::Neutron, Some(n)) => NetworkConfig::Neutron(n.clone()),
+                _ => NetworkConfig::Embedded(self.network.embedded.clone().unwrap_or_default()),
+            },
+            migration_uri: self.libvirt.migration_uri.clone(),
+        }
+    }
+
     /// The libvirt layer's configuration.
     pub fn libvirt_config(&self) -> LibvirtConfig {
         LibvirtConfig {
@@ -732,6 +865,49 @@ mod tests {
         assert_eq!(cfg.libvirt_config().workers, 4);
         assert_eq!(cfg.libvirt_config().call_timeout_ms, 60_000);
         assert_eq!(cfg.instances_dir(), Path::new("/var/lib/vireo/instances"));
+        let d = cfg.driver_config();
+        assert!(matches!(d.plugging, PluggingConfig::Recording), "test: URI");
+        assert!(matches!(d.network, NetworkConfig::Embedded(_)));
+        assert_eq!(d.libvirt.uri, "test:///var/lib/vireo/libvirt-test-node.xml");
+        assert_eq!(d.instances.wait, WaitPolicy::default());
+        assert_eq!(d.migration_uri, None);
+        let cfg = parse("[libvirt]\nuri = \"test+unix:///n.xml?socket=/tmp/s\"\n").unwrap();
+        assert!(cfg.uses_test_driver());
+        assert!(matches!(
+            cfg.driver_config().plugging,
+            PluggingConfig::Recording
+        ));
+    }
+
+    #[test]
+    fn embedded_networks_and_plugging_parse() {
+        let cfg = parse(
+            r#"
+[libvirt]
+uri = "qemu:///system"
+migration_uri = "qemu+tcp://h1/system"
+[plugging]
+datapath_type = "netdev"
+[network.embedded]
+event_delay_ms = 500
+[[network.embedded.networks]]
+id = "11111111-0000-4000-8000-000000000001"
+name = "private"
+mechanism = "openvswitch"
+ovs_hybrid_plug = true
+"#,
+        )
+        .unwrap();
+        let d = cfg.driver_config();
+        match d.network {
+            NetworkConfig::Embedded(e) => {
+                assert_eq!(e.networks.len(), 1);
+                assert_eq!(e.event_delay_ms, 500);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(d.plugging, PluggingConfig::Host(_)));
+        assert_eq!(d.migration_uri.as_deref(), Some("qemu+tcp://h1/system"));
     }
 
     #[test]
@@ -784,9 +960,19 @@ level = "debug"
         assert_eq!(cfg.libvirt_uri(), "qemu:///system");
         assert!(!cfg.wait_policy().fatal);
         assert_eq!(
-            cfg.instances.ovs_native_form.device_form(),
-            DeviceForm::PreCreated
+            cfg.instances.ovs_native_form.domain_form(),
+            DomainForm::PreCreated
         );
+        let d = cfg.driver_config();
+        assert_eq!(d.host, "compute-1");
+        assert!(matches!(d.network, NetworkConfig::Neutron(_)));
+        assert!(matches!(d.plugging, PluggingConfig::Host(_)));
+        assert_eq!(d.instances.ovs_native_form, DomainForm::PreCreated);
+        assert_eq!(
+            d.instances.domain.console_dir.as_deref(),
+            Some("/srv/vireo/instances")
+        );
+        assert!(!d.instances.wait.fatal);
         assert_eq!(cfg.shutdown_timeout(), Duration::from_secs(5));
     }
 
@@ -825,6 +1011,22 @@ level = "debug"
         assert_eq!(key_of("[logging]\nlevel = \"loud\"\n"), "logging.level");
         assert_eq!(key_of("shutdown_timeout = 0\n"), "shutdown_timeout");
         assert_eq!(key_of("[bogus]\nx = 1\n"), "bogus");
+        assert_eq!(
+            key_of("[plugging]\ndatapath_type = \"netdev\"\n"),
+            "plugging"
+        );
+        assert_eq!(
+            key_of("[network]\nkind = \"neutron\"\n[network.neutron]\nurl = \"http://x\"\n[network.embedded]\n"),
+            "network.embedded"
+        );
+        assert_eq!(
+            key_of("[[network.embedded.networks]]\nid = \"x\"\nname = \"n\"\nmtu = \"big\"\n"),
+            "network.embedded.networks.mtu"
+        );
+        assert_eq!(
+            key_of("[instances]\ndomain_type = \"xen\"\n"),
+            "instances.domain_type"
+        );
         assert_eq!(
             key_of("listen = \"0.0.0.0:8774\"\naccept_noauth_events = true\n"),
             "accept_noauth_events"

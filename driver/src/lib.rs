@@ -1,7 +1,13 @@
 //! vireo: the virt driver a compute agent loads.
 //!
 //! # Layout
+//! - [`compute`]: the [`compute::ComputeDriver`] API a compute agent loads, and
+//!   [`compute::load_driver`].
+//! - [`local`]: the embedded default: hosts on libvirt's test driver sharing the embedded
+//!   network service (the demo and the `test:///` tier).
 //! - [`network`]: the network service (Neutron REST client, embedded service).
+//! - [`plug`]: host VIF plugging (OVS, OVS hybrid, Linux bridge, SR-IOV) and the wiring
+//!   watcher.
 //! - [`agent`]: the compute agent (`vireo agent`): HTTP API, external-events endpoint,
 //!   metrics, shutdown.
 //! - [`config`]: the agent's TOML configuration.
@@ -11,5 +17,8 @@
 pub mod agent;
 pub mod cli;
 pub mod client;
+pub mod compute;
 pub mod config;
+pub mod local;
 pub mod network;
+pub mod plug;

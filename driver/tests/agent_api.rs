@@ -1,7 +1,7 @@
-//! The agent's instance API end to end over HTTP: a real server on 127.0.0.1:0, the real
-//! NetworkEventActor, and the in-test `FakeDriver` (the real ComputeDriver is not on this
-//! branch yet). Creates wait for real `network-vif-plugged` events posted to the agent's own
-//! external-events endpoint.
+//! The agent's instance API end to end over HTTP: a real server on 127.0.0.1:0 over the real
+//! `LibvirtDriver` on libvirt's test driver (private node file), the embedded network service
+//! and the recording plugger. The test plays Neutron: the plug events come only from its POSTs
+//! to the agent's external-events endpoint.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -12,19 +12,27 @@ use std::time::Duration;
 use agent_common::*;
 use serde_json::{json, Value};
 use uuid::Uuid;
+use vireo::compute::ComputeDriver;
 use vireo_actors::lifecycle::InstanceState;
+use vireo_actors::network::PortUpdate;
 
-const WITHIN: Duration = Duration::from_secs(10);
+const WITHIN: Duration = Duration::from_secs(30);
+
+async fn get(c: &reqwest::Client, agent: &TestAgent, path: &str) -> (u16, Value) {
+    let r = c.get(agent.url(path)).send().await.unwrap();
+    let s = r.status().as_u16();
+    (s, r.json().await.unwrap_or(Value::Null))
+}
 
 #[actix_rt::test]
-async fn create_waits_for_plug_events_and_shows_progress() {
+async fn create_waits_for_the_plug_events_posted_to_the_agent() {
     let mut agent = TestAgent::start().await;
     let c = http();
-    let (uuid, p1, p2) = (Uuid::new_v4(), Uuid::new_v4(), Uuid::new_v4());
+    let uuid = Uuid::new_v4();
 
     let r = c
         .post(agent.url("/v1/instances"))
-        .json(&create_body(uuid, &[p1, p2]))
+        .json(&create_body(uuid, 2))
         .send()
         .await
         .unwrap();
@@ -37,334 +45,400 @@ async fn create_waits_for_plug_events_and_shows_progress() {
     assert_eq!(body["operation"]["kind"], "create");
     assert_eq!(body["operation"]["instance"], uuid.to_string());
 
-    // The show call reports the in-flight operation and the events it waits for.
+    // The show call reports the operation in flight and the events it waits for.
     let shown = wait_instance(&c, &agent, uuid, WITHIN, |v| {
-        v["operation"]["waiting_for"]
-            .as_array()
-            .is_some_and(|w| w.len() == 2)
+        awaited_tags(v).len() == 2 && v["operation"]["phase"] == "wait for events"
     })
     .await;
     assert_eq!(shown["state"], "building");
+    assert_eq!(shown["host"], HOST);
     assert_eq!(shown["operation"]["id"], op_id);
     assert_eq!(shown["operation"]["kind"], "create");
-    assert_eq!(shown["operation"]["step"], "wait-vif-plugged");
-    let tags: Vec<&str> = shown["operation"]["waiting_for"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| {
-            assert_eq!(e["name"], "network-vif-plugged");
-            e["tag"].as_str().unwrap()
-        })
-        .collect();
-    assert_eq!(tags, [p1.to_string(), p2.to_string()]);
-    assert_eq!(shown["vifs"].as_array().unwrap().len(), 2);
-    assert_eq!(shown["vifs"][0]["plugged"], false);
+    assert_eq!(shown["operation"]["phase"], "wait for events");
+    for e in shown["operation"]["waiting_for"].as_array().unwrap() {
+        assert_eq!(e["name"], "network-vif-plugged");
+    }
+    let tags = awaited_tags(&shown);
 
     // One event is not enough.
-    let r = c
-        .post(agent.url("/v2.1/os-server-external-events"))
-        .json(&plugged(uuid, p1, "completed"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
-    let op: Value = c
-        .get(agent.url(&format!("/v1/operations/{op_id}")))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    assert_eq!(op["state"], "running");
+    let (s, _) = post_events(&c, &agent, &plugged(uuid, &tags[0], "completed")).await;
+    assert_eq!(s, 200);
+    let deadline = tokio::time::Instant::now() + WITHIN;
+    while agent.driver.event_stats().await.unwrap().matched < 1 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the event never matched"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let (_, op) = get(&c, &agent, &format!("/v1/operations/{op_id}")).await;
+    assert_eq!(op["state"], "running", "still waiting for the second port");
 
-    // The second one releases the wait.
+    // The second one, on the bare path, releases the wait.
     let r = c
         .post(agent.url("/os-server-external-events"))
-        .json(&plugged(uuid, p2, "completed"))
+        .json(&plugged(uuid, &tags[1], "completed"))
         .send()
         .await
         .unwrap();
     assert_eq!(r.status(), 200);
     let op = wait_op(&c, &agent, &op_id, WITHIN).await;
     assert_eq!(op["state"], "succeeded", "{op}");
-    assert_eq!(op["report"]["waits"][0]["outcome"], "completed");
+    assert_eq!(op["report"]["request"], "spawn");
+    let wait = op["report"]["waits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|w| w["timing"] == "plug-time")
+        .unwrap();
+    assert_eq!(wait["complete"], true, "{op}");
+    assert_eq!(wait["expected"].as_array().unwrap().len(), 2);
     assert!(op["finished_ms"].as_u64().unwrap() >= op["started_ms"].as_u64().unwrap());
 
-    let shown: Value = c
-        .get(agent.url(&format!("/v1/instances/{uuid}")))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let (s, shown) = get(&c, &agent, &format!("/v1/instances/{uuid}")).await;
+    assert_eq!(s, 200);
     assert_eq!(shown["state"], "running");
     assert_eq!(shown["power_state"], "running");
+    assert_eq!(shown["flavor"], "m1.tiny");
     assert!(shown.get("operation").is_none(), "{shown}");
-    assert_eq!(shown["vifs"][1]["plugged"], true);
-
-    let list: Value = c
-        .get(agent.url("/v1/instances"))
-        .send()
-        .await
+    assert_eq!(shown["last_operation"]["request"], "spawn");
+    let vif_ports: Vec<&str> = shown["vifs"]
+        .as_array()
         .unwrap()
-        .json()
-        .await
-        .unwrap();
+        .iter()
+        .map(|v| v["port"].as_str().unwrap())
+        .collect();
+    assert_eq!(vif_ports, tags, "the awaited ports are the instance's VIFs");
+    assert_eq!(shown["vifs"][0]["hybrid"], true);
+
+    let (_, list) = get(&c, &agent, "/v1/instances").await;
     assert_eq!(list["instances"].as_array().unwrap().len(), 1);
     assert_eq!(list["instances"][0]["uuid"], uuid.to_string());
     agent.stop().await.unwrap();
 }
 
 #[actix_rt::test]
-async fn a_failed_plug_event_fails_and_rolls_back_the_create() {
+async fn a_failed_plug_event_fails_the_create_and_it_is_cleaned_up() {
     let mut agent = TestAgent::start().await;
     let c = http();
-    let (uuid, p1) = (Uuid::new_v4(), Uuid::new_v4());
-    let r: Value = c
-        .post(agent.url("/v1/instances"))
-        .json(&create_body(uuid, &[p1]))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let op_id = r["operation"]["id"].as_str().unwrap().to_owned();
-    wait_instance(&c, &agent, uuid, WITHIN, |v| {
-        v["operation"]["waiting_for"][0]["tag"] == p1.to_string()
-    })
-    .await;
-    let r = c
-        .post(agent.url("/v2.1/os-server-external-events"))
-        .json(&plugged(uuid, p1, "failed"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200, "accepted; the wait fails");
+    let uuid = Uuid::new_v4();
+    let (op_id, tags) = create_waiting(&c, &agent, uuid, 1).await;
+    let (s, _) = post_events(&c, &agent, &plugged(uuid, &tags[0], "failed")).await;
+    assert_eq!(s, 200, "accepted; the wait fails");
     let op = wait_op(&c, &agent, &op_id, WITHIN).await;
     assert_eq!(op["state"], "failed");
-    assert_eq!(op["error"]["code"], "failed");
+    assert_eq!(op["error"]["code"], "build-failed");
+    let msg = op["error"]["message"].as_str().unwrap();
+    assert!(msg.contains(&tags[0]), "{msg}");
+    // Cleaned up: the instance is gone, its port released, later events answered 404.
+    let (s, _) = get(&c, &agent, &format!("/v1/instances/{uuid}")).await;
+    assert_eq!(s, 404);
+    let port = tags[0].parse().unwrap();
     assert!(
-        op["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains(&p1.to_string()),
-        "{op}"
+        agent.driver.network().get_port(port).await.is_err(),
+        "port deleted"
     );
-    // Rolled back: the instance is gone, and its later events are answered 404.
-    let r = c
-        .get(agent.url(&format!("/v1/instances/{uuid}")))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 404);
-    let r = c
-        .post(agent.url("/v2.1/os-server-external-events"))
-        .json(&plugged(uuid, p1, "completed"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 404);
+    let (s, e) = post_events(&c, &agent, &plugged(uuid, &tags[0], "completed")).await;
+    assert_eq!(s, 404);
+    assert_eq!(e["error"]["message"], "No instances found for any event");
     agent.stop().await.unwrap();
 }
 
 #[actix_rt::test]
-async fn actions_run_in_the_background_and_enforce_the_lifecycle() {
+async fn actions_run_in_the_background_and_follow_the_lifecycle() {
     let mut agent = TestAgent::start().await;
     let c = http();
     let uuid = Uuid::new_v4();
-    agent.driver.insert(uuid, InstanceState::Running, 1);
-    agent.directory_admit(uuid);
+    agent.spawn_direct(uuid).await;
 
     let act = |a: Value| {
         let c = c.clone();
         let url = agent.url(&format!("/v1/instances/{uuid}/action"));
-        async move { c.post(url).json(&a).send().await.unwrap() }
+        async move {
+            let r = c.post(url).json(&a).send().await.unwrap();
+            let s = r.status().as_u16();
+            (s, r.json::<Value>().await.unwrap())
+        }
     };
 
     // Illegal in the current state: 409 at once, nothing started.
-    let r = act(json!({"action": "unpause"})).await;
-    assert_eq!(r.status(), 409);
-    let e: Value = r.json().await.unwrap();
+    let (s, e) = act(json!({"action": "unpause"})).await;
+    assert_eq!(s, 409);
     assert_eq!(e["error"]["code"], "illegal-state");
     assert!(e["error"]["message"].as_str().unwrap().contains("running"));
+    assert_eq!(
+        agent.svc.metrics().operations.get(&["unpause", "rejected"]),
+        1
+    );
 
-    // A held pause is in flight: a second operation conflicts.
-    agent.driver.hold(true);
-    let r = act(json!({"action": "pause"})).await;
-    assert_eq!(r.status(), 202);
-    let pause: Value = r.json().await.unwrap();
-    let pause_id = pause["operation"]["id"].as_str().unwrap().to_owned();
-    let r = act(json!({"action": "power-off"})).await;
-    assert_eq!(r.status(), 409);
-    let e: Value = r.json().await.unwrap();
-    assert_eq!(e["error"]["code"], "busy");
-    assert!(e["error"]["message"].as_str().unwrap().contains(&pause_id));
-    let r = c
-        .delete(agent.url(&format!("/v1/instances/{uuid}")))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 409, "delete conflicts too");
-    let shown = wait_instance(&c, &agent, uuid, WITHIN, |v| {
-        v["operation"]["kind"] == "pause"
-    })
-    .await;
-    assert_eq!(shown["operation"]["id"], pause_id);
-    assert_eq!(shown["state"], "running", "not paused yet");
-    agent.driver.hold(false);
-    let op = wait_op(&c, &agent, &pause_id, WITHIN).await;
-    assert_eq!(op["state"], "succeeded");
-
-    // A sequence of actions, each polled to its end.
     for (action, state, power) in [
-        ("unpause", "running", "running"),
-        ("suspend", "suspended", "suspended"),
-        ("resume", "running", "running"),
-        ("reboot-soft", "running", "running"),
-        ("power-off", "stopped", "shutdown"),
-        ("reboot-hard", "running", "running"),
+        (json!({"action": "pause"}), "paused", "paused"),
+        (json!({"action": "unpause"}), "running", "running"),
+        (json!({"action": "reboot-hard"}), "running", "running"),
+        (
+            json!({"action": "power-off", "timeout": 1}),
+            "stopped",
+            "shutoff",
+        ),
+        (json!({"action": "power-on"}), "running", "running"),
+        (json!({"action": "suspend"}), "suspended", "suspended"),
+        (json!({"action": "resume"}), "running", "running"),
+        (
+            json!({"action": "resize", "flavor": {"name": "m1.small", "vcpus": 2, "memory_mb": 256}}),
+            "resize-target",
+            "running",
+        ),
+        (json!({"action": "revert-resize"}), "running", "running"),
+        (
+            json!({"action": "resize", "flavor": {"name": "m1.small", "vcpus": 2, "memory_mb": 256}}),
+            "resize-target",
+            "running",
+        ),
+        (json!({"action": "confirm-resize"}), "running", "running"),
     ] {
-        let r = act(json!({ "action": action })).await;
-        assert_eq!(r.status(), 202, "{action}");
-        let op: Value = r.json().await.unwrap();
-        assert_eq!(op["operation"]["kind"], action);
+        let name = action["action"].as_str().unwrap().to_owned();
+        let (s, op) = act(action).await;
+        assert_eq!(s, 202, "{name}: {op}");
+        assert_eq!(op["operation"]["kind"], name);
         let done = wait_op(&c, &agent, op["operation"]["id"].as_str().unwrap(), WITHIN).await;
-        assert_eq!(done["state"], "succeeded", "{action}: {done}");
-        let shown: Value = c
-            .get(agent.url(&format!("/v1/instances/{uuid}")))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        assert_eq!(done["state"], "succeeded", "{name}: {done}");
+        let (_, shown) = get(&c, &agent, &format!("/v1/instances/{uuid}")).await;
         assert_eq!(
             (shown["state"].as_str(), shown["power_state"].as_str()),
             (Some(state), Some(power)),
-            "{action}"
+            "{name}: {shown}"
         );
     }
+    let (_, shown) = get(&c, &agent, &format!("/v1/instances/{uuid}")).await;
+    assert_eq!(shown["flavor"], "m1.small", "confirmed resize");
 
-    // Interfaces.
-    let port = Uuid::new_v4();
-    let r = act(json!({"action": "attach-interface", "vif": vif(port, 9)})).await;
-    assert_eq!(r.status(), 202);
-    let op: Value = r.json().await.unwrap();
-    wait_op(&c, &agent, op["operation"]["id"].as_str().unwrap(), WITHIN).await;
-    let shown = wait_instance(&c, &agent, uuid, WITHIN, |v| {
-        v["vifs"].as_array().unwrap().len() == 2
-    })
-    .await;
-    assert_eq!(shown["vifs"][1]["port"], port.to_string());
-    let r = act(json!({"action": "detach-interface", "port_id": port.to_string()})).await;
-    let op: Value = r.json().await.unwrap();
+    // Live migration to a host this agent does not know: refused by the driver, the
+    // operation fails and the instance stays.
+    let (s, _) = act(json!({"action": "live-migrate", "dest_host": HOST})).await;
+    assert_eq!(s, 400, "to itself");
+    let (s, op) = act(json!({"action": "live-migrate", "dest_host": "nowhere"})).await;
+    assert_eq!(s, 202);
     let done = wait_op(&c, &agent, op["operation"]["id"].as_str().unwrap(), WITHIN).await;
-    assert_eq!(done["state"], "succeeded");
-
-    // Resize, then live migration away: the instance leaves the host.
-    let r = act(
-        json!({"action": "resize", "flavor": {"name": "m1.small", "vcpus": 2, "memory_mib": 256}}),
-    )
-    .await;
-    let op: Value = r.json().await.unwrap();
-    wait_op(&c, &agent, op["operation"]["id"].as_str().unwrap(), WITHIN).await;
+    assert_eq!(done["state"], "failed");
+    assert_eq!(done["error"]["code"], "rolled-back", "{done}");
+    assert!(
+        done["error"]["message"]
+            .as_str()
+            .unwrap()
+            .ends_with("unknown host nowhere"),
+        "the cause chain: {done}"
+    );
     assert_eq!(
-        agent.driver.state_of(uuid),
-        Some(InstanceState::ResizeSource)
+        agent.driver.show(uuid).await.unwrap().state,
+        InstanceState::Running
     );
-    let r = act(json!({"action": "confirm-resize"})).await;
-    let op: Value = r.json().await.unwrap();
-    wait_op(&c, &agent, op["operation"]["id"].as_str().unwrap(), WITHIN).await;
-    let r = act(json!({"action": "live-migrate", "dest_host": "test-host"})).await;
-    assert_eq!(r.status(), 400, "to itself");
-    let r = act(json!({"action": "live-migrate", "dest_host": "other-host"})).await;
-    let op: Value = r.json().await.unwrap();
-    let done = wait_op(&c, &agent, op["operation"]["id"].as_str().unwrap(), WITHIN).await;
-    assert_eq!(done["state"], "succeeded");
-    let calls = agent.driver.calls.lock().unwrap().clone();
-    assert!(
-        calls
-            .iter()
-            .any(|c| c == &format!("resize {uuid} to m1.small on test-host")),
-        "{calls:?}"
-    );
-    assert!(
-        calls
-            .iter()
-            .any(|c| c == &format!("live-migrate {uuid} to other-host")),
-        "{calls:?}"
-    );
-    // Events for an instance that migrated away: 422 (known, not on this host).
-    let other = Uuid::new_v4();
-    agent.driver.insert(other, InstanceState::Running, 0);
-    agent.directory_admit(other);
-    let r = c
-        .post(agent.url("/v2.1/os-server-external-events"))
-        .json(&json!({"events": [
-            {"name": "network-changed", "server_uuid": uuid, "tag": port},
-            {"name": "network-changed", "server_uuid": Uuid::new_v4()},
-            {"name": "network-changed", "server_uuid": other},
-        ]}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 207);
-    let answer: Value = r.json().await.unwrap();
-    let codes: Vec<u64> = answer["events"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| e["code"].as_u64().unwrap())
-        .collect();
-    assert_eq!(codes, [422, 404, 200]);
 
     // The operations list holds them all, newest first.
-    let ops: Value = c
-        .get(agent.url(&format!("/v1/operations?instance={uuid}")))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let (_, ops) = get(&c, &agent, &format!("/v1/operations?instance={uuid}")).await;
     let kinds: Vec<&str> = ops["operations"]
         .as_array()
         .unwrap()
         .iter()
         .map(|o| o["kind"].as_str().unwrap())
         .collect();
+    assert_eq!(kinds.len(), 12);
     assert_eq!(kinds.first(), Some(&"live-migrate"));
     assert_eq!(kinds.last(), Some(&"pause"));
+    let (s, _) = get(&c, &agent, "/v1/operations?bogus=1").await;
+    assert_eq!(s, 400);
     agent.stop().await.unwrap();
 }
 
 #[actix_rt::test]
-async fn delete_removes_the_instance() {
+async fn a_second_operation_conflicts_and_a_delete_preempts() {
     let mut agent = TestAgent::start().await;
     let c = http();
     let uuid = Uuid::new_v4();
-    agent.driver.insert(uuid, InstanceState::Stopped, 0);
+    let (create_op, _) = create_waiting(&c, &agent, uuid, 1).await;
+
+    // Busy with the create: any other action conflicts, naming the running operation.
+    let r = c
+        .post(agent.url(&format!("/v1/instances/{uuid}/action")))
+        .json(&json!({"action": "pause"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 409);
+    let e: Value = r.json().await.unwrap();
+    assert_eq!(e["error"]["code"], "busy");
+    assert!(e["error"]["message"].as_str().unwrap().contains(&create_op));
+    // Creating the same uuid again conflicts too.
+    let r = c
+        .post(agent.url("/v1/instances"))
+        .json(&create_body(uuid, 0))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 409);
+
+    // A delete is admitted next to it: the create's wait is cancelled, the instance goes.
     let r = c
         .delete(agent.url(&format!("/v1/instances/{uuid}")))
         .send()
         .await
         .unwrap();
     assert_eq!(r.status(), 202);
-    let op: Value = r.json().await.unwrap();
-    assert_eq!(op["operation"]["kind"], "delete");
-    let done = wait_op(&c, &agent, op["operation"]["id"].as_str().unwrap(), WITHIN).await;
-    assert_eq!(done["state"], "succeeded");
-    assert_eq!(done["report"]["steps"], json!(["destroy", "undefine"]));
+    let del: Value = r.json().await.unwrap();
     let r = c
-        .get(agent.url(&format!("/v1/instances/{uuid}")))
+        .delete(agent.url(&format!("/v1/instances/{uuid}")))
         .send()
         .await
         .unwrap();
-    assert_eq!(r.status(), 404);
+    assert_eq!(r.status(), 409, "one delete at a time");
+    let done = wait_op(&c, &agent, del["operation"]["id"].as_str().unwrap(), WITHIN).await;
+    assert_eq!(done["state"], "succeeded", "{done}");
+    let created = wait_op(&c, &agent, &create_op, WITHIN).await;
+    assert_eq!(created["state"], "failed", "{created}");
+    let (s, _) = get(&c, &agent, &format!("/v1/instances/{uuid}")).await;
+    assert_eq!(s, 404);
+    agent.stop().await.unwrap();
+}
+
+#[actix_rt::test]
+async fn interface_actions_reach_the_driver() {
+    let mut agent = TestAgent::start_with(Options {
+        event_delay_ms: 0,
+        ..Options::default()
+    })
+    .await;
+    let c = http();
+    let uuid = Uuid::new_v4();
+    agent.spawn_direct(uuid).await;
+    // A user port bound to this host, as Nova would hand it over.
+    let net = agent.driver.network();
+    let port = net.create_port(NET).await.unwrap();
+    let port = net
+        .update_port(
+            port.id,
+            &PortUpdate {
+                host_id: Some(HOST.into()),
+                device_id: Some(uuid.to_string()),
+                device_owner: Some("compute:nova".into()),
+                ..PortUpdate::default()
+            },
+        )
+        .await
+        .unwrap();
+    let summary = net.get_network(NET).await.unwrap();
+    let vif = vireo::network::vif_dict(&port, &summary, true);
+    let r = c
+        .post(agent.url(&format!("/v1/instances/{uuid}/action")))
+        .json(&json!({"action": "attach-interface", "vif": vif}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 202);
+    let op: Value = r.json().await.unwrap();
+    let done = wait_op(&c, &agent, op["operation"]["id"].as_str().unwrap(), WITHIN).await;
+    // libvirt's test driver refuses device attach flags: the driver rolls the attach back
+    // (unplugs the VIF) and the operation reports why.
+    assert_eq!(done["state"], "failed", "{done}");
+    assert_eq!(done["error"]["code"], "rolled-back", "{done}");
+    assert!(
+        done["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("attach device"),
+        "{done}"
+    );
+    let (_, shown) = get(&c, &agent, &format!("/v1/instances/{uuid}")).await;
+    assert!(shown["vifs"].as_array().unwrap().is_empty(), "{shown}");
+    assert_eq!(shown["state"], "running");
+
+    // Detaching a port the instance does not have is refused before the driver.
+    let r = c
+        .post(agent.url(&format!("/v1/instances/{uuid}/action")))
+        .json(&json!({"action": "detach-interface", "port_id": port.id.to_string()}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    let e: Value = r.json().await.unwrap();
+    assert!(
+        e["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("is not attached"),
+        "{e}"
+    );
+    assert_eq!(
+        agent
+            .svc
+            .metrics()
+            .operations
+            .get(&["detach-interface", "rejected"]),
+        1
+    );
+    agent.stop().await.unwrap();
+}
+
+#[actix_rt::test]
+async fn delete_releases_the_networking_unless_asked_not_to() {
+    let mut agent = TestAgent::start_with(Options {
+        event_delay_ms: 0,
+        ..Options::default()
+    })
+    .await;
+    let c = http();
+    let mut ports = Vec::new();
+    for keep in [false, true] {
+        let uuid = Uuid::new_v4();
+        let r: Value = c
+            .post(agent.url("/v1/instances"))
+            .json(&create_body(uuid, 1))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let done = wait_op(&c, &agent, r["operation"]["id"].as_str().unwrap(), WITHIN).await;
+        assert_eq!(done["state"], "succeeded", "{done}");
+        let (_, shown) = get(&c, &agent, &format!("/v1/instances/{uuid}")).await;
+        let port: vireo_actors::vif::PortId =
+            shown["vifs"][0]["port"].as_str().unwrap().parse().unwrap();
+        let q = if keep {
+            "?deallocate_network=false"
+        } else {
+            ""
+        };
+        let r = c
+            .delete(agent.url(&format!("/v1/instances/{uuid}{q}")))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 202);
+        let op: Value = r.json().await.unwrap();
+        assert_eq!(op["operation"]["kind"], "delete");
+        let done = wait_op(&c, &agent, op["operation"]["id"].as_str().unwrap(), WITHIN).await;
+        assert_eq!(done["state"], "succeeded");
+        let (s, _) = get(&c, &agent, &format!("/v1/instances/{uuid}")).await;
+        assert_eq!(s, 404);
+        ports.push((port, keep, done));
+    }
+    let net = agent.driver.network();
+    let (deleted, _, done) = &ports[0];
+    assert!(net.get_port(*deleted).await.is_err(), "released");
+    assert_eq!(
+        done["report"]["released"]["deleted"][0],
+        deleted.to_string()
+    );
+    let (kept, _, _) = &ports[1];
+    assert!(net.get_port(*kept).await.is_ok(), "kept");
+    let r = c
+        .delete(agent.url(&format!(
+            "/v1/instances/{}?deallocate_network=maybe",
+            Uuid::new_v4()
+        )))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
     agent.stop().await.unwrap();
 }
 
@@ -394,19 +468,17 @@ async fn unknown_things_are_404_with_json_errors() {
         assert_eq!(e["error"]["code"], "not-found", "{method} {path}");
         assert!(!e["error"]["message"].as_str().unwrap().is_empty());
     }
-    // Not a UUID: 400.
-    let r = c
-        .get(agent.url("/v1/instances/not-a-uuid"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 400);
-    // Nothing was started.
+    let (s, _) = get(&c, &agent, "/v1/instances/not-a-uuid").await;
+    assert_eq!(s, 400);
     assert_eq!(
         agent.svc.metrics().operations.get(&["pause", "rejected"]),
         1
     );
-    assert!(agent.driver.calls.lock().unwrap().is_empty());
+    assert_eq!(
+        agent.svc.metrics().operations.get(&["delete", "rejected"]),
+        1
+    );
+    assert!(agent.driver.list().await.is_empty());
     agent.stop().await.unwrap();
 }
 
@@ -418,7 +490,6 @@ async fn bad_bodies_are_refused_before_the_driver() {
     })
     .await;
     let c = http();
-    let uuid = Uuid::new_v4();
     let post = |body: Vec<u8>| {
         let c = c.clone();
         let url = agent.url("/v1/instances");
@@ -439,66 +510,76 @@ async fn bad_bodies_are_refused_before_the_driver() {
             )
         }
     };
-    let outside = agent.dir.path().canonicalize().unwrap().join("api-token");
+    let root = agent.dir.path().canonicalize().unwrap();
     let kernel = agent.images.join("vmlinuz");
+    let fl = json!({"name": "m", "vcpus": 1, "memory_mb": 64});
     let cases: Vec<(Value, u16, &str)> = vec![
         (
-            json!({"flavor": {"name": "m", "vcpus": "one", "memory_mib": 64}}),
+            json!({"flavor": {"name": "m", "vcpus": "one", "memory_mb": 64}}),
             400,
             "bad-json",
         ),
-        (
-            json!({"flavor": {"name": "m", "vcpus": 1, "memory_mib": 64}, "colour": "red"}),
-            400,
-            "bad-json",
-        ),
+        (json!({"flavor": fl, "colour": "red"}), 400, "bad-json"),
         (json!({"name": "x"}), 400, "bad-json"),
         (
-            json!({"flavor": {"name": "m", "vcpus": 0, "memory_mib": 64}}),
+            json!({"flavor": fl, "ports": [{"network_id": NET, "port_id": "x"}]}),
+            400,
+            "bad-json",
+        ),
+        (
+            json!({"flavor": {"name": "m", "vcpus": 0, "memory_mb": 64}}),
+            400,
+            "invalid",
+        ),
+        (json!({"flavor": fl, "name": "a/b"}), 400, "invalid"),
+        (json!({"flavor": fl, "network_info": {}}), 400, "invalid"),
+        (
+            json!({"flavor": fl, "network_info": [{"id": "nope", "address": "fa:16:3e:00:00:01", "type": "ovs"}]}),
             400,
             "invalid",
         ),
         (
-            json!({"flavor": {"name": "m", "vcpus": 1, "memory_mib": 64}, "network_info": {}}),
+            json!({"flavor": fl, "network_info": [], "ports": []}),
             400,
             "invalid",
         ),
         (
-            json!({"flavor": {"name": "m", "vcpus": 1, "memory_mib": 64},
-                "network_info": [{"id": "nope", "address": "fa:16:3e:00:00:01", "type": "ovs"}]}),
+            json!({"flavor": fl, "ports": [{"port_id": "not-a-uuid"}]}),
             400,
             "invalid",
         ),
         (
-            json!({"flavor": {"name": "m", "vcpus": 1, "memory_mib": 64}, "image": {"kernel": outside}}),
+            json!({"flavor": fl, "image": {"kernel": root.join("api-token")}}),
             400,
             "invalid-path",
         ),
         (
-            json!({"flavor": {"name": "m", "vcpus": 1, "memory_mib": 64},
-                "image": {"kernel": agent.images.join("../api-token")}}),
+            json!({"flavor": fl, "image": {"kernel": agent.images.join("../api-token")}}),
             400,
             "invalid-path",
         ),
         (
-            json!({"flavor": {"name": "m", "vcpus": 1, "memory_mib": 64}, "image": {"disk": "relative.img"}}),
+            json!({"flavor": fl, "image": {"disk": "relative.img"}}),
             400,
             "invalid-path",
         ),
         (
-            json!({"uuid": uuid, "flavor": {"name": "m", "vcpus": 1, "memory_mib": 64},
-                "console_log": "/tmp/console.log"}),
+            json!({"flavor": fl, "image": {"disk": agent.images}}),
             400,
             "invalid-path",
         ),
         (
-            json!({"uuid": uuid, "flavor": {"name": "m", "vcpus": 1, "memory_mib": 64},
-                "console_log": agent.instances_dir.join(uuid.to_string()).join("../x/c.log")}),
+            json!({"flavor": fl, "image": {"initrd": kernel}}),
             400,
-            "invalid-path",
+            "invalid",
         ),
         (
-            json!({"flavor": {"name": "m", "vcpus": 1, "memory_mib": 64}, "image": {"initrd": kernel}}),
+            json!({"flavor": fl, "image": {"kernel": kernel, "disk": agent.images.join("disk.raw")}}),
+            400,
+            "invalid",
+        ),
+        (
+            json!({"flavor": fl, "image": {"disk": agent.images.join("disk.raw"), "disk_format": "vmdk"}}),
             400,
             "invalid",
         ),
@@ -512,76 +593,60 @@ async fn bad_bodies_are_refused_before_the_driver() {
     let (s, code, v) = post(vec![b' '; 5000]).await;
     assert_eq!((s, code.as_str()), (413, "body-too-large"), "{v}");
     assert!(
-        agent.driver.calls.lock().unwrap().is_empty(),
+        agent.driver.list().await.is_empty(),
         "the driver saw nothing"
     );
-    // Bodies that do not decode never reach the service; the other 9 are counted.
+    // Bodies that do not decode never reach the service; the other 13 are counted.
     assert_eq!(
         agent.svc.metrics().operations.get(&["create", "rejected"]),
-        9
+        13
     );
 
-    // A valid request with a kernel from the image dir and its own console log is accepted.
-    let console = agent
-        .instances_dir
-        .join(uuid.to_string())
-        .join("serial.log");
-    let port = Uuid::new_v4();
+    // A kernel from the image directory is accepted and handed over resolved.
+    let uuid = Uuid::new_v4();
+    let link = agent.images.join("link-to-kernel");
+    std::os::unix::fs::symlink(&kernel, &link).unwrap();
     let (s, _, v) = post(
-        json!({"uuid": uuid, "flavor": {"name": "m", "vcpus": 1, "memory_mib": 64},
-               "image": {"kernel": kernel, "cmdline": "console=ttyS0"}, "console_log": console,
-               "network_info": [vif(port, 1)]})
+        json!({"uuid": uuid, "flavor": fl, "power_on": false,
+               "image": {"kernel": link, "cmdline": "console=ttyS0"}})
         .to_string()
         .into_bytes(),
     )
     .await;
     assert_eq!(s, 202, "{v}");
-    // Creating it again while the first waits for its event conflicts.
-    let (s, code, _) = post(
-        json!({"uuid": uuid, "flavor": {"name": "m", "vcpus": 1, "memory_mib": 64}})
-            .to_string()
-            .into_bytes(),
-    )
-    .await;
-    assert_eq!((s, code.as_str()), (409, "busy"));
-    let op = v["operation"]["id"].as_str().unwrap().to_owned();
-    wait_instance(&c, &agent, uuid, WITHIN, |v| {
-        v["operation"]["waiting_for"]
-            .as_array()
-            .is_some_and(|w| !w.is_empty())
-    })
-    .await;
-    let r = c
-        .post(agent.url("/v2.1/os-server-external-events"))
-        .json(&plugged(uuid, port, "completed"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
-    let done = wait_op(&c, &agent, &op, WITHIN).await;
-    assert_eq!(done["state"], "succeeded");
-    let (s, code, _) = post(
-        json!({"uuid": uuid, "flavor": {"name": "m", "vcpus": 1, "memory_mib": 64}})
-            .to_string()
-            .into_bytes(),
-    )
-    .await;
+    let done = wait_op(&c, &agent, v["operation"]["id"].as_str().unwrap(), WITHIN).await;
+    assert_eq!(done["state"], "succeeded", "{done}");
+    let (_, shown) = get(&c, &agent, &format!("/v1/instances/{uuid}")).await;
+    assert_eq!(shown["state"], "stopped", "power_on false");
+    let xml = agent.driver.libvirt().xml_desc(uuid, true).await.unwrap();
+    assert!(
+        xml.contains(&format!("<kernel>{}</kernel>", kernel.display())),
+        "{xml}"
+    );
+    // Now it exists.
+    let (s, code, _) = post(json!({"uuid": uuid, "flavor": fl}).to_string().into_bytes()).await;
     assert_eq!((s, code.as_str()), (409, "exists"));
-    // Action bodies too.
-    let r = c
-        .post(agent.url(&format!("/v1/instances/{uuid}/action")))
-        .json(&json!({"action": "pause", "force": true}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 400);
-    let r = c
-        .post(agent.url(&format!("/v1/instances/{uuid}/action")))
-        .json(&json!({"action": "detach-interface", "port_id": "nope"}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 400);
+    // Action bodies are checked too.
+    for (body, status) in [
+        (json!({"action": "pause", "force": true}), 400),
+        (
+            json!({"action": "detach-interface", "port_id": "nope"}),
+            400,
+        ),
+        (json!({"action": "power-off", "timeout": 100000}), 400),
+        (
+            json!({"action": "attach-interface", "vif": {"id": "x"}}),
+            400,
+        ),
+    ] {
+        let r = c
+            .post(agent.url(&format!("/v1/instances/{uuid}/action")))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), status, "{body}");
+    }
     agent.stop().await.unwrap();
 }
 
@@ -606,7 +671,7 @@ async fn the_api_needs_the_token() {
     let r = anon
         .post(agent.url("/v1/instances"))
         .header("X-Auth-Token", format!("{TOKEN}x"))
-        .json(&create_body(Uuid::new_v4(), &[]))
+        .json(&create_body(Uuid::new_v4(), 0))
         .send()
         .await
         .unwrap();
@@ -624,10 +689,10 @@ async fn the_api_needs_the_token() {
     let h: Value = r.json().await.unwrap();
     assert_eq!(
         h,
-        json!({"status": "ok", "host": "test-host", "driver": "fake"})
+        json!({"status": "ok", "host": HOST, "driver": "libvirt"})
     );
     assert_eq!(agent.svc.metrics().auth_failures.get(&["api"]), 5);
-    assert!(agent.driver.calls.lock().unwrap().is_empty());
+    assert!(agent.driver.list().await.is_empty());
     agent.stop().await.unwrap();
 }
 
@@ -635,34 +700,23 @@ async fn the_api_needs_the_token() {
 async fn metrics_report_operations_events_and_requests() {
     let mut agent = TestAgent::start().await;
     let c = http();
-    let (uuid, p1) = (Uuid::new_v4(), Uuid::new_v4());
-    let r: Value = c
-        .post(agent.url("/v1/instances"))
-        .json(&create_body(uuid, &[p1]))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    // An early event for another port of the instance is buffered by the events actor.
-    wait_instance(&c, &agent, uuid, WITHIN, |v| {
-        v["operation"]["waiting_for"]
-            .as_array()
-            .is_some_and(|w| !w.is_empty())
-    })
-    .await;
-    c.post(agent.url("/v2.1/os-server-external-events"))
-        .json(&plugged(uuid, Uuid::new_v4(), "completed"))
-        .send()
-        .await
-        .unwrap();
-    c.post(agent.url("/v2.1/os-server-external-events"))
-        .json(&plugged(uuid, p1, "completed"))
-        .send()
-        .await
-        .unwrap();
-    wait_op(&c, &agent, r["operation"]["id"].as_str().unwrap(), WITHIN).await;
+    let uuid = Uuid::new_v4();
+    let (op, tags) = create_waiting(&c, &agent, uuid, 1).await;
+    // An early event for another port of the instance: buffered by the events actor.
+    let other = Uuid::new_v4().to_string();
+    assert_eq!(
+        post_events(&c, &agent, &plugged(uuid, &other, "completed"))
+            .await
+            .0,
+        200
+    );
+    assert_eq!(
+        post_events(&c, &agent, &plugged(uuid, &tags[0], "completed"))
+            .await
+            .0,
+        200
+    );
+    wait_op(&c, &agent, &op, WITHIN).await;
     let r = c.get(agent.url("/metrics")).send().await.unwrap();
     assert_eq!(r.status(), 200);
     assert!(r.headers()["content-type"]
@@ -683,6 +737,8 @@ async fn metrics_report_operations_events_and_requests() {
         "vireo_http_requests_total{route=\"/v1/instances\",status=\"202\"} 1",
         "vireo_http_requests_total{route=\"/v2.1/os-server-external-events\",status=\"200\"} 2",
         "vireo_instances 1",
+        "vireo_libvirt_reconnects_total 0",
+        "vireo_libvirt_connected 1",
     ] {
         assert!(
             text.lines().any(|l| l == line),
@@ -693,16 +749,4 @@ async fn metrics_report_operations_events_and_requests() {
         "vireo_http_request_duration_seconds_bucket{route=\"/v1/instances/{uuid}\",le=\"+Inf\"}"
     ));
     agent.stop().await.unwrap();
-}
-
-trait AdmitExt {
-    fn directory_admit(&self, uuid: Uuid);
-}
-
-impl AdmitExt for TestAgent {
-    /// An instance put in the fake directly is known to the events endpoint too.
-    fn directory_admit(&self, uuid: Uuid) {
-        use vireo::agent::events::InstanceDirectory;
-        self.directory.admitted(uuid);
-    }
 }

@@ -15,6 +15,7 @@ use serde_json::{json, Value};
 use tokio::io::AsyncWriteExt;
 use tokio::process::Command;
 use uuid::Uuid;
+use vireo::compute::ComputeDriver;
 use vireo_actors::lifecycle::InstanceState;
 
 const BIN: &str = env!("CARGO_BIN_EXE_vireo");
@@ -152,19 +153,18 @@ async fn client_commands_against_a_running_agent() {
     );
 
     // Create with --wait: progress on stderr while it waits for its event.
-    let (uuid, port) = (Uuid::new_v4(), Uuid::new_v4());
-    let body = create_body(uuid, &[port]).to_string();
+    let uuid = Uuid::new_v4();
+    let body = create_body(uuid, 1).to_string();
     let create = tokio::spawn(run(
         with(&["instance", "create", "--file", "-", "--wait"]),
         Some(body),
     ));
     let c = http();
-    wait_instance(&c, &agent, uuid, Duration::from_secs(30), |v| {
-        v["operation"]["waiting_for"]
-            .as_array()
-            .is_some_and(|w| !w.is_empty())
+    let shown = wait_instance(&c, &agent, uuid, Duration::from_secs(30), |v| {
+        awaited_tags(v).len() == 1 && v["operation"]["phase"] == "wait for events"
     })
     .await;
+    let port = awaited_tags(&shown)[0].clone();
     // Let the client poll at least once while it waits.
     tokio::time::sleep(super_poll()).await;
     let sent = run(
@@ -195,15 +195,12 @@ async fn client_commands_against_a_running_agent() {
         se.contains(&format!("waiting for network-vif-plugged {port}")),
         "{se}"
     );
-    assert!(se.contains("step wait-vif-plugged"), "{se}");
+    assert!(se.contains("phase wait for events"), "{se}");
     assert!(
         so.contains(&format!("(create of {uuid}): succeeded")),
         "{so}"
     );
-    assert!(
-        so.contains("steps: define → plug-vifs → wait-vif-plugged → start"),
-        "{so}"
-    );
+    assert!(so.contains("steps: ") && so.contains(" → "), "{so}");
 
     // Show as text and JSON.
     let out = run(with(&["instance", "show", &uuid.to_string()]), None).await;
@@ -231,7 +228,10 @@ async fn client_commands_against_a_running_agent() {
         "{}",
         text(&out.stdout)
     );
-    assert_eq!(agent.driver.state_of(uuid), Some(InstanceState::Paused));
+    assert_eq!(
+        agent.driver.show(uuid).await.unwrap().state,
+        InstanceState::Paused
+    );
     let out = run(
         with(&["instance", "action", &uuid.to_string(), "pause"]),
         None,
@@ -257,7 +257,7 @@ async fn client_commands_against_a_running_agent() {
         so.lines()
             .nth(1)
             .unwrap()
-            .starts_with(&format!("{uuid}  vm-test  paused  paused  1     -")),
+            .starts_with(&format!("{uuid}  vm-{uuid}  paused  paused  1     -")),
         "{so}"
     );
 
@@ -335,6 +335,104 @@ async fn client_commands_against_a_running_agent() {
     .await;
     assert_eq!(out.status.code(), Some(2));
     agent.stop().await.unwrap();
+}
+
+#[actix_rt::test]
+async fn the_agent_binary_serves_and_stops_on_sigterm() {
+    let d = tempfile::tempdir().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let cfg = config(d.path(), "", 0o600);
+    let text_cfg = std::fs::read_to_string(&cfg).unwrap().replace(
+        "listen = \"127.0.0.1:0\"",
+        &format!("listen = \"127.0.0.1:{port}\""),
+    );
+    std::fs::write(&cfg, format!("{text_cfg}[logging]\njson = true\n")).unwrap();
+    let child = Command::new(BIN)
+        .args(["agent", "--config", cfg.to_str().unwrap()])
+        .env_remove("RUST_LOG")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let base = format!("http://127.0.0.1:{port}");
+    let c = http();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Ok(r) = c.get(format!("{base}/healthz")).send().await {
+            let h: Value = r.json().await.unwrap();
+            assert_eq!(h["status"], "ok");
+            assert_eq!(h["driver"], "libvirt");
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the agent never listened"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The real driver on the default private test-driver node: create an instance.
+    let uuid = Uuid::new_v4();
+    let r = c
+        .post(format!("{base}/v1/instances"))
+        .json(&json!({"uuid": uuid, "flavor": {"name": "m1.tiny", "vcpus": 1, "memory_mb": 64}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 202);
+    let op: Value = r.json().await.unwrap();
+    let id = op["operation"]["id"].as_str().unwrap().to_owned();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let op: Value = c
+            .get(format!("{base}/v1/operations/{id}"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        if op["state"] != "running" {
+            assert_eq!(op["state"], "succeeded", "{op}");
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(d.path().join("state/libvirt-test-node.xml").exists());
+
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id().unwrap()).unwrap());
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    let out = tokio::time::timeout(Duration::from_secs(40), child.wait_with_output())
+        .await
+        .expect("the agent did not stop")
+        .unwrap();
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    // Structured JSON logs, the instance uuid on the operation's lines, no token anywhere.
+    let lines: Vec<Value> = err
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    assert!(lines
+        .iter()
+        .any(|l| l["fields"]["message"] == "agent listening"));
+    assert!(lines
+        .iter()
+        .any(|l| l["fields"]["message"] == "SIGTERM received"));
+    let op_lines: Vec<&Value> = lines
+        .iter()
+        .filter(|l| l["span"]["name"] == "operation")
+        .collect();
+    assert!(!op_lines.is_empty(), "{err}");
+    for l in op_lines {
+        assert_eq!(l["span"]["instance"], uuid.to_string(), "{l}");
+    }
+    assert!(!err.contains(TOKEN));
 }
 
 fn super_poll() -> Duration {

@@ -1,6 +1,7 @@
 //! `POST /os-server-external-events` over HTTP, as Neutron's Nova notifier calls it: tokens,
 //! Nova's per-event codes and 200/207/404 answers, body validation and size limit, and events
-//! reaching the real NetworkEventActor (a wait registered on it is released or failed).
+//! reaching the real NetworkEventActor of the real `LibvirtDriver` (a wait registered on it
+//! is released or failed). Which instances are "here" comes from the driver.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -12,9 +13,8 @@ use agent_common::*;
 use serde_json::{json, Value};
 use tokio::time::Instant;
 use uuid::Uuid;
-use vireo::agent::events::InstanceDirectory;
+use vireo::compute::ComputeDriver;
 use vireo_actors::events::{OpId, WaitError, WaitPolicy};
-use vireo_actors::lifecycle::InstanceState;
 use vireo_actors::predict::ExpectedEvent;
 use vireo_actors::vif::PortId;
 
@@ -35,10 +35,10 @@ fn neutron_request(
         .body(body.to_string())
 }
 
-fn known(agent: &TestAgent) -> Uuid {
+/// An instance on the agent's host (no ports).
+async fn known(agent: &TestAgent) -> Uuid {
     let u = Uuid::new_v4();
-    agent.driver.insert(u, InstanceState::Running, 1);
-    agent.directory.admitted(u);
+    agent.spawn_direct(u).await;
     u
 }
 
@@ -46,14 +46,15 @@ fn known(agent: &TestAgent) -> Uuid {
 async fn events_release_a_wait_registered_on_the_events_actor() {
     let mut agent = TestAgent::start().await;
     let c = http();
-    let server = known(&agent);
+    let server = known(&agent).await;
     let (p1, p2) = (PortId(Uuid::new_v4()), PortId(Uuid::new_v4()));
     let policy = WaitPolicy {
         timeout: Duration::from_secs(30),
         fatal: true,
     };
     let wait = agent
-        .events
+        .driver
+        .events()
         .expect(
             server,
             vec![ExpectedEvent::plugged(p1), ExpectedEvent::plugged(p2)],
@@ -90,7 +91,7 @@ async fn events_release_a_wait_registered_on_the_events_actor() {
         .unwrap()
         .unwrap();
     assert!(outcome.waited && outcome.complete());
-    let stats = agent.events.stats().await.unwrap();
+    let stats = agent.driver.event_stats().await.unwrap();
     assert_eq!(stats.delivered, 3);
     assert_eq!(stats.matched, 2);
     assert_eq!(
@@ -105,10 +106,11 @@ async fn events_release_a_wait_registered_on_the_events_actor() {
 async fn a_failed_event_fails_a_fatal_wait_naming_the_port() {
     let mut agent = TestAgent::start().await;
     let c = http();
-    let server = known(&agent);
+    let server = known(&agent).await;
     let p1 = PortId(Uuid::new_v4());
     let wait = agent
-        .events
+        .driver
+        .events()
         .expect(
             server,
             vec![ExpectedEvent::plugged(p1)],
@@ -120,7 +122,7 @@ async fn a_failed_event_fails_a_fatal_wait_naming_the_port() {
         .unwrap();
     let r = c
         .post(agent.url(PATH))
-        .json(&plugged(server, p1.0, "failed"))
+        .json(&plugged(server, &p1.to_string(), "failed"))
         .send()
         .await
         .unwrap();
@@ -140,7 +142,7 @@ async fn a_failed_event_fails_a_fatal_wait_naming_the_port() {
 async fn nova_answers_per_event_and_207_or_404_overall() {
     let mut agent = TestAgent::start().await;
     let c = http();
-    let (a, b) = (known(&agent), known(&agent));
+    let (a, b) = (known(&agent).await, known(&agent).await);
     let stranger = Uuid::new_v4();
     let port = Uuid::new_v4().to_string();
 
@@ -191,7 +193,7 @@ async fn nova_answers_per_event_and_207_or_404_overall() {
     // None of the instances exists: 404 with a JSON error.
     let r = c
         .post(agent.url(PATH))
-        .json(&plugged(stranger, Uuid::new_v4(), "completed"))
+        .json(&plugged(stranger, &Uuid::new_v4().to_string(), "completed"))
         .send()
         .await
         .unwrap();
@@ -203,14 +205,14 @@ async fn nova_answers_per_event_and_207_or_404_overall() {
     // The bare path works as well as /v2.1.
     let r = c
         .post(agent.url("/os-server-external-events"))
-        .json(&plugged(a, Uuid::new_v4(), "completed"))
+        .json(&plugged(a, &Uuid::new_v4().to_string(), "completed"))
         .send()
         .await
         .unwrap();
     assert_eq!(r.status(), 200);
 
     // Only accepted events reach the actor (3 of the 7 above went there).
-    let stats = agent.events.stats().await.unwrap();
+    let stats = agent.driver.event_stats().await.unwrap();
     assert_eq!(stats.delivered, 3, "{stats:?}");
     let m = agent.svc.metrics();
     assert_eq!(m.events_received.get(&["200"]), 3);
@@ -227,7 +229,7 @@ async fn bad_bodies_are_400_or_413_and_reach_nothing() {
     })
     .await;
     let c = http();
-    let a = known(&agent);
+    let a = known(&agent).await;
     let post = |body: Vec<u8>| {
         let c = c.clone();
         let url = agent.url(PATH);
@@ -275,7 +277,7 @@ async fn bad_bodies_are_400_or_413_and_reach_nothing() {
     // A chunked body without Content-Length is capped while it is read.
     let status = chunked_post(&agent, 10, 512).await;
     assert_eq!(status, 413);
-    assert_eq!(agent.events.stats().await.unwrap().delivered, 0);
+    assert_eq!(agent.driver.event_stats().await.unwrap().delivered, 0);
     assert_eq!(agent.svc.metrics().event_batches.get(&[]), 0);
     agent.stop().await.unwrap();
 }
@@ -288,8 +290,8 @@ async fn events_need_a_token_and_notused_only_when_allowed() {
     })
     .await;
     let anon = anonymous();
-    let a = known(&agent);
-    let body = plugged(a, Uuid::new_v4(), "completed");
+    let a = known(&agent).await;
+    let body = plugged(a, &Uuid::new_v4().to_string(), "completed");
     let r = anon.post(agent.url(PATH)).json(&body).send().await.unwrap();
     assert_eq!(r.status(), 401, "no token");
     for wrong in [
@@ -325,7 +327,7 @@ async fn events_need_a_token_and_notused_only_when_allowed() {
     assert_eq!(r.status(), 401);
     assert_eq!(agent.svc.metrics().auth_failures.get(&["events"]), 5);
     assert_eq!(
-        agent.events.stats().await.unwrap().delivered,
+        agent.driver.event_stats().await.unwrap().delivered,
         2,
         "refused POSTs delivered nothing"
     );
@@ -338,12 +340,12 @@ async fn events_need_a_token_and_notused_only_when_allowed() {
         ..Options::default()
     })
     .await;
-    let a = known(&agent);
+    let a = known(&agent).await;
     let r = neutron_request(
         &anon,
         &agent,
         "notused",
-        &plugged(a, Uuid::new_v4(), "completed"),
+        &plugged(a, &Uuid::new_v4().to_string(), "completed"),
     )
     .send()
     .await
@@ -358,7 +360,7 @@ async fn events_need_a_token_and_notused_only_when_allowed() {
     assert_eq!(r.status(), 401);
     let r = anon
         .post(agent.url(PATH))
-        .json(&plugged(a, Uuid::new_v4(), "completed"))
+        .json(&plugged(a, &Uuid::new_v4().to_string(), "completed"))
         .send()
         .await
         .unwrap();
@@ -374,8 +376,8 @@ async fn a_configured_token_header_is_used() {
     })
     .await;
     let anon = anonymous();
-    let a = known(&agent);
-    let body = plugged(a, Uuid::new_v4(), "completed");
+    let a = known(&agent).await;
+    let body = plugged(a, &Uuid::new_v4().to_string(), "completed");
     let r = anon
         .post(agent.url(PATH))
         .header("X-Auth-Token", TOKEN)

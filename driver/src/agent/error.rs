@@ -7,7 +7,7 @@ use uuid::Uuid;
 
 use super::model::{ErrorBody, ErrorDetail, OpKind};
 use super::paths::PathError;
-use super::provisional::InstanceError;
+use vireo_actors::instance::InstanceError;
 
 /// Why a request failed.
 #[derive(Debug, thiserror::Error)]
@@ -70,7 +70,7 @@ pub enum ApiError {
     #[error("the agent is shutting down")]
     ShuttingDown,
     /// The driver refused or failed a synchronous call.
-    #[error("{0}")]
+    #[error("{}", vireo_actors::instance::error_chain(.0))]
     Driver(InstanceError),
 }
 
@@ -118,7 +118,7 @@ pub fn status_for_driver_code(code: &str) -> StatusCode {
         "busy" | "illegal-state" => StatusCode::CONFLICT,
         "not-found" => StatusCode::NOT_FOUND,
         "invalid" => StatusCode::BAD_REQUEST,
-        "shutting-down" => StatusCode::SERVICE_UNAVAILABLE,
+        "unavailable" | "cancelled" => StatusCode::SERVICE_UNAVAILABLE,
         _ => StatusCode::INTERNAL_SERVER_ERROR,
     }
 }
@@ -171,7 +171,12 @@ mod tests {
     fn driver_codes_map_to_statuses() {
         let u = Uuid::nil();
         let cases = [
-            (InstanceError::Busy(u), 409),
+            (
+                InstanceError::Busy {
+                    running: Request::Spawn,
+                },
+                409,
+            ),
             (
                 InstanceError::IllegalState {
                     state: InstanceState::Stopped,
@@ -181,8 +186,8 @@ mod tests {
             ),
             (InstanceError::NotFound(u), 404),
             (InstanceError::Invalid("x".into()), 400),
-            (InstanceError::Failed("x".into()), 500),
-            (InstanceError::ShuttingDown, 503),
+            (InstanceError::UnknownHost("h".into()), 500),
+            (InstanceError::Unavailable, 503),
         ];
         for (e, status) in cases {
             let code = e.code();

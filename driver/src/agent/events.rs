@@ -17,12 +17,12 @@
 //! - The answer is 200 when every event was accepted, 207 when some were not, and 404
 //!   (`No instances found for any event`) when none was.
 //!
-//! Which instances are known comes from an [`InstanceDirectory`]; [`InstanceSet`] is the one
-//! the agent keeps itself from the operations it runs.
+//! Which instances are on this host comes from the driver (`ComputeDriver::knows`, asked once
+//! per distinct instance of a POST); [`Departed`] remembers, boundedly, the instances that
+//! live-migrated away through this agent, answered 422 rather than 404.
 
-use std::collections::{HashSet, VecDeque};
-use std::fmt::Debug;
-use std::sync::RwLock;
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Mutex;
 
 use serde::Deserialize;
 use tracing::debug;
@@ -40,127 +40,58 @@ pub const MAX_TAG_LEN: usize = 255;
 pub enum Placement {
     /// On this host: its events are accepted (200).
     OnHost,
-    /// Known, but not on this host now (e.g. it live-migrated away): 422.
+    /// Known, but not on this host now (it live-migrated away): 422.
     NotOnHost,
     /// Never heard of (or deleted): 404.
     Unknown,
 }
 
-/// Which instances this host has. Implemented by the agent's [`InstanceSet`] and, once it
-/// lands, by the host actor's registry.
-pub trait InstanceDirectory: Send + Sync + Debug {
-    /// True when the instance is on this host.
-    fn knows(&self, uuid: &Uuid) -> bool;
-
-    /// Where the instance is; the default derives it from [`Self::knows`].
-    fn placement(&self, uuid: &Uuid) -> Placement {
-        if self.knows(uuid) {
-            Placement::OnHost
-        } else {
-            Placement::Unknown
-        }
-    }
-
-    /// The agent admitted a spawn of `uuid` (its events may start coming). A directory that
-    /// follows the driver by itself ignores this.
-    fn admitted(&self, _uuid: Uuid) {}
-
-    /// `uuid` left this host: destroyed (`moved` false) or migrated away (`moved` true).
-    fn departed(&self, _uuid: Uuid, _moved: bool) {}
-
-    /// Instances on this host, when the directory can count them cheaply (a metric).
-    fn count(&self) -> Option<usize> {
-        None
-    }
-}
-
-/// The agent's own directory: instances spawned (or found at start), plus a bounded memory of
-/// instances that migrated away (answered 422 rather than 404).
+/// A bounded memory of instances that left this host by live migration (oldest forgotten
+/// first).
 #[derive(Debug)]
-pub struct InstanceSet {
-    inner: RwLock<SetInner>,
-    away_limit: usize,
+pub struct Departed {
+    inner: Mutex<(HashSet<Uuid>, VecDeque<Uuid>)>,
+    limit: usize,
 }
 
-#[derive(Debug, Default)]
-struct SetInner {
-    here: HashSet<Uuid>,
-    away: HashSet<Uuid>,
-    away_order: VecDeque<Uuid>,
-}
-
-impl InstanceSet {
-    /// An empty set remembering at most `away_limit` departed instances.
-    pub fn new(away_limit: usize) -> Self {
-        InstanceSet {
-            inner: RwLock::new(SetInner::default()),
-            away_limit,
+impl Departed {
+    /// Remember at most `limit` instances.
+    pub fn new(limit: usize) -> Self {
+        Departed {
+            inner: Mutex::new((HashSet::new(), VecDeque::new())),
+            limit,
         }
     }
 
-    /// A set holding `uuids`.
-    pub fn with(uuids: impl IntoIterator<Item = Uuid>) -> Self {
-        let s = Self::new(1024);
-        for u in uuids {
-            s.admitted(u);
+    /// `uuid` migrated away.
+    pub fn insert(&self, uuid: Uuid) {
+        let mut i = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        if self.limit == 0 || !i.0.insert(uuid) {
+            return;
         }
-        s
-    }
-
-    /// Instances on this host.
-    pub fn len(&self) -> usize {
-        self.inner.read().map_or(0, |i| i.here.len())
-    }
-
-    /// True when no instance is on this host.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-}
-
-impl InstanceDirectory for InstanceSet {
-    fn knows(&self, uuid: &Uuid) -> bool {
-        self.inner
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .here
-            .contains(uuid)
-    }
-
-    fn placement(&self, uuid: &Uuid) -> Placement {
-        let i = self.inner.read().unwrap_or_else(|e| e.into_inner());
-        if i.here.contains(uuid) {
-            Placement::OnHost
-        } else if i.away.contains(uuid) {
-            Placement::NotOnHost
-        } else {
-            Placement::Unknown
-        }
-    }
-
-    fn admitted(&self, uuid: Uuid) {
-        let mut i = self.inner.write().unwrap_or_else(|e| e.into_inner());
-        i.here.insert(uuid);
-        if i.away.remove(&uuid) {
-            i.away_order.retain(|u| *u != uuid);
-        }
-    }
-
-    fn count(&self) -> Option<usize> {
-        Some(self.len())
-    }
-
-    fn departed(&self, uuid: Uuid, moved: bool) {
-        let mut i = self.inner.write().unwrap_or_else(|e| e.into_inner());
-        i.here.remove(&uuid);
-        if moved && self.away_limit > 0 && i.away.insert(uuid) {
-            i.away_order.push_back(uuid);
-            while i.away_order.len() > self.away_limit {
-                if let Some(old) = i.away_order.pop_front() {
-                    i.away.remove(&old);
-                }
+        i.1.push_back(uuid);
+        while i.1.len() > self.limit {
+            if let Some(old) = i.1.pop_front() {
+                i.0.remove(&old);
             }
         }
+    }
+
+    /// `uuid` is here again (it came back).
+    pub fn remove(&self, uuid: &Uuid) {
+        let mut i = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        if i.0.remove(uuid) {
+            i.1.retain(|u| u != uuid);
+        }
+    }
+
+    /// True when `uuid` migrated away and is remembered.
+    pub fn contains(&self, uuid: &Uuid) -> bool {
+        self.inner
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .0
+            .contains(uuid)
     }
 }
 
@@ -213,12 +144,25 @@ fn parse_status(s: &str) -> Option<EventStatus> {
     }
 }
 
-/// Validate `body` and decide each event's code. `Err` is the whole request's error (400).
-pub fn process(
-    body: &[u8],
-    directory: &dyn InstanceDirectory,
-    max_events: usize,
-) -> Result<Outcome, ApiError> {
+/// A validated POST: its events as sent, with the parsed uuid and status.
+#[derive(Debug)]
+pub struct Parsed {
+    events: Vec<(RawEvent, Uuid, EventStatus)>,
+}
+
+impl Parsed {
+    /// The distinct instances the events name, in first-seen order.
+    pub fn instances(&self) -> Vec<Uuid> {
+        let mut seen = HashSet::with_capacity(self.events.len());
+        self.events
+            .iter()
+            .filter_map(|(_, u, _)| seen.insert(*u).then_some(*u))
+            .collect()
+    }
+}
+
+/// Validate `body` (see the module docs). `Err` is the whole request's error (400).
+pub fn parse(body: &[u8], max_events: usize) -> Result<Parsed, ApiError> {
     let body: Body = serde_json::from_slice(body).map_err(|e| ApiError::BadJson(e.to_string()))?;
     if body.events.is_empty() {
         return Err(ApiError::Invalid(
@@ -231,9 +175,8 @@ pub fn process(
             body.events.len()
         )));
     }
-    // Schema checks first: any failure rejects the whole request.
-    let mut parsed = Vec::with_capacity(body.events.len());
-    for (i, e) in body.events.iter().enumerate() {
+    let mut events = Vec::with_capacity(body.events.len());
+    for (i, e) in body.events.into_iter().enumerate() {
         let uuid = Uuid::parse_str(&e.server_uuid).map_err(|_| {
             ApiError::Invalid(format!(
                 "events[{i}].server_uuid: {:?} is not a UUID",
@@ -255,14 +198,20 @@ pub fn process(
                 )));
             }
         }
-        parsed.push((uuid, status));
+        events.push((e, uuid, status));
     }
+    Ok(Parsed { events })
+}
 
-    let mut answers = Vec::with_capacity(body.events.len());
-    let mut accepted = Vec::with_capacity(body.events.len());
-    for (e, (uuid, status)) in body.events.into_iter().zip(parsed) {
+/// Decide each event's code from where its instance is (`placements` holds every instance of
+/// [`Parsed::instances`]; a missing one counts as unknown).
+pub fn decide(parsed: Parsed, placements: &HashMap<Uuid, Placement>) -> Outcome {
+    let mut answers = Vec::with_capacity(parsed.events.len());
+    let mut accepted = Vec::with_capacity(parsed.events.len());
+    for (e, uuid, status) in parsed.events {
         let name = e.name.parse::<EventName>().ok();
-        let code = match (directory.placement(&uuid), name) {
+        let placement = placements.get(&uuid).copied().unwrap_or(Placement::Unknown);
+        let code = match (placement, name) {
             (Placement::Unknown, _) => 404,
             (_, None) => 400,
             (_, Some(EventName::VolumeExtended)) if e.tag.is_none() => 400,
@@ -287,10 +236,10 @@ pub fn process(
             code,
         });
     }
-    Ok(Outcome {
+    Outcome {
         answer: EventsAnswer { events: answers },
         accepted,
-    })
+    }
 }
 
 #[cfg(test)]
@@ -302,15 +251,15 @@ mod tests {
     const B: &str = "9a1c2e44-5d2b-4e55-9c51-3f0f3a6c4d11";
     const PORT: &str = "3b2c4d5e-0000-4000-8000-000000000001";
 
-    fn dir() -> InstanceSet {
-        let s = InstanceSet::with([Uuid::parse_str(A).unwrap()]);
-        s.admitted(Uuid::parse_str(B).unwrap());
-        s.departed(Uuid::parse_str(B).unwrap(), true);
-        s
+    fn placements() -> HashMap<Uuid, Placement> {
+        HashMap::from([
+            (Uuid::parse_str(A).unwrap(), Placement::OnHost),
+            (Uuid::parse_str(B).unwrap(), Placement::NotOnHost),
+        ])
     }
 
     fn run(v: serde_json::Value) -> Result<Outcome, ApiError> {
-        process(v.to_string().as_bytes(), &dir(), 100)
+        parse(v.to_string().as_bytes(), 100).map(|p| decide(p, &placements()))
     }
 
     #[test]
@@ -371,6 +320,23 @@ mod tests {
     }
 
     #[test]
+    fn distinct_instances_in_first_seen_order() {
+        let p = parse(
+            json!({"events": [
+                {"name": "network-changed", "server_uuid": B},
+                {"name": "network-changed", "server_uuid": A},
+                {"name": "network-changed", "server_uuid": B},
+            ]})
+            .to_string()
+            .as_bytes(),
+            10,
+        )
+        .unwrap();
+        let ids: Vec<String> = p.instances().iter().map(ToString::to_string).collect();
+        assert_eq!(ids, [B, A]);
+    }
+
+    #[test]
     fn schema_violations_reject_the_whole_request() {
         let bad = [
             json!({"events": []}),
@@ -393,35 +359,28 @@ mod tests {
             );
         }
         assert!(matches!(
-            process(b"not json", &dir(), 10).unwrap_err(),
+            parse(b"not json", 10).unwrap_err(),
             ApiError::BadJson(_)
         ));
         let many: Vec<_> = (0..11)
             .map(|_| json!({"name": "network-changed", "server_uuid": A}))
             .collect();
         assert!(matches!(
-            process(json!({"events": many}).to_string().as_bytes(), &dir(), 10).unwrap_err(),
+            parse(json!({"events": many}).to_string().as_bytes(), 10).unwrap_err(),
             ApiError::Invalid(_)
         ));
     }
 
     #[test]
-    fn the_set_tracks_arrivals_and_departures() {
-        let s = InstanceSet::new(2);
-        let ids: Vec<Uuid> = (0..4).map(|_| Uuid::new_v4()).collect();
+    fn departed_memory_is_bounded() {
+        let d = Departed::new(2);
+        let ids: Vec<Uuid> = (0..3).map(|_| Uuid::new_v4()).collect();
         for u in &ids {
-            s.admitted(*u);
+            d.insert(*u);
         }
-        assert_eq!(s.len(), 4);
-        s.departed(ids[0], false);
-        assert_eq!(s.placement(&ids[0]), Placement::Unknown);
-        s.departed(ids[1], true);
-        s.departed(ids[2], true);
-        s.departed(ids[3], true);
-        assert_eq!(s.placement(&ids[1]), Placement::Unknown, "bounded memory");
-        assert_eq!(s.placement(&ids[3]), Placement::NotOnHost);
-        s.admitted(ids[3]);
-        assert_eq!(s.placement(&ids[3]), Placement::OnHost);
-        assert!(s.knows(&ids[3]));
+        assert!(!d.contains(&ids[0]), "oldest forgotten");
+        assert!(d.contains(&ids[1]) && d.contains(&ids[2]));
+        d.remove(&ids[2]);
+        assert!(!d.contains(&ids[2]));
     }
 }

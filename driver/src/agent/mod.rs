@@ -6,13 +6,11 @@
 //!   and shutdown signal as arguments.
 //! - [`service`]: what the handlers do, without HTTP: validation, admission of long
 //!   operations, background tasks, the events hand-over, shutdown.
-//! - [`events`]: the external-events body rules and Nova's answer codes; the
-//!   [`events::InstanceDirectory`] trait saying which instances are here.
+//! - [`events`]: the external-events body rules and Nova's answer codes.
 //! - [`ops`]: the operation registry (one operation per instance, bounded history).
 //! - [`auth`]: token files and constant-time checks. [`paths`]: which host paths a request
 //!   may name. [`metrics`]: the Prometheus registry. [`model`]: the wire format.
-//! - [`provisional`]: a stand-in for the `ComputeDriver` trait until it lands (see there);
-//!   [`view`] converts its types to the wire format.
+//! - [`view`]: converts the driver's types to the wire format.
 //!
 //! [`run`] is the binary's entry: load the config, check the token files, prepare the state
 //! directory, bind, start the actors and the driver, serve until SIGTERM/SIGINT.
@@ -24,7 +22,6 @@ pub mod metrics;
 pub mod model;
 pub mod ops;
 pub mod paths;
-pub mod provisional;
 pub mod server;
 pub mod service;
 pub mod view;
@@ -33,16 +30,17 @@ use std::fs;
 use std::io;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use actix_web::http::header::HeaderName;
 use tracing::info;
 use tracing_subscriber::EnvFilter;
-use vireo_actors::events::{EventConfig, EventsHandle};
 
+use crate::compute::{ComputeDriver, DriverError};
 use crate::config::{AgentConfig, ConfigError};
 use auth::{Auth, Token, TokenError};
 use paths::PathPolicy;
-use service::{AgentParts, Settings};
+use service::Settings;
 
 /// Exit code: clean shutdown.
 pub const EXIT_OK: u8 = 0;
@@ -79,12 +77,13 @@ pub enum StartError {
         source: io::Error,
     },
     /// The driver could not be loaded.
-    #[error("driver.name {name:?}: cannot load the driver: {reason}")]
+    #[error("driver.name {name:?}: cannot load the driver")]
     Driver {
         /// The configured name.
         name: String,
-        /// Why.
-        reason: String,
+        /// Why (boxed: the driver's error is large).
+        #[source]
+        source: Box<DriverError>,
     },
     /// The runtime could not be built.
     #[error("cannot start the runtime")]
@@ -181,22 +180,17 @@ pub fn prepare_default_libvirt(cfg: &AgentConfig) -> Result<(), StartError> {
         .map_err(|source| StartError::StateDir { path: node, source })
 }
 
-/// Load the virt driver named in the config.
-///
-/// INTEGRATION POINT: the `ComputeDriver` implementation (driver/src/compute.rs,
-/// `load_driver(name, &config)`) is being written on another branch. Until it is merged this
-/// returns [`StartError::Driver`]; afterwards it calls `crate::compute::load_driver` with the
-/// config and `events`, and fills [`AgentParts`] with the driver, the host registry as
-/// [`events::InstanceDirectory`] and a [`service::libvirt_probe`] on its libvirt handle.
-pub async fn load_driver(
-    cfg: &AgentConfig,
-    events: &EventsHandle,
-) -> Result<AgentParts, StartError> {
-    let _ = events;
-    Err(StartError::Driver {
-        name: cfg.driver.name.clone(),
-        reason: "no ComputeDriver implementation is built into this binary yet".into(),
-    })
+/// Load the virt driver named in `[driver] name` with the configuration derived from the
+/// file (see [`AgentConfig::driver_config`]): it opens libvirt, starts its actors, the
+/// network service and the plugger, and recovers the instances libvirt has.
+pub async fn load_driver(cfg: &AgentConfig) -> Result<Arc<dyn ComputeDriver>, StartError> {
+    let driver = crate::compute::load_driver(&cfg.driver.name, &cfg.driver_config())
+        .await
+        .map_err(|source| StartError::Driver {
+            name: cfg.driver.name.clone(),
+            source: Box::new(source),
+        })?;
+    Ok(Arc::from(driver))
 }
 
 /// Install the tracing subscriber from `[logging]` (`RUST_LOG` overrides the level).
@@ -209,6 +203,7 @@ pub fn init_logging(cfg: &AgentConfig) {
     });
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&io::stderr()))
         .with_writer(io::stderr);
     // Already installed (tests, a host process): keep the existing one.
     let _ = if cfg.logging.json {
@@ -277,18 +272,10 @@ fn run_inner(config_path: &Path) -> Result<(), StartError> {
     })?;
     let system = actix_rt::System::new();
     system.block_on(async move {
-        let events = EventsHandle::start(EventConfig::default());
-        let parts = match load_driver(&cfg, &events).await {
-            Ok(p) => p,
-            Err(e) => {
-                // Stop the actor inside the runtime rather than in the system's drop.
-                let _ = events.shutdown().await;
-                return Err(e);
-            }
-        };
-        info!(driver = parts.driver.name(), host = %settings.host,
+        let driver = load_driver(&cfg).await?;
+        info!(driver = driver.name(), host = %settings.host, uri = %cfg.libvirt_uri(),
               network = %cfg.network.kind, "agent starting");
-        let svc = service::AgentService::new(parts, settings);
+        let svc = service::AgentService::new(driver, settings);
         server::serve(listener, shutdown_signal(), svc)
             .await
             .map_err(StartError::Serve)

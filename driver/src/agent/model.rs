@@ -5,13 +5,14 @@
 //! `{"error": {"code": "<stable code>", "message": "..."}}` ([`ErrorBody`]); the codes are
 //! listed in docs/AGENT.md.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use uuid::Uuid;
 
-use super::provisional::Flavor;
+use vireo_xml::metadata::Flavor as DriverFlavor;
 
 /// `{"error": {...}}`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -29,7 +30,38 @@ pub struct ErrorDetail {
     pub message: String,
 }
 
-/// What to boot; every path must lie in one of the configured image directories.
+/// A flavor: `{"name", "vcpus", "memory_mb", "root_gb"?, "extra_specs"?}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Flavor {
+    /// Flavor name.
+    pub name: String,
+    /// Virtual CPUs.
+    pub vcpus: u32,
+    /// Memory in MiB.
+    pub memory_mb: u64,
+    /// Root disk in GiB.
+    #[serde(default)]
+    pub root_gb: u64,
+    /// Extra specs (`hw:vif_multiqueue_enabled`, `quota:vif_*`, ...).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub extra_specs: BTreeMap<String, String>,
+}
+
+impl From<Flavor> for DriverFlavor {
+    fn from(f: Flavor) -> DriverFlavor {
+        DriverFlavor {
+            name: f.name,
+            vcpus: f.vcpus,
+            memory_mb: f.memory_mb,
+            root_gb: f.root_gb,
+            extra_specs: f.extra_specs,
+        }
+    }
+}
+
+/// What to boot: nothing (a diskless domain), a kernel (with initrd and command line), or a
+/// disk image. Every path must lie in one of the configured image directories.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ImageRequest {
@@ -39,12 +71,32 @@ pub struct ImageRequest {
     /// Initial ramdisk (needs `kernel`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub initrd: Option<PathBuf>,
-    /// Disk image.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub disk: Option<PathBuf>,
     /// Kernel command line (needs `kernel`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cmdline: Option<String>,
+    /// Disk image (not with `kernel`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk: Option<PathBuf>,
+    /// The disk's format: `raw` (default) or `qcow2`. Never probed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk_format: Option<String>,
+}
+
+/// A port to allocate: on a network (vireo creates it and deletes it again on delete) or an
+/// existing port (bound here, unbound again on delete).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged, deny_unknown_fields)]
+pub enum PortRequest {
+    /// `{"network_id": ...}`.
+    Network {
+        /// The network.
+        network_id: String,
+    },
+    /// `{"port_id": ...}`.
+    Port {
+        /// The port.
+        port_id: String,
+    },
 }
 
 /// `POST /v1/instances`.
@@ -54,7 +106,7 @@ pub struct CreateInstance {
     /// The instance uuid; generated when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub uuid: Option<Uuid>,
-    /// Display name; defaults to `instance-<uuid>`.
+    /// Domain name; defaults to `instance-<uuid>`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
     /// Size.
@@ -62,17 +114,20 @@ pub struct CreateInstance {
     /// What to boot.
     #[serde(default)]
     pub image: ImageRequest,
-    /// Nova's network_info list (parsed strictly).
-    #[serde(default = "empty_list")]
-    pub network_info: Value,
-    /// Console log file; must lie in the instance's directory. Default
-    /// `<state_dir>/instances/<uuid>/console.log`.
+    /// Ports vireo allocates (on the configured network service). Not with `network_info`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub console_log: Option<PathBuf>,
+    pub ports: Option<Vec<PortRequest>>,
+    /// Nova's network_info list for ports allocated already (parsed strictly). Not with
+    /// `ports`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network_info: Option<Value>,
+    /// Start it (default) or leave it defined and stopped once built.
+    #[serde(default = "yes")]
+    pub power_on: bool,
 }
 
-fn empty_list() -> Value {
-    Value::Array(Vec::new())
+fn yes() -> bool {
+    true
 }
 
 /// `POST /v1/instances/{uuid}/action`: `{"action": "<name>", ...arguments}`. An argument the
@@ -82,8 +137,12 @@ fn empty_list() -> Value {
 pub enum Action {
     /// Start a stopped instance.
     PowerOn,
-    /// Shut down (graceful, then hard).
-    PowerOff,
+    /// Shut down gracefully within `timeout` seconds (default: the configured one), then hard.
+    PowerOff {
+        /// Seconds the guest gets.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        timeout: Option<u64>,
+    },
     /// Guest-cooperative reboot.
     RebootSoft,
     /// Re-create the domain.
@@ -112,11 +171,10 @@ pub enum Action {
     LiveMigrate {
         /// Destination host name.
         dest_host: String,
-        /// Destination libvirt URI when not derived from the host name.
-        #[serde(skip_serializing_if = "Option::is_none")]
-        dest_uri: Option<String>,
-        /// Copy the disks.
-        block_migration: bool,
+        /// Disks are on shared block storage.
+        shared_block_storage: bool,
+        /// The instance directory is shared between the hosts.
+        shared_instance_path: bool,
     },
     /// Attach an interface: one network_info entry.
     AttachInterface {
@@ -128,6 +186,8 @@ pub enum Action {
         /// The port id.
         port_id: String,
     },
+    /// Remove a failed build's remains and release its networking.
+    CleanupForReschedule,
 }
 
 /// [`Action`] as read: every variant a struct, so that `deny_unknown_fields` also refuses
@@ -136,7 +196,10 @@ pub enum Action {
 #[serde(tag = "action", rename_all = "kebab-case", deny_unknown_fields)]
 enum ActionWire {
     PowerOn {},
-    PowerOff {},
+    PowerOff {
+        #[serde(default)]
+        timeout: Option<u64>,
+    },
     RebootSoft {},
     RebootHard {},
     Pause {},
@@ -153,9 +216,9 @@ enum ActionWire {
     LiveMigrate {
         dest_host: String,
         #[serde(default)]
-        dest_uri: Option<String>,
+        shared_block_storage: bool,
         #[serde(default)]
-        block_migration: bool,
+        shared_instance_path: bool,
     },
     AttachInterface {
         vif: Value,
@@ -163,13 +226,14 @@ enum ActionWire {
     DetachInterface {
         port_id: String,
     },
+    CleanupForReschedule {},
 }
 
 impl From<ActionWire> for Action {
     fn from(w: ActionWire) -> Action {
         match w {
             ActionWire::PowerOn {} => Action::PowerOn,
-            ActionWire::PowerOff {} => Action::PowerOff,
+            ActionWire::PowerOff { timeout } => Action::PowerOff { timeout },
             ActionWire::RebootSoft {} => Action::RebootSoft,
             ActionWire::RebootHard {} => Action::RebootHard,
             ActionWire::Pause {} => Action::Pause,
@@ -181,15 +245,16 @@ impl From<ActionWire> for Action {
             ActionWire::RevertResize {} => Action::RevertResize,
             ActionWire::LiveMigrate {
                 dest_host,
-                dest_uri,
-                block_migration,
+                shared_block_storage,
+                shared_instance_path,
             } => Action::LiveMigrate {
                 dest_host,
-                dest_uri,
-                block_migration,
+                shared_block_storage,
+                shared_instance_path,
             },
             ActionWire::AttachInterface { vif } => Action::AttachInterface { vif },
             ActionWire::DetachInterface { port_id } => Action::DetachInterface { port_id },
+            ActionWire::CleanupForReschedule {} => Action::CleanupForReschedule,
         }
     }
 }
@@ -199,7 +264,7 @@ impl Action {
     pub fn kind(&self) -> OpKind {
         match self {
             Action::PowerOn => OpKind::PowerOn,
-            Action::PowerOff => OpKind::PowerOff,
+            Action::PowerOff { .. } => OpKind::PowerOff,
             Action::RebootSoft => OpKind::RebootSoft,
             Action::RebootHard => OpKind::RebootHard,
             Action::Pause => OpKind::Pause,
@@ -212,6 +277,7 @@ impl Action {
             Action::LiveMigrate { .. } => OpKind::LiveMigrate,
             Action::AttachInterface { .. } => OpKind::AttachInterface,
             Action::DetachInterface { .. } => OpKind::DetachInterface,
+            Action::CleanupForReschedule => OpKind::CleanupForReschedule,
         }
     }
 }
@@ -252,11 +318,13 @@ pub enum OpKind {
     AttachInterface,
     /// Action `detach-interface`.
     DetachInterface,
+    /// Action `cleanup-for-reschedule`.
+    CleanupForReschedule,
 }
 
 impl OpKind {
     /// Every kind.
-    pub const ALL: [OpKind; 16] = [
+    pub const ALL: [OpKind; 17] = [
         OpKind::Create,
         OpKind::Delete,
         OpKind::PowerOn,
@@ -273,6 +341,7 @@ impl OpKind {
         OpKind::LiveMigrate,
         OpKind::AttachInterface,
         OpKind::DetachInterface,
+        OpKind::CleanupForReschedule,
     ];
 
     /// The wire name.
@@ -294,6 +363,7 @@ impl OpKind {
             OpKind::LiveMigrate => "live-migrate",
             OpKind::AttachInterface => "attach-interface",
             OpKind::DetachInterface => "detach-interface",
+            OpKind::CleanupForReschedule => "cleanup-for-reschedule",
         }
     }
 }
@@ -343,7 +413,9 @@ pub struct Operation {
     /// End, milliseconds since the Unix epoch.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub finished_ms: Option<u64>,
-    /// The driver's report (steps, waits) when it succeeded.
+    /// The driver's report when it succeeded: `{"op_id", "request", "took_ms", "steps":
+    /// [{"name", "kind", "took_ms", "at_ms", "failed"}], "waits": [{"timing", "expected":
+    /// [{"name", "tag"}], "took_ms", "complete", "missing", "outcome"}], "released"?}`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub report: Option<Value>,
     /// Why it failed.
@@ -364,14 +436,15 @@ pub struct InstanceVif {
     /// Port id.
     pub port: String,
     /// MAC.
-    pub address: String,
+    pub mac: String,
     /// Neutron vif_type.
     pub vif_type: String,
+    /// vnic_type.
+    pub vnic_type: String,
+    /// OVS hybrid plug.
+    pub hybrid: bool,
     /// Host device.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub devname: Option<String>,
-    /// Wired on the host.
-    pub plugged: bool,
+    pub device: String,
 }
 
 /// An awaited event, `{"name", "tag"}`.
@@ -387,42 +460,51 @@ pub struct AwaitedEvent {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct InstanceOperation {
     /// The agent's operation id (absent when the driver runs an operation the API did not
-    /// start, e.g. recovery).
+    /// start, e.g. recovery or a migration's other half).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub id: Option<Uuid>,
-    /// What it does.
+    /// What it does (the agent's kind when the API started it, else the driver's request).
     pub kind: String,
-    /// Current step.
+    /// The driver's current phase (`network`, `plug`, `wait for events`, ...).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub step: Option<String>,
-    /// Steps done.
+    pub phase: Option<String>,
+    /// Milliseconds since the driver started it.
     #[serde(default)]
-    pub steps_done: u32,
+    pub elapsed_ms: u64,
     /// Events it waits for now.
     #[serde(default)]
     pub waiting_for: Vec<AwaitedEvent>,
 }
 
 /// `GET /v1/instances/{uuid}`; `GET /v1/instances` returns `{"instances": [...]}`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Instance {
     /// Uuid.
     pub uuid: Uuid,
-    /// Name.
-    pub name: String,
+    /// The host it is on.
+    pub host: String,
+    /// Domain name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
     /// Lifecycle state (`running`, `building`, ...).
     pub state: String,
-    /// Power state (`running`, `shutdown`, ...).
+    /// Power state (`running`, `shutoff`, ...).
     pub power_state: String,
+    /// Flavor name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flavor: Option<String>,
     /// VIFs.
     pub vifs: Vec<InstanceVif>,
     /// In-flight operation.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub operation: Option<InstanceOperation>,
+    /// The last finished operation's report (see [`Operation::report`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_operation: Option<Value>,
 }
 
 /// `{"instances": [...]}`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct InstanceList {
     /// The instances, by uuid.
     pub instances: Vec<Instance>,
@@ -480,9 +562,12 @@ mod tests {
         let cases = [
             json!({"action": "pause"}),
             json!({"action": "reboot-hard"}),
-            json!({"action": "live-migrate", "dest_host": "h2", "block_migration": true}),
+            json!({"action": "live-migrate", "dest_host": "h2", "shared_block_storage": true}),
+            json!({"action": "power-off", "timeout": 5}),
+            json!({"action": "power-off"}),
+            json!({"action": "cleanup-for-reschedule"}),
             json!({"action": "detach-interface", "port_id": "p"}),
-            json!({"action": "resize", "flavor": {"name": "m", "vcpus": 2, "memory_mib": 512,
+            json!({"action": "resize", "flavor": {"name": "m", "vcpus": 2, "memory_mb": 512,
                    "root_gb": 0, "extra_specs": {}}}),
         ];
         for c in cases {
@@ -497,6 +582,7 @@ mod tests {
             json!({"action": "live-migrate"}),
             json!({"action": "detach-interface", "port_id": "p", "x": 1}),
             json!({"pause": {}}),
+            json!({"action": "power-off", "timeout": "soon"}),
         ] {
             assert!(
                 serde_json::from_value::<Action>(bad.clone()).is_err(),

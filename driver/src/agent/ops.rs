@@ -3,7 +3,8 @@
 //!
 //! An operation is admitted ([`Operations::admit`]) before its background task starts; while
 //! it runs, another admission for the same instance is refused with
-//! [`ApiError::Busy`] (409). Finished operations are kept for polling, at most `keep` of them
+//! [`ApiError::Busy`] (409) — except a delete, which is admitted once next to a running
+//! operation (the driver cancels that operation's event waits and destroys after it). Finished operations are kept for polling, at most `keep` of them
 //! (config `finished_operations`, default 1024): the oldest is forgotten first, after which
 //! `GET /v1/operations/{id}` answers 404. At shutdown the registry is closed (new admissions get
 //! 503), drained until a deadline, and what is left is aborted and recorded as failed.
@@ -38,7 +39,7 @@ struct Running {
 struct Inner {
     closed: bool,
     running: HashMap<Uuid, Running>,
-    by_instance: HashMap<Uuid, Uuid>,
+    by_instance: HashMap<Uuid, Vec<Uuid>>,
     finished: VecDeque<Operation>,
 }
 
@@ -74,16 +75,24 @@ impl Operations {
         if inner.closed {
             return Err(ApiError::ShuttingDown);
         }
-        if let Some(op) = inner
+        let running: Vec<&Operation> = inner
             .by_instance
             .get(&instance)
-            .and_then(|id| inner.running.get(id))
-        {
-            return Err(ApiError::Busy {
-                instance,
-                op: op.op.id,
-                kind: op.op.kind,
-            });
+            .into_iter()
+            .flatten()
+            .filter_map(|id| inner.running.get(id))
+            .map(|r| &r.op)
+            .collect();
+        if let Some(last) = running.last() {
+            let preempt =
+                kind == OpKind::Delete && running.iter().all(|o| o.kind != OpKind::Delete);
+            if !preempt {
+                return Err(ApiError::Busy {
+                    instance,
+                    op: last.id,
+                    kind: last.kind,
+                });
+            }
         }
         let op = Operation {
             id: Uuid::new_v4(),
@@ -95,7 +104,7 @@ impl Operations {
             report: None,
             error: None,
         };
-        inner.by_instance.insert(instance, op.id);
+        inner.by_instance.entry(instance).or_default().push(op.id);
         inner.running.insert(
             op.id,
             Running {
@@ -111,9 +120,18 @@ impl Operations {
     pub fn withdraw(&self, id: Uuid) {
         let mut inner = self.lock();
         if let Some(r) = inner.running.remove(&id) {
-            inner.by_instance.remove(&r.op.instance);
+            Self::unlink(&mut inner, r.op.instance, id);
         }
         self.publish(&inner);
+    }
+
+    fn unlink(inner: &mut Inner, instance: Uuid, id: Uuid) {
+        if let Some(ids) = inner.by_instance.get_mut(&instance) {
+            ids.retain(|i| *i != id);
+            if ids.is_empty() {
+                inner.by_instance.remove(&instance);
+            }
+        }
     }
 
     /// Record the task of a running operation, so shutdown can abort it.
@@ -128,7 +146,7 @@ impl Operations {
     pub fn finish(&self, id: Uuid, result: Result<Value, ErrorDetail>) -> Option<Operation> {
         let mut inner = self.lock();
         let r = inner.running.remove(&id)?;
-        inner.by_instance.remove(&r.op.instance);
+        Self::unlink(&mut inner, r.op.instance, id);
         let mut op = r.op;
         op.finished_ms = Some(now_ms());
         match result {
@@ -158,12 +176,13 @@ impl Operations {
         inner.finished.iter().rev().find(|o| o.id == id).cloned()
     }
 
-    /// The running operation of an instance.
+    /// The running operation of an instance (the newest, when a delete runs next to one).
     pub fn running_for(&self, instance: Uuid) -> Option<Operation> {
         let inner = self.lock();
         inner
             .by_instance
             .get(&instance)
+            .and_then(|ids| ids.last())
             .and_then(|id| inner.running.get(id))
             .map(|r| r.op.clone())
     }
@@ -263,6 +282,27 @@ mod tests {
         );
         ops.withdraw(other.id);
         assert!(ops.get(other.id).is_none());
+    }
+
+    #[test]
+    fn a_delete_is_admitted_next_to_a_running_operation_once() {
+        let ops = Operations::new(10);
+        let a = Uuid::new_v4();
+        let create = ops.admit(a, OpKind::Create).unwrap();
+        let delete = ops.admit(a, OpKind::Delete).unwrap();
+        assert_eq!(ops.running_for(a).unwrap().id, delete.id, "newest shown");
+        assert!(matches!(
+            ops.admit(a, OpKind::Delete),
+            Err(ApiError::Busy {
+                kind: OpKind::Delete,
+                ..
+            })
+        ));
+        assert!(ops.admit(a, OpKind::Pause).is_err());
+        ops.finish(create.id, Err(err("cancelled")));
+        assert_eq!(ops.running_for(a).unwrap().id, delete.id);
+        ops.finish(delete.id, Ok(json!(null)));
+        assert!(ops.running_for(a).is_none());
     }
 
     #[test]

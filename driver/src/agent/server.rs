@@ -10,7 +10,7 @@
 //! | GET | `/v1/instances` | 200 `{"instances": [...]}` |
 //! | POST | `/v1/instances` | 202 `{"operation": {...}}` |
 //! | GET | `/v1/instances/{uuid}` | 200 instance |
-//! | DELETE | `/v1/instances/{uuid}` | 202 `{"operation": {...}}` |
+//! | DELETE | `/v1/instances/{uuid}[?deallocate_network=false]` | 202 `{"operation": {...}}` |
 //! | POST | `/v1/instances/{uuid}/action` | 202 `{"operation": {...}}` |
 //! | GET | `/v1/operations` | 200 `{"operations": [...]}` (`?instance=UUID` filters) |
 //! | GET | `/v1/operations/{id}` | 200 operation |
@@ -123,7 +123,7 @@ async fn external_events(
 ) -> Result<HttpResponse, ApiError> {
     svc.authorize(req.headers(), Scope::Events, req.path())?;
     let body = read_body(&req, payload, svc.settings().max_body_bytes).await?;
-    let (status, answer) = svc.external_events(&body)?;
+    let (status, answer) = svc.external_events(&body).await?;
     let status = StatusCode::from_u16(status).unwrap_or(StatusCode::MULTI_STATUS);
     Ok(HttpResponse::build(status).json(answer))
 }
@@ -156,15 +156,26 @@ async fn show_instance(
     Ok(HttpResponse::Ok().json(svc.show(uuid).await?))
 }
 
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DeleteQuery {
+    deallocate_network: Option<bool>,
+}
+
 async fn delete_instance(
     req: HttpRequest,
     path: web::Path<String>,
+    query: Result<web::Query<DeleteQuery>, actix_web::Error>,
     svc: Svc,
 ) -> Result<HttpResponse, ApiError> {
     api(&req, &svc)?;
     let uuid = parse_uuid("instance", &path)?;
+    let query = query.map_err(|e| ApiError::Invalid(format!("query: {e}")))?;
     let svc: Arc<AgentService> = svc.into_inner();
-    Ok(accepted(svc.delete(uuid).await?))
+    Ok(accepted(
+        svc.delete(uuid, query.deallocate_network.unwrap_or(true))
+            .await?,
+    ))
 }
 
 async fn instance_action(

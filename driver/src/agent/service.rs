@@ -1,19 +1,20 @@
 //! The agent's service: everything the HTTP handlers do, without HTTP.
 //!
-//! This module owns request validation (flavors, paths, network_info), admission of long
-//! operations (one per instance, checked against the lifecycle before the driver is called:
-//! 404 for an unknown instance, 409 when busy or illegal in its state), the background tasks
-//! that hold the driver futures, the external-events hand-over, the metrics scrape and the
-//! ordered shutdown.
+//! This module owns request validation (flavors, image paths, ports / network_info), admission
+//! of long operations (one per instance, a delete may preempt; checked against the lifecycle
+//! before the driver is called: 404 for an unknown instance, 409 when busy or illegal in its
+//! state), the background tasks that hold the driver futures, the external-events hand-over
+//! (which instances are here comes from the driver), the metrics scrape and the ordered
+//! shutdown.
 //!
-//! Shutdown order ([`AgentService::shutdown`], all within one deadline): the HTTP server has
-//! already stopped accepting; new operations are refused; the NetworkEventActor is shut down,
-//! which fails every wait at once (no external event can arrive once the endpoint is closed,
-//! so waiting for one would only delay the rollback until its timeout); the driver is asked to
-//! finish or roll back its in-flight operations by the deadline; the agent waits for its
-//! operation tasks until the deadline; whatever still runs then is aborted and recorded as
-//! failed with code `shutdown`.
+//! Shutdown order ([`AgentService::shutdown`], within one deadline): the HTTP server has
+//! already stopped accepting; new operations are refused; the driver is shut down with the
+//! time left (its running operations' event waits fail, so they roll back now rather than at
+//! their timeout — no external event can arrive once the endpoint is closed — and its actors
+//! stop); the agent waits for its operation tasks until the deadline; whatever still runs
+//! then is aborted and recorded as failed with code `shutdown`.
 
+use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -25,66 +26,27 @@ use serde_json::Value;
 use tokio::time::Instant;
 use tracing::{info, info_span, warn, Instrument};
 use uuid::Uuid;
-use vireo_actors::events::EventsHandle;
-use vireo_actors::libvirt::LibvirtHandle;
+use vireo_actors::instance::{
+    BootSource, DestroyArgs, InstanceError, LiveMigrateArgs, Migration, NetworkRequest, OpReport,
+    RebootKind, ResizeArgs, SpawnArgs,
+};
 use vireo_actors::lifecycle::{accepts, InstanceState, Request};
+use vireo_actors::network::PortRequest as DriverPortRequest;
 use vireo_actors::vif::{NetworkInfo, PortId, Vif};
+use vireo_xml::metadata::Flavor as DriverFlavor;
 
 use super::auth::{Auth, Scope};
 use super::error::ApiError;
-use super::events::{self, InstanceDirectory};
+use super::events::{self, Departed, Placement};
 use super::metrics::{LibvirtStatus, Metrics, Snapshot};
 use super::model::{
-    Action, CreateInstance, ErrorDetail, EventsAnswer, Health, Instance, OpKind, Operation,
+    Action, CreateInstance, ErrorDetail, EventsAnswer, Flavor, Health, Instance, OpKind, Operation,
+    PortRequest,
 };
 use super::ops::Operations;
 use super::paths::PathPolicy;
-use super::provisional::{
-    BootImage, ComputeDriver, Flavor, LiveMigrateArgs, Migration, OpReport, RebootKind, SpawnArgs,
-};
 use super::view;
-
-/// Reads the libvirt connection's status at scrape time.
-pub type LibvirtProbe = Arc<dyn Fn() -> LibvirtStatus + Send + Sync>;
-
-/// A probe on a libvirt handle: reconnects = highest connection generation seen - 1.
-pub fn libvirt_probe(handle: LibvirtHandle) -> LibvirtProbe {
-    let highest = AtomicU64::new(0);
-    Arc::new(move || {
-        let generation = handle.generation();
-        if let Some(g) = generation {
-            highest.fetch_max(g, Ordering::Relaxed);
-        }
-        LibvirtStatus {
-            reconnects: highest.load(Ordering::Relaxed).saturating_sub(1),
-            connected: generation.is_some(),
-        }
-    })
-}
-
-/// What the agent drives: built by `load_driver` in the binary, by fakes in tests.
-#[derive(Clone)]
-pub struct AgentParts {
-    /// The virt driver.
-    pub driver: Arc<dyn ComputeDriver>,
-    /// The NetworkEventActor external events are delivered to.
-    pub events: EventsHandle,
-    /// Which instances are on this host (404 vs 200 for events).
-    pub directory: Arc<dyn InstanceDirectory>,
-    /// The libvirt connection's status, when the driver exposes its handle.
-    pub libvirt: Option<LibvirtProbe>,
-}
-
-impl std::fmt::Debug for AgentParts {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AgentParts")
-            .field("driver", &self.driver)
-            .field("events", &self.events)
-            .field("directory", &self.directory)
-            .field("libvirt", &self.libvirt.is_some())
-            .finish()
-    }
-}
+use crate::compute::ComputeDriver;
 
 /// The agent's settings, from the config file (see `Settings::from_config` in `agent`).
 #[derive(Debug, Clone)]
@@ -111,79 +73,91 @@ pub struct Settings {
 #[derive(Debug)]
 enum Call {
     Spawn(Box<SpawnArgs>),
-    Destroy,
+    Destroy(DestroyArgs),
     PowerOn,
-    PowerOff,
+    PowerOff(Option<Duration>),
     Reboot(RebootKind),
     Pause,
     Unpause,
     Suspend,
     Resume,
-    Resize(Migration, Flavor),
+    Resize(Box<ResizeArgs>),
     ConfirmResize,
     RevertResize,
-    LiveMigrate(LiveMigrateArgs),
+    LiveMigrate(Box<LiveMigrateArgs>),
     Attach(Box<Vif>),
     Detach(PortId),
+    CleanupForReschedule,
 }
 
 impl Call {
-    async fn run(
-        self,
-        d: &dyn ComputeDriver,
-        uuid: Uuid,
-    ) -> Result<OpReport, super::provisional::InstanceError> {
+    async fn run(self, d: &dyn ComputeDriver, uuid: Uuid) -> Result<OpReport, InstanceError> {
         match self {
             Call::Spawn(args) => d.spawn(uuid, *args).await,
-            Call::Destroy => d.destroy(uuid).await,
+            // A destroy that preempted a running operation can reach the instance's actor
+            // just as that operation's rollback removes it (the driver answers
+            // `unavailable`); destroy is idempotent, so ask once more.
+            Call::Destroy(args) => match d.destroy(uuid, args).await {
+                Err(InstanceError::Unavailable) => d.destroy(uuid, args).await,
+                other => other,
+            },
             Call::PowerOn => d.power_on(uuid).await,
-            Call::PowerOff => d.power_off(uuid).await,
+            Call::PowerOff(timeout) => d.power_off(uuid, timeout).await,
             Call::Reboot(kind) => d.reboot(uuid, kind).await,
             Call::Pause => d.pause(uuid).await,
             Call::Unpause => d.unpause(uuid).await,
             Call::Suspend => d.suspend(uuid).await,
             Call::Resume => d.resume(uuid).await,
-            Call::Resize(m, f) => d.resize(uuid, m, f).await,
+            Call::Resize(args) => d.resize(uuid, *args).await,
             Call::ConfirmResize => d.confirm_resize(uuid).await,
             Call::RevertResize => d.revert_resize(uuid).await,
-            Call::LiveMigrate(args) => d.live_migrate(uuid, args).await,
+            Call::LiveMigrate(args) => d.live_migrate(uuid, *args).await,
             Call::Attach(vif) => d.attach_interface(uuid, *vif).await,
             Call::Detach(port) => d.detach_interface(uuid, port).await,
+            Call::CleanupForReschedule => d.cleanup_for_reschedule(uuid).await,
         }
+    }
+}
+
+/// The lifecycle request an operation kind is.
+pub fn request_of(kind: OpKind) -> Request {
+    match kind {
+        OpKind::Create => Request::Spawn,
+        OpKind::Delete => Request::Destroy,
+        OpKind::PowerOn => Request::PowerOn,
+        OpKind::PowerOff => Request::PowerOff,
+        OpKind::RebootSoft => Request::RebootSoft,
+        OpKind::RebootHard => Request::RebootHard,
+        OpKind::Pause => Request::Pause,
+        OpKind::Unpause => Request::Unpause,
+        OpKind::Suspend => Request::Suspend,
+        OpKind::Resume => Request::Resume,
+        OpKind::Resize => Request::Resize,
+        OpKind::ConfirmResize => Request::ConfirmResize,
+        OpKind::RevertResize => Request::RevertResize,
+        OpKind::LiveMigrate => Request::LiveMigrate,
+        OpKind::AttachInterface => Request::AttachInterface,
+        OpKind::DetachInterface => Request::DetachInterface,
+        OpKind::CleanupForReschedule => Request::CleanupForReschedule,
     }
 }
 
 /// Whether the lifecycle allows `kind` in `state` (the driver has the final word; this check
 /// lets the API answer 409 at once instead of failing the operation later).
 pub fn allowed(kind: OpKind, state: InstanceState) -> bool {
-    use InstanceState as S;
-    let req = |r: Request| accepts(state, r);
     match kind {
-        OpKind::Create => matches!(state, S::Absent | S::Gone),
-        OpKind::Delete => req(Request::Destroy),
-        OpKind::PowerOn => req(Request::PowerOn),
-        OpKind::PowerOff => req(Request::PowerOff),
-        OpKind::RebootSoft => req(Request::RebootSoft),
-        OpKind::RebootHard => req(Request::RebootHard),
-        OpKind::Pause => req(Request::Pause),
-        OpKind::Unpause => req(Request::Unpause),
-        OpKind::Suspend => req(Request::Suspend),
-        OpKind::Resume => req(Request::Resume),
-        OpKind::Resize => req(Request::ResizeOut),
-        OpKind::ConfirmResize => req(Request::ConfirmResize) || state == S::ResizeTarget,
-        OpKind::RevertResize => {
-            req(Request::FinishRevertResize) || req(Request::RevertResizeTarget)
-        }
-        OpKind::LiveMigrate => req(Request::LiveMigrate),
-        OpKind::AttachInterface => req(Request::AttachInterface),
-        OpKind::DetachInterface => req(Request::DetachInterface),
+        // A uuid whose instance is gone may be used again.
+        OpKind::Create => matches!(state, InstanceState::Absent | InstanceState::Gone),
+        k => accepts(state, request_of(k)),
     }
 }
 
 /// Largest vCPU count accepted in a flavor.
 pub const MAX_VCPUS: u32 = 1_024;
 /// Smallest memory accepted in a flavor, MiB.
-pub const MIN_MEMORY_MIB: u64 = 16;
+pub const MIN_MEMORY_MB: u64 = 16;
+/// Largest memory accepted in a flavor, MiB (16 TiB).
+pub const MAX_MEMORY_MB: u64 = 1 << 24;
 
 fn check_flavor(f: &Flavor) -> Result<(), ApiError> {
     if f.name.is_empty() || f.name.len() > 255 || f.name.chars().any(char::is_control) {
@@ -198,11 +172,10 @@ fn check_flavor(f: &Flavor) -> Result<(), ApiError> {
             f.vcpus
         )));
     }
-    if f.memory_mib < MIN_MEMORY_MIB || f.memory_mib > (1 << 24) {
+    if f.memory_mb < MIN_MEMORY_MB || f.memory_mb > MAX_MEMORY_MB {
         return Err(ApiError::Invalid(format!(
-            "flavor.memory_mib: {} is not in {MIN_MEMORY_MIB}..={}",
-            f.memory_mib,
-            1u64 << 24
+            "flavor.memory_mb: {} is not in {MIN_MEMORY_MB}..={MAX_MEMORY_MB}",
+            f.memory_mb
         )));
     }
     Ok(())
@@ -217,12 +190,28 @@ fn check_host(key: &str, h: &str) -> Result<(), ApiError> {
     Ok(())
 }
 
+/// A libvirt domain name: 1..=255 characters, no `/`, no control characters.
+fn check_name(name: &str) -> Result<(), ApiError> {
+    if name.is_empty()
+        || name.len() > 255
+        || name.contains('/')
+        || name.chars().any(char::is_control)
+    {
+        return Err(ApiError::Invalid(format!(
+            "name: {name:?} is not a valid domain name"
+        )));
+    }
+    Ok(())
+}
+
 /// The agent's state, shared by the HTTP workers and the operation tasks.
 pub struct AgentService {
-    parts: AgentParts,
+    driver: Arc<dyn ComputeDriver>,
     settings: Settings,
     ops: Operations,
     metrics: Metrics,
+    departed: Departed,
+    highest_generation: AtomicU64,
     spawner: tokio::runtime::Handle,
 }
 
@@ -230,21 +219,26 @@ impl std::fmt::Debug for AgentService {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("AgentService")
             .field("host", &self.settings.host)
-            .field("driver", &self.parts.driver.name())
+            .field("driver", &self.driver.name())
             .field("running", &self.ops.running_count())
             .finish()
     }
 }
 
+/// Departed instances remembered for 422 answers.
+pub const DEPARTED_REMEMBERED: usize = 4_096;
+
 impl AgentService {
     /// A service on the current tokio runtime: operation tasks run there, so it must outlive
     /// the HTTP workers (the agent's main runtime).
-    pub fn new(parts: AgentParts, settings: Settings) -> Arc<AgentService> {
+    pub fn new(driver: Arc<dyn ComputeDriver>, settings: Settings) -> Arc<AgentService> {
         Arc::new(AgentService {
             ops: Operations::new(settings.finished_operations),
             metrics: Metrics::new(),
+            departed: Departed::new(DEPARTED_REMEMBERED),
+            highest_generation: AtomicU64::new(0),
             spawner: tokio::runtime::Handle::current(),
-            parts,
+            driver,
             settings,
         })
     }
@@ -264,9 +258,9 @@ impl AgentService {
         &self.ops
     }
 
-    /// The parts.
-    pub fn parts(&self) -> &AgentParts {
-        &self.parts
+    /// The driver.
+    pub fn driver(&self) -> &Arc<dyn ComputeDriver> {
+        &self.driver
     }
 
     /// Check a request's token for `scope`; a refusal is counted and logged (without the
@@ -302,6 +296,68 @@ impl AgentService {
         self.start(uuid, kind, call).await
     }
 
+    fn boot_source(&self, image: super::model::ImageRequest) -> Result<BootSource, ApiError> {
+        let p = &self.settings.paths;
+        let resolve = |what, path: &std::path::Path| -> Result<String, ApiError> {
+            let real = p.image(what, path).map_err(ApiError::Path)?;
+            real.to_str()
+                .map(str::to_owned)
+                .ok_or_else(|| ApiError::Invalid(format!("image.{what}: not UTF-8")))
+        };
+        if let Some(c) = &image.cmdline {
+            if c.len() > 4096 || c.chars().any(char::is_control) {
+                return Err(ApiError::Invalid(
+                    "image.cmdline: longer than 4096 bytes or holds control characters".into(),
+                ));
+            }
+        }
+        match (image.kernel, image.disk) {
+            (Some(_), Some(_)) => Err(ApiError::Invalid(
+                "image: give a kernel or a disk, not both".into(),
+            )),
+            (Some(kernel), None) => {
+                if image.disk_format.is_some() {
+                    return Err(ApiError::Invalid("image.disk_format: needs a disk".into()));
+                }
+                Ok(BootSource::Kernel {
+                    kernel: resolve("kernel", &kernel)?,
+                    initrd: image
+                        .initrd
+                        .as_deref()
+                        .map(|i| resolve("initrd", i))
+                        .transpose()?,
+                    cmdline: image.cmdline,
+                })
+            }
+            (None, Some(disk)) => {
+                if image.initrd.is_some() || image.cmdline.is_some() {
+                    return Err(ApiError::Invalid(
+                        "image: initrd and cmdline need a kernel".into(),
+                    ));
+                }
+                let format = image.disk_format.unwrap_or_else(|| "raw".to_owned());
+                if format != "raw" && format != "qcow2" {
+                    return Err(ApiError::Invalid(format!(
+                        "image.disk_format: {format:?} is not raw or qcow2"
+                    )));
+                }
+                Ok(BootSource::Disk {
+                    path: resolve("disk", &disk)?,
+                    format,
+                })
+            }
+            (None, None) => {
+                if image.initrd.is_some() || image.cmdline.is_some() || image.disk_format.is_some()
+                {
+                    return Err(ApiError::Invalid(
+                        "image: initrd, cmdline and disk_format need a kernel or a disk".into(),
+                    ));
+                }
+                Ok(BootSource::None)
+            }
+        }
+    }
+
     fn prepare_create(&self, req: CreateInstance) -> Result<(Uuid, Call), ApiError> {
         let uuid = req.uuid.unwrap_or_else(Uuid::new_v4);
         if uuid.is_nil() {
@@ -310,55 +366,61 @@ impl AgentService {
             ));
         }
         let name = req.name.unwrap_or_else(|| format!("instance-{uuid}"));
-        if name.is_empty() || name.len() > 255 || name.chars().any(char::is_control) {
-            return Err(ApiError::Invalid(format!(
-                "name: {name:?} is not a valid name"
-            )));
-        }
+        check_name(&name)?;
         check_flavor(&req.flavor)?;
-        let p = &self.settings.paths;
-        let image = |what, path: &Option<std::path::PathBuf>| {
-            path.as_deref()
-                .map(|x| p.image(what, x))
-                .transpose()
-                .map_err(ApiError::Path)
-        };
-        let boot = BootImage {
-            kernel: image("kernel", &req.image.kernel)?,
-            initrd: image("initrd", &req.image.initrd)?,
-            disk: image("disk", &req.image.disk)?,
-            cmdline: req.image.cmdline,
-        };
-        if boot.kernel.is_none() && (boot.initrd.is_some() || boot.cmdline.is_some()) {
-            return Err(ApiError::Invalid(
-                "image: initrd and cmdline need a kernel".into(),
-            ));
-        }
-        if let Some(c) = &boot.cmdline {
-            if c.len() > 4096 || c.chars().any(char::is_control) {
+        let boot = self.boot_source(req.image)?;
+        let network = match (req.ports, req.network_info) {
+            (Some(_), Some(_)) => {
                 return Err(ApiError::Invalid(
-                    "image.cmdline: longer than 4096 bytes or holds control characters".into(),
-                ));
+                    "give ports or network_info, not both".into(),
+                ))
             }
-        }
-        let network_info = NetworkInfo::from_value(&req.network_info)
-            .map_err(|e| ApiError::Invalid(format!("network_info: {e}")))?;
-        let console_log = p
-            .console_log(uuid, req.console_log.as_deref())
-            .map_err(ApiError::Path)?;
+            (Some(ports), None) => {
+                let mut out = Vec::with_capacity(ports.len());
+                for (i, p) in ports.into_iter().enumerate() {
+                    out.push(match p {
+                        PortRequest::Network { network_id } => {
+                            if network_id.is_empty() {
+                                return Err(ApiError::Invalid(format!(
+                                    "ports[{i}].network_id: empty"
+                                )));
+                            }
+                            DriverPortRequest::Network { network_id }
+                        }
+                        PortRequest::Port { port_id } => DriverPortRequest::Port {
+                            port_id: port_id.parse::<PortId>().map_err(|e| {
+                                ApiError::Invalid(format!("ports[{i}].port_id: {e}"))
+                            })?,
+                        },
+                    });
+                }
+                NetworkRequest::Allocate(out)
+            }
+            (None, Some(ni)) => NetworkRequest::Allocated(
+                NetworkInfo::from_value(&ni)
+                    .map_err(|e| ApiError::Invalid(format!("network_info: {e}")))?,
+            ),
+            (None, None) => NetworkRequest::Allocated(NetworkInfo::default()),
+        };
         let args = SpawnArgs {
             name,
-            flavor: req.flavor,
-            image: boot,
-            network_info,
-            console_log,
+            flavor: DriverFlavor::from(req.flavor),
+            boot,
+            network,
+            power_on: req.power_on,
         };
         Ok((uuid, Call::Spawn(Box::new(args))))
     }
 
-    /// `DELETE /v1/instances/{uuid}`.
-    pub async fn delete(self: &Arc<Self>, uuid: Uuid) -> Result<Operation, ApiError> {
-        self.start(uuid, OpKind::Delete, Call::Destroy).await
+    /// `DELETE /v1/instances/{uuid}`: destroy, and release the networking unless
+    /// `deallocate_network` is false.
+    pub async fn delete(
+        self: &Arc<Self>,
+        uuid: Uuid,
+        deallocate_network: bool,
+    ) -> Result<Operation, ApiError> {
+        let args = DestroyArgs { deallocate_network };
+        self.start(uuid, OpKind::Delete, Call::Destroy(args)).await
     }
 
     /// `POST /v1/instances/{uuid}/action`.
@@ -378,10 +440,23 @@ impl AgentService {
         self.start(uuid, kind, call).await
     }
 
+    fn migration(&self, dest_host: String) -> Migration {
+        Migration {
+            id: Uuid::new_v4(),
+            source_host: self.settings.host.clone(),
+            dest_host,
+        }
+    }
+
     fn prepare_action(&self, action: Action) -> Result<Call, ApiError> {
         Ok(match action {
             Action::PowerOn => Call::PowerOn,
-            Action::PowerOff => Call::PowerOff,
+            Action::PowerOff { timeout } => {
+                if timeout.is_some_and(|t| t > 3_600) {
+                    return Err(ApiError::Invalid("timeout: more than 3600 seconds".into()));
+                }
+                Call::PowerOff(timeout.map(Duration::from_secs))
+            }
             Action::RebootSoft => Call::Reboot(RebootKind::Soft),
             Action::RebootHard => Call::Reboot(RebootKind::Hard),
             Action::Pause => Call::Pause,
@@ -392,21 +467,17 @@ impl AgentService {
                 check_flavor(&flavor)?;
                 let dest_host = dest_host.unwrap_or_else(|| self.settings.host.clone());
                 check_host("dest_host", &dest_host)?;
-                Call::Resize(
-                    Migration {
-                        id: Uuid::new_v4(),
-                        source_host: self.settings.host.clone(),
-                        dest_host,
-                    },
-                    flavor,
-                )
+                Call::Resize(Box::new(ResizeArgs {
+                    migration: self.migration(dest_host),
+                    new_flavor: DriverFlavor::from(flavor),
+                }))
             }
             Action::ConfirmResize => Call::ConfirmResize,
             Action::RevertResize => Call::RevertResize,
             Action::LiveMigrate {
                 dest_host,
-                dest_uri,
-                block_migration,
+                shared_block_storage,
+                shared_instance_path,
             } => {
                 check_host("dest_host", &dest_host)?;
                 if dest_host == self.settings.host {
@@ -414,18 +485,11 @@ impl AgentService {
                         "dest_host: {dest_host:?} is this host"
                     )));
                 }
-                if let Some(u) = &dest_uri {
-                    if u.is_empty() || u.contains(char::is_whitespace) || !u.contains("://") {
-                        return Err(ApiError::Invalid(format!(
-                            "dest_uri: {u:?} is not a libvirt URI"
-                        )));
-                    }
-                }
-                Call::LiveMigrate(LiveMigrateArgs {
-                    dest_host,
-                    dest_uri,
-                    block_migration,
-                })
+                Call::LiveMigrate(Box::new(LiveMigrateArgs {
+                    migration: self.migration(dest_host),
+                    shared_block_storage,
+                    shared_instance_path,
+                }))
             }
             Action::AttachInterface { vif } => Call::Attach(Box::new(
                 Vif::from_value(0, &vif).map_err(|e| ApiError::Invalid(format!("vif: {e}")))?,
@@ -435,6 +499,7 @@ impl AgentService {
                     .parse::<PortId>()
                     .map_err(|e| ApiError::Invalid(format!("port_id: {e}")))?,
             ),
+            Action::CleanupForReschedule => Call::CleanupForReschedule,
         })
     }
 
@@ -452,15 +517,14 @@ impl AgentService {
                 return Err(e);
             }
         };
-        if let Err(e) = self.precheck(uuid, kind).await {
+        if let Err(e) = self.precheck(uuid, kind, &call).await {
             self.ops.withdraw(op.id);
             self.rejected(kind);
             info!(instance = %uuid, kind = kind.as_str(), code = e.code(), "operation refused");
             return Err(e);
         }
         if kind == OpKind::Create {
-            // Its events may start coming as soon as the ports are bound.
-            self.parts.directory.admitted(uuid);
+            self.departed.remove(&uuid);
         }
         self.metrics.ops_in_flight.fetch_add(1, Ordering::Relaxed);
         let span = info_span!("operation", instance = %uuid, op = %op.id, kind = kind.as_str());
@@ -474,8 +538,8 @@ impl AgentService {
         Ok(op)
     }
 
-    async fn precheck(&self, uuid: Uuid, kind: OpKind) -> Result<(), ApiError> {
-        match self.parts.driver.show(uuid).await {
+    async fn precheck(&self, uuid: Uuid, kind: OpKind, call: &Call) -> Result<(), ApiError> {
+        match self.driver.show(uuid).await {
             Ok(v) if kind == OpKind::Create => {
                 if allowed(kind, v.state) {
                     Ok(())
@@ -484,21 +548,31 @@ impl AgentService {
                 }
             }
             Ok(v) => {
-                if v.operation.is_some() && kind != OpKind::Delete {
-                    return Err(ApiError::Driver(super::provisional::InstanceError::Busy(
-                        uuid,
-                    )));
+                // The driver runs an operation the API did not start (recovery, the other
+                // half of a migration): only a delete may go next to it.
+                if let Some(p) = &v.operation {
+                    if kind != OpKind::Delete {
+                        return Err(ApiError::Driver(InstanceError::Busy {
+                            running: request_named(&p.request),
+                        }));
+                    }
                 }
-                if allowed(kind, v.state) {
-                    Ok(())
-                } else {
-                    Err(ApiError::IllegalState {
+                if !allowed(kind, v.state) {
+                    return Err(ApiError::IllegalState {
                         kind,
                         state: v.state.as_str().to_owned(),
-                    })
+                    });
                 }
+                if let Call::Detach(port) = call {
+                    if !v.vifs.iter().any(|f| f.port == *port) {
+                        return Err(ApiError::Invalid(format!(
+                            "port_id: port {port} is not attached to the instance"
+                        )));
+                    }
+                }
+                Ok(())
             }
-            Err(super::provisional::InstanceError::NotFound(_)) if kind == OpKind::Create => Ok(()),
+            Err(InstanceError::NotFound(_)) if kind == OpKind::Create => Ok(()),
             Err(e) => Err(e.into()),
         }
     }
@@ -506,7 +580,7 @@ impl AgentService {
     async fn run(self: Arc<Self>, op: Operation, call: Call) {
         let t0 = Instant::now();
         info!(instance = %op.instance, "operation started");
-        let driver = Arc::clone(&self.parts.driver);
+        let driver = Arc::clone(&self.driver);
         let outcome: Result<Value, ErrorDetail> =
             match AssertUnwindSafe(call.run(&*driver, op.instance))
                 .catch_unwind()
@@ -519,12 +593,8 @@ impl AgentService {
                     message: "the driver panicked".into(),
                 }),
             };
-        let dir = &self.parts.directory;
-        match (op.kind, outcome.is_ok()) {
-            (OpKind::Create, false) => dir.departed(op.instance, false),
-            (OpKind::Delete, true) => dir.departed(op.instance, false),
-            (OpKind::LiveMigrate, true) => dir.departed(op.instance, true),
-            _ => {}
+        if op.kind == OpKind::LiveMigrate && outcome.is_ok() {
+            self.departed.insert(op.instance);
         }
         if let Some(done) = self.ops.finish(op.id, outcome) {
             let result = done.state.as_str();
@@ -548,7 +618,7 @@ impl AgentService {
 
     /// `GET /v1/instances/{uuid}`.
     pub async fn show(&self, uuid: Uuid) -> Result<Instance, ApiError> {
-        let v = self.parts.driver.show(uuid).await?;
+        let v = self.driver.show(uuid).await?;
         let op = self.ops.running_for(uuid);
         Ok(view::instance(&v, op.as_ref()))
     }
@@ -556,7 +626,6 @@ impl AgentService {
     /// `GET /v1/instances`.
     pub async fn list(&self) -> Vec<Instance> {
         let mut all: Vec<Instance> = self
-            .parts
             .driver
             .list()
             .await
@@ -567,11 +636,26 @@ impl AgentService {
         all
     }
 
-    /// `POST /os-server-external-events`: validate, answer per event, hand the accepted ones
-    /// to the events actor as one batch. Returns the HTTP status (200 or 207) and the body;
+    async fn placement(&self, uuid: Uuid) -> Placement {
+        if self.driver.knows(uuid).await {
+            Placement::OnHost
+        } else if self.departed.contains(&uuid) {
+            Placement::NotOnHost
+        } else {
+            Placement::Unknown
+        }
+    }
+
+    /// `POST /os-server-external-events`: validate, ask the driver once per distinct
+    /// instance whether it is here, answer per event, hand the accepted ones to the driver
+    /// as one batch. Returns the HTTP status (200 or 207) and the body;
     /// [`ApiError::NoEventAccepted`] (404) when no event was accepted.
-    pub fn external_events(&self, body: &[u8]) -> Result<(u16, EventsAnswer), ApiError> {
-        let outcome = events::process(body, &*self.parts.directory, self.settings.max_events)?;
+    pub async fn external_events(&self, body: &[u8]) -> Result<(u16, EventsAnswer), ApiError> {
+        let parsed = events::parse(body, self.settings.max_events)?;
+        let ids = parsed.instances();
+        let found = futures::future::join_all(ids.iter().map(|u| self.placement(*u))).await;
+        let placements: HashMap<Uuid, Placement> = ids.into_iter().zip(found).collect();
+        let outcome = events::decide(parsed, &placements);
         let mut counts = [0u64; 4];
         for e in &outcome.answer.events {
             counts[code_slot(e.code)] += 1;
@@ -585,23 +669,35 @@ impl AgentService {
         if outcome.accepted.is_empty() {
             return Err(ApiError::NoEventAccepted);
         }
-        self.parts.events.deliver_batch(outcome.accepted);
+        self.driver.external_events(outcome.accepted);
         self.metrics.event_batches.inc(&[]);
         Ok((status, outcome.answer))
     }
 
     /// `GET /metrics`.
     pub async fn metrics_text(&self) -> String {
-        let events = tokio::time::timeout(Duration::from_secs(1), self.parts.events.stats())
+        let events = tokio::time::timeout(Duration::from_secs(1), self.driver.event_stats())
             .await
             .ok()
-            .and_then(Result::ok);
-        let snap = Snapshot {
+            .flatten();
+        let generation = self.driver.libvirt_generation();
+        if let Some(g) = generation {
+            self.highest_generation.fetch_max(g, Ordering::Relaxed);
+        }
+        let highest = self.highest_generation.load(Ordering::Relaxed);
+        let libvirt = (highest > 0).then(|| LibvirtStatus {
+            reconnects: highest.saturating_sub(1),
+            connected: generation.is_some(),
+        });
+        let instances = tokio::time::timeout(Duration::from_secs(1), self.driver.list())
+            .await
+            .ok()
+            .map(|l| l.len() as u64);
+        self.metrics.render(&Snapshot {
             events,
-            libvirt: self.parts.libvirt.as_ref().map(|p| p()),
-            instances: self.parts.directory.count().map(|n| n as u64),
-        };
-        self.metrics.render(&snap)
+            libvirt,
+            instances,
+        })
     }
 
     /// `GET /healthz`: ok, or shutting down.
@@ -614,7 +710,7 @@ impl AgentService {
             }
             .to_owned(),
             host: self.settings.host.clone(),
-            driver: self.parts.driver.name().to_owned(),
+            driver: self.driver.name().to_owned(),
         }
     }
 
@@ -623,10 +719,10 @@ impl AgentService {
         self.ops.close();
         info!(
             running = self.ops.running_count(),
-            "shutting down: failing event waits, asking the driver to finish"
+            "shutting down: stopping the driver (event waits fail, operations roll back)"
         );
-        let _ = tokio::time::timeout_at(deadline, self.parts.events.shutdown()).await;
-        let _ = tokio::time::timeout_at(deadline, self.parts.driver.shutdown(deadline)).await;
+        let left = deadline.saturating_duration_since(Instant::now());
+        let _ = tokio::time::timeout_at(deadline, self.driver.shutdown(left)).await;
         if self.ops.drain(deadline).await {
             info!("every operation finished");
             return;
@@ -641,6 +737,14 @@ impl AgentService {
                   "operation aborted at shutdown");
         }
     }
+}
+
+/// The lifecycle request with the driver's name for it (`spawn`, ...), for a busy answer.
+fn request_named(name: &str) -> Request {
+    Request::ALL
+        .into_iter()
+        .find(|r| r.as_str() == name)
+        .unwrap_or(Request::Recover)
 }
 
 const CODES: [&str; 4] = ["200", "400", "404", "422"];
@@ -666,26 +770,27 @@ mod tests {
         assert!(allowed(OpKind::PowerOn, S::Stopped));
         assert!(!allowed(OpKind::PowerOn, S::Running));
         assert!(allowed(OpKind::Delete, S::Building));
-        assert!(allowed(OpKind::ConfirmResize, S::ResizeSource));
         assert!(allowed(OpKind::ConfirmResize, S::ResizeTarget));
         assert!(!allowed(OpKind::ConfirmResize, S::Running));
         assert!(allowed(OpKind::RevertResize, S::ResizeTarget));
-        assert!(allowed(OpKind::RevertResize, S::ResizeSource));
+        assert!(allowed(OpKind::Resize, S::Stopped));
         assert!(allowed(OpKind::Create, S::Absent));
+        assert!(allowed(OpKind::Create, S::Gone));
         assert!(!allowed(OpKind::Create, S::Running));
         for k in OpKind::ALL {
             if k != OpKind::Delete && k != OpKind::Create {
                 assert!(!allowed(k, S::Gone), "{k:?} on a gone instance");
             }
+            assert_eq!(request_named(request_of(k).as_str()), request_of(k));
         }
     }
 
     #[test]
-    fn flavors_are_checked() {
-        let f = |vcpus, memory_mib| Flavor {
+    fn flavors_and_names_are_checked() {
+        let f = |vcpus, memory_mb| Flavor {
             name: "m1".into(),
             vcpus,
-            memory_mib,
+            memory_mb,
             root_gb: 0,
             extra_specs: Default::default(),
         };
@@ -693,5 +798,9 @@ mod tests {
         assert!(check_flavor(&f(0, 64)).is_err());
         assert!(check_flavor(&f(1, 8)).is_err());
         assert!(check_flavor(&f(MAX_VCPUS + 1, 64)).is_err());
+        assert!(check_name("vm-1").is_ok());
+        assert!(check_name("a/b").is_err());
+        assert!(check_name("").is_err());
+        assert!(check_name("a\nb").is_err());
     }
 }

@@ -35,7 +35,7 @@ pub enum InstanceCommand {
     Delete(DeleteArgs),
     /// Run an action: power-on, power-off, reboot-soft, reboot-hard, pause, unpause, suspend,
     /// resume, resize, confirm-resize, revert-resize, live-migrate, attach-interface,
-    /// detach-interface.
+    /// detach-interface, cleanup-for-reschedule.
     Action(ActionArgs),
     /// Show an operation (and with --wait, follow it to its end).
     Operation(OperationArgs),
@@ -44,8 +44,8 @@ pub enum InstanceCommand {
 /// `vireo instance create`.
 #[derive(Debug, Args)]
 pub struct CreateArgs {
-    /// The request: {"uuid"?, "name"?, "flavor", "image", "network_info", "console_log"?};
-    /// `-` reads standard input.
+    /// The request: {"uuid"?, "name"?, "flavor", "image"?, "ports"? | "network_info"?,
+    /// "power_on"?}; `-` reads standard input.
     #[arg(long, value_name = "FILE")]
     pub file: PathBuf,
     /// Follow the operation until it ends.
@@ -79,6 +79,9 @@ pub struct ShowArgs {
 pub struct DeleteArgs {
     /// The instance.
     pub uuid: Uuid,
+    /// Keep its ports (do not release the networking).
+    #[arg(long)]
+    pub keep_network: bool,
     /// Follow the operation until it ends.
     #[arg(long)]
     pub wait: bool,
@@ -100,12 +103,15 @@ pub struct ActionArgs {
     /// resize, live-migrate: the destination host.
     #[arg(long)]
     pub dest_host: Option<String>,
-    /// live-migrate: the destination libvirt URI.
+    /// live-migrate: the disks are on shared block storage.
     #[arg(long)]
-    pub dest_uri: Option<String>,
-    /// live-migrate: copy the disks.
+    pub shared_block_storage: bool,
+    /// live-migrate: the instance directory is shared between the hosts.
     #[arg(long)]
-    pub block_migration: bool,
+    pub shared_instance_path: bool,
+    /// power-off: seconds the guest gets before the domain is destroyed.
+    #[arg(long, value_name = "SECONDS")]
+    pub timeout: Option<u64>,
     /// attach-interface: one network_info entry as JSON.
     #[arg(long, value_name = "FILE")]
     pub vif: Option<PathBuf>,
@@ -194,7 +200,7 @@ fn dispatch(
         InstanceCommand::Delete(a) => {
             let c = client(&a.client)?;
             block_on(async {
-                let op = c.delete_instance(a.uuid).await?;
+                let op = c.delete_instance(a.uuid, !a.keep_network).await?;
                 finish_op(&c, op, a.wait, a.client.json, stdout, stderr).await
             })
         }
@@ -227,11 +233,14 @@ pub fn build_action(a: &ActionArgs, stdin: &mut dyn Read) -> Result<Action, Remo
     if let Some(h) = &a.dest_host {
         m.insert("dest_host".into(), Value::from(h.clone()));
     }
-    if let Some(u) = &a.dest_uri {
-        m.insert("dest_uri".into(), Value::from(u.clone()));
+    if a.shared_block_storage {
+        m.insert("shared_block_storage".into(), Value::Bool(true));
     }
-    if a.block_migration {
-        m.insert("block_migration".into(), Value::Bool(true));
+    if a.shared_instance_path {
+        m.insert("shared_instance_path".into(), Value::Bool(true));
+    }
+    if let Some(t) = a.timeout {
+        m.insert("timeout".into(), Value::from(t));
     }
     if let Some(f) = &a.vif {
         m.insert("vif".into(), read_json(f, stdin)?);
@@ -243,12 +252,12 @@ pub fn build_action(a: &ActionArgs, stdin: &mut dyn Read) -> Result<Action, Remo
         .map_err(|e| RemoteError::Input(format!("action {:?}: {e}", a.action)))
 }
 
-/// The progress line for a poll, when it says something new.
+/// The progress line for a poll (printed when it changes).
 pub fn progress_line(op: &Operation, inst: Option<&Instance>) -> String {
     let mut line = format!("{} {}: {}", op.kind, op.instance, op.state.as_str());
     if let Some(o) = inst.and_then(|i| i.operation.as_ref()) {
-        if let Some(step) = &o.step {
-            line.push_str(&format!(", step {step} ({} done)", o.steps_done));
+        if let Some(phase) = &o.phase {
+            line.push_str(&format!(", phase {phase}"));
         }
         if !o.waiting_for.is_empty() {
             let w: Vec<String> = o
@@ -309,7 +318,7 @@ pub fn list_table(list: &[Instance]) -> String {
         .map(|i| {
             vec![
                 i.uuid.to_string(),
-                i.name.clone(),
+                i.name.clone().unwrap_or_else(|| "-".into()),
                 i.state.clone(),
                 i.power_state.clone(),
                 i.vifs.len().to_string(),
@@ -327,9 +336,15 @@ pub fn list_table(list: &[Instance]) -> String {
 
 /// `vireo instance show` as text.
 pub fn show_text(i: &Instance) -> String {
+    let dash = |o: &Option<String>| o.clone().unwrap_or_else(|| "-".into());
     let mut s = format!(
-        "uuid:         {}\nname:         {}\nstate:        {}\npower state:  {}\n",
-        i.uuid, i.name, i.state, i.power_state
+        "uuid:         {}\nname:         {}\nhost:         {}\nstate:        {}\npower state:  {}\nflavor:       {}\n",
+        i.uuid,
+        dash(&i.name),
+        i.host,
+        i.state,
+        i.power_state,
+        dash(&i.flavor)
     );
     match &i.operation {
         None => s.push_str("operation:    -\n"),
@@ -339,8 +354,8 @@ pub fn show_text(i: &Instance) -> String {
                 s.push_str(&format!(" ({id})"));
             }
             s.push('\n');
-            if let Some(step) = &o.step {
-                s.push_str(&format!("step:         {step} ({} done)\n", o.steps_done));
+            if let Some(phase) = &o.phase {
+                s.push_str(&format!("phase:        {phase} ({} ms)\n", o.elapsed_ms));
             }
             for (n, e) in o.waiting_for.iter().enumerate() {
                 let label = if n == 0 { "waiting for:" } else { "" };
@@ -358,14 +373,15 @@ pub fn show_text(i: &Instance) -> String {
             .map(|v| {
                 vec![
                     v.port.clone(),
-                    v.address.clone(),
+                    v.mac.clone(),
                     v.vif_type.clone(),
-                    v.devname.clone().unwrap_or_else(|| "-".into()),
-                    if v.plugged { "yes" } else { "no" }.into(),
+                    v.vnic_type.clone(),
+                    if v.hybrid { "yes" } else { "no" }.into(),
+                    v.device.clone(),
                 ]
             })
             .collect();
-        for line in table(&["PORT", "MAC", "TYPE", "DEVICE", "PLUGGED"], &rows).lines() {
+        for line in table(&["PORT", "MAC", "TYPE", "VNIC", "HYBRID", "DEVICE"], &rows).lines() {
             s.push_str("  ");
             s.push_str(line);
             s.push('\n');
@@ -395,7 +411,10 @@ pub fn op_text(op: &Operation) -> String {
         .and_then(|r| r.get("steps"))
         .and_then(Value::as_array)
     {
-        let steps: Vec<&str> = steps.iter().filter_map(Value::as_str).collect();
+        let steps: Vec<&str> = steps
+            .iter()
+            .filter_map(|st| st.get("name").and_then(Value::as_str))
+            .collect();
         if !steps.is_empty() {
             s.push_str(&format!("steps: {}\n", steps.join(" → ")));
         }
@@ -411,26 +430,30 @@ mod tests {
     fn inst() -> Instance {
         Instance {
             uuid: Uuid::nil(),
-            name: "vm1".into(),
+            host: "h1".into(),
+            name: Some("vm1".into()),
             state: "building".into(),
-            power_state: "no-state".into(),
+            power_state: "paused".into(),
+            flavor: Some("m1.tiny".into()),
             vifs: vec![InstanceVif {
                 port: "p1".into(),
-                address: "fa:16:3e:00:00:01".into(),
+                mac: "fa:16:3e:00:00:01".into(),
                 vif_type: "ovs".into(),
-                devname: Some("tapp1".into()),
-                plugged: true,
+                vnic_type: "normal".into(),
+                hybrid: true,
+                device: "tapp1".into(),
             }],
             operation: Some(InstanceOperation {
                 id: None,
                 kind: "create".into(),
-                step: Some("wait-vif-plugged".into()),
-                steps_done: 3,
+                phase: Some("wait for events".into()),
+                elapsed_ms: 1500,
                 waiting_for: vec![AwaitedEvent {
                     name: "network-vif-plugged".into(),
                     tag: "p1".into(),
                 }],
             }),
+            last_operation: None,
         }
     }
 
@@ -438,16 +461,16 @@ mod tests {
     fn show_text_has_progress_and_vifs() {
         let s = show_text(&inst());
         assert!(s.contains("state:        building"), "{s}");
-        assert!(s.contains("step:         wait-vif-plugged (3 done)"), "{s}");
+        assert!(s.contains("phase:        wait for events (1500 ms)"), "{s}");
         assert!(s.contains("waiting for:  network-vif-plugged p1"), "{s}");
         assert!(
-            s.contains("  p1    fa:16:3e:00:00:01  ovs   tapp1   yes"),
+            s.contains("  p1    fa:16:3e:00:00:01  ovs   normal  yes     tapp1"),
             "{s}"
         );
     }
 
     #[test]
-    fn progress_lines_name_step_and_events() {
+    fn progress_lines_name_phase_and_events() {
         let op = Operation {
             id: Uuid::nil(),
             instance: Uuid::nil(),
@@ -460,8 +483,8 @@ mod tests {
         };
         let l = progress_line(&op, Some(&inst()));
         assert!(l.starts_with("create 00000000-0000-0000-0000-000000000000: running"));
-        assert!(l.contains("step wait-vif-plugged (3 done)"));
-        assert!(l.contains("waiting for network-vif-plugged p1"));
+        assert!(l.contains("phase wait for events"), "{l}");
+        assert!(l.contains("waiting for network-vif-plugged p1"), "{l}");
     }
 
     #[test]
@@ -471,8 +494,9 @@ mod tests {
             action: action.into(),
             flavor: None,
             dest_host: None,
-            dest_uri: None,
-            block_migration: false,
+            shared_block_storage: false,
+            shared_instance_path: false,
+            timeout: None,
             vif: None,
             port_id: None,
             wait: false,
@@ -493,14 +517,20 @@ mod tests {
         );
         let mut a = args("live-migrate");
         a.dest_host = Some("h2".into());
-        a.block_migration = true;
+        a.shared_instance_path = true;
         assert_eq!(
             build_action(&a, &mut stdin).unwrap(),
             Action::LiveMigrate {
                 dest_host: "h2".into(),
-                dest_uri: None,
-                block_migration: true
+                shared_block_storage: false,
+                shared_instance_path: true,
             }
+        );
+        let mut a = args("power-off");
+        a.timeout = Some(5);
+        assert_eq!(
+            build_action(&a, &mut stdin).unwrap(),
+            Action::PowerOff { timeout: Some(5) }
         );
         let mut a = args("pause");
         a.port_id = Some("x".into());
