@@ -3,6 +3,11 @@
 //! This module owns the clap definition. Each subcommand lives in its own module and is a
 //! testable function over (input reader, output writers) returning the exit code; `main` only
 //! hands it the process's stdio.
+//!
+//! - `vireo agent --config FILE` ([`agent`]): run the compute agent.
+//! - `vireo instance create|list|show|delete|action|operation` ([`instance`]) and
+//!   `vireo events send` ([`send`]): clients of a running agent.
+//! - `vireo events explain` ([`explain`]): the event model for an operation.
 
 pub mod agent;
 pub mod explain;
