@@ -972,6 +972,7 @@ async fn resize_same_host(
                 if was_running {
                     op.lv("start", op.deps.libvirt.clone().start(op.uuid, false))
                         .await?;
+                    op.attached().await;
                 }
                 Ok::<_, InstanceError>(())
             }
