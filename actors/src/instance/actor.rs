@@ -187,12 +187,26 @@ impl InstanceActor {
                 Ok(()) => info!(state = %fin.state, "done"),
                 Err(e) => warn!(state = %fin.state, error = %error_chain(e), "failed"),
             }
-            (fin, op.into_report())
+            // The power state as libvirt has it now, for the states that do not say whether
+            // the guest runs (error, resize-target, ...).
+            let power = match implied_power(fin.state) {
+                Some(p) => Some(p),
+                None => match op.deps.libvirt.info(op.uuid).await {
+                    Ok(info) => Some(power_of(info.state)),
+                    Err(crate::libvirt::LibvirtError::NoDomain { .. }) => {
+                        Some(PowerState::NoDomain)
+                    }
+                    Err(_) => None,
+                },
+            };
+            (fin, power, op.into_report())
         }
         .instrument(span);
         Box::pin(
             fut.into_actor(self)
-                .map(move |(fin, report), act, ctx| act.finish(from, fin, report, ctx)),
+                .map(move |(fin, power, report), act, ctx| {
+                    act.finish(from, fin, power, report, ctx)
+                }),
         )
     }
 
@@ -200,6 +214,7 @@ impl InstanceActor {
         &mut self,
         from: InstanceState,
         fin: Finished,
+        power: Option<PowerState>,
         report: OpReport,
         ctx: &mut Context<Self>,
     ) -> Reply {
@@ -210,14 +225,7 @@ impl InstanceActor {
         self.state = fin.state;
         self.record = fin.record;
         self.running = None;
-        self.power = match self.state {
-            InstanceState::Running => PowerState::Running,
-            InstanceState::Paused => PowerState::Paused,
-            InstanceState::Stopped | InstanceState::ResizeSource => PowerState::Shutoff,
-            InstanceState::Suspended => PowerState::Suspended,
-            InstanceState::Gone | InstanceState::Absent => PowerState::NoDomain,
-            _ => self.power,
-        };
+        self.power = power.unwrap_or(self.power);
         self.last_report = Some(report.clone());
         let reply = fin.result.map(|()| InstanceReply::Done {
             state: self.state,
@@ -501,6 +509,18 @@ impl Handler<RecoverInterrupted> for InstanceActor {
             return fut;
         }
         self.start(request, ctx)
+    }
+}
+
+/// The power state a stable state implies (None: only libvirt can tell).
+fn implied_power(state: InstanceState) -> Option<PowerState> {
+    match state {
+        InstanceState::Running => Some(PowerState::Running),
+        InstanceState::Paused => Some(PowerState::Paused),
+        InstanceState::Stopped | InstanceState::ResizeSource => Some(PowerState::Shutoff),
+        InstanceState::Suspended => Some(PowerState::Suspended),
+        InstanceState::Gone | InstanceState::Absent => Some(PowerState::NoDomain),
+        _ => None,
     }
 }
 
