@@ -524,7 +524,7 @@ pub struct Remains {
     files: usize,
 }
 
-async fn on_thread<T: Send + 'static>(
+pub async fn on_thread<T: Send + 'static>(
     system: &ActorSystem,
     f: impl FnOnce() -> T + Send + 'static,
 ) -> T {
