@@ -332,7 +332,7 @@ impl InstanceActor {
         }));
     }
 
-    fn follow_power(&mut self, power: PowerState, ctx: &mut Context<Self>) {
+    fn follow_power(&mut self, power: PowerState, _ctx: &mut Context<Self>) {
         self.power = power;
         let next = match (self.state, power) {
             (InstanceState::Stopped | InstanceState::Paused, PowerState::Running) => {
@@ -342,9 +342,15 @@ impl InstanceActor {
             (InstanceState::Running | InstanceState::Paused, PowerState::Shutoff) => {
                 InstanceState::Stopped
             }
-            (s, PowerState::NoDomain) if s.has_domain() && s != InstanceState::Incoming => {
+            // The instance's devices and ports are still here: keep the record so destroy
+            // (or the reschedule clean-up) can release them. An errored instance may have
+            // lost its domain in vireo's own rollback.
+            (s, PowerState::NoDomain)
+                if s.has_domain()
+                    && !matches!(s, InstanceState::Incoming | InstanceState::Error) =>
+            {
                 warn!(instance = %self.uuid, state = %s, "domain vanished outside vireo");
-                InstanceState::Gone
+                InstanceState::Error
             }
             (s, _) => s,
         };
@@ -353,10 +359,6 @@ impl InstanceActor {
             self.state = next;
             if let Some(r) = &mut self.record {
                 r.state = next;
-            }
-            if next == InstanceState::Gone {
-                self.deps.events.forget(self.uuid);
-                self.after_op(ctx);
             }
         }
     }
