@@ -96,6 +96,10 @@ pub struct InstanceActor {
     queued_destroys: Vec<(DestroyArgs, oneshot::Sender<Reply>)>,
     last_report: Option<OpReport>,
     stopping: bool,
+    /// Replies to queued destroys not yet handed back: the actor stays until they are (its
+    /// context owns the futures that hand them back).
+    replies_pending: usize,
+    leave_when_replied: bool,
 }
 
 impl InstanceActor {
@@ -121,6 +125,8 @@ impl InstanceActor {
             queued_destroys: Vec::new(),
             last_report: None,
             stopping: false,
+            replies_pending: 0,
+            leave_when_replied: false,
         }
     }
 
@@ -254,12 +260,21 @@ impl InstanceActor {
             return;
         }
         if matches!(self.state, InstanceState::Gone) || self.stopping {
-            self.gone.do_send(InstanceGone {
-                uuid: self.uuid,
-                addr: ctx.address(),
-            });
-            ctx.stop();
+            self.leave(ctx);
         }
+    }
+
+    /// Tell the host actor and stop, once every queued reply is handed back.
+    fn leave(&mut self, ctx: &mut Context<Self>) {
+        if self.replies_pending > 0 {
+            self.leave_when_replied = true;
+            return;
+        }
+        self.gone.do_send(InstanceGone {
+            uuid: self.uuid,
+            addr: ctx.address(),
+        });
+        ctx.stop();
     }
 
     fn view(&self) -> InstanceView {
@@ -391,9 +406,17 @@ impl Handler<Run> for InstanceActor {
                 actix::spawn(async move {
                     let _ = events.cancel(uuid, op_id).await;
                 });
+                self.replies_pending += 1;
                 return Box::pin(
                     async move { rx.await.unwrap_or(Err(InstanceError::Unavailable)) }
-                        .into_actor(self),
+                        .into_actor(self)
+                        .map(|reply, act, ctx| {
+                            act.replies_pending -= 1;
+                            if act.leave_when_replied && act.replies_pending == 0 {
+                                act.leave(ctx);
+                            }
+                            reply
+                        }),
                 );
             }
             if matches!(self.state, InstanceState::Absent | InstanceState::Gone)
