@@ -1485,8 +1485,29 @@ pub(crate) async fn attach_interface(
         } else {
             crate::libvirt::Affect::Config
         };
-        op.lv("attach device", lv.attach_device(op.uuid, xml, affect))
-            .await?;
+        match op
+            .lv(
+                "attach device",
+                lv.attach_device(op.uuid, xml.clone(), affect),
+            )
+            .await
+        {
+            Ok(()) => {}
+            Err(e) if persistent_change_unsupported(&e) => {
+                // A driver that changes only live devices (libvirt's test driver): the live
+                // device through the API, the definition rewritten from the record.
+                if live {
+                    op.lv(
+                        "attach device (live)",
+                        lv.attach_device(op.uuid, xml, crate::libvirt::Affect::Live),
+                    )
+                    .await?;
+                }
+                attached = true;
+                op.define(&with, None).await?;
+            }
+            Err(e) => return Err(e),
+        }
         attached = true;
         if live {
             op.deps.plugger.devices_attached(&[vif.id]).await;
@@ -1507,7 +1528,7 @@ pub(crate) async fn attach_interface(
         Err(e) => {
             op.cancel_waits().await;
             if attached {
-                let _ = detach(op, &vif, from != InstanceState::Stopped).await;
+                let _ = detach(op, &vif, from != InstanceState::Stopped, &record).await;
             }
             let form = op.form(&vif);
             let _ = op.unplug_as(&with, &vif, form).await;
@@ -1523,7 +1544,37 @@ pub(crate) async fn attach_interface(
     }
 }
 
-async fn detach(op: &mut OpCtx, vif: &Vif, live: bool) -> Result<(), InstanceError> {
+/// libvirt refused a device change because it affects the persistent definition (libvirt's
+/// test driver changes live devices only).
+fn persistent_change_unsupported(e: &InstanceError) -> bool {
+    matches!(
+        e,
+        InstanceError::Libvirt {
+            source: crate::libvirt::LibvirtError::InvalidArgument { .. }
+                | crate::libvirt::LibvirtError::Unsupported { .. },
+            ..
+        }
+    )
+}
+
+fn no_device(r: &Result<(), InstanceError>) -> bool {
+    matches!(
+        r,
+        Err(InstanceError::Libvirt {
+            source: crate::libvirt::LibvirtError::NoDevice { .. },
+            ..
+        })
+    )
+}
+
+/// Detach the VIF's device; `without` is the record without it (the definition where the
+/// driver cannot change it through the device API).
+async fn detach(
+    op: &mut OpCtx,
+    vif: &Vif,
+    live: bool,
+    without: &InstanceRecord,
+) -> Result<(), InstanceError> {
     let lv = op.deps.libvirt.clone();
     let alias = format!("{}{}", super::op::ALIAS_PREFIX, vif.id);
     let affect = if live {
@@ -1531,23 +1582,33 @@ async fn detach(op: &mut OpCtx, vif: &Vif, live: bool) -> Result<(), InstanceErr
     } else {
         crate::libvirt::Affect::Config
     };
-    match op
+    let r = op
         .lv(
             "detach device",
-            lv.detach_device_alias(op.uuid, alias, affect),
+            lv.detach_device_alias(op.uuid, alias.clone(), affect),
         )
-        .await
-    {
-        Ok(())
-        | Err(InstanceError::Libvirt {
-            source: crate::libvirt::LibvirtError::NoDevice { .. },
-            ..
-        }) => {
-            op.deps.plugger.devices_detached(&[vif.id]).await;
-            Ok(())
+        .await;
+    match r {
+        Ok(()) => {}
+        ref r if no_device(r) => {}
+        Err(e) if persistent_change_unsupported(&e) => {
+            if live {
+                let r = op
+                    .lv(
+                        "detach device (live)",
+                        lv.detach_device_alias(op.uuid, alias, crate::libvirt::Affect::Live),
+                    )
+                    .await;
+                if !no_device(&r) {
+                    r?;
+                }
+            }
+            op.define(without, None).await?;
         }
-        Err(e) => Err(e),
+        Err(e) => return Err(e),
     }
+    op.deps.plugger.devices_detached(&[vif.id]).await;
+    Ok(())
 }
 
 /// Hot-unplug a port: detach the device, unplug the host side.
@@ -1564,17 +1625,17 @@ pub(crate) async fn detach_interface(
             InstanceError::Invalid(format!("port {port} is not attached")),
         );
     };
+    let mut without = record.clone();
+    without.network_info.vifs.retain(|v| v.id != port);
+    for (i, v) in without.network_info.vifs.iter_mut().enumerate() {
+        v.index = i;
+    }
     let r = async {
         op.phase("detach");
-        detach(op, &vif, from != InstanceState::Stopped).await?;
+        detach(op, &vif, from != InstanceState::Stopped, &without).await?;
         op.phase("unplug");
         let form = op.form(&vif);
         op.unplug_as(&record, &vif, form).await?;
-        let mut without = record.clone();
-        without.network_info.vifs.retain(|v| v.id != port);
-        for (i, v) in without.network_info.vifs.iter_mut().enumerate() {
-            v.index = i;
-        }
         op.save(&without, None).await?;
         Ok::<_, InstanceError>(without)
     }
