@@ -86,36 +86,6 @@ async fn a_second_request_while_an_operation_runs_is_busy() {
     c.assert_clean(&[]).await;
 }
 
-/// A user port of `id` whose `network-vif-plugged` never comes: bound to this host when
-/// `network_info` was read, then moved to a host without an agent.
-async fn silent_port(c: &TestCloud, id: uuid::Uuid, network: &str) -> (PortId, Vif) {
-    let p = c.user_port(network).await;
-    c.network
-        .update_port(
-            p,
-            &PortUpdate {
-                host_id: Some("h1".into()),
-                device_id: Some(id.to_string()),
-                device_owner: Some("compute:nova".into()),
-                ..PortUpdate::default()
-            },
-        )
-        .await
-        .unwrap();
-    let vif = network_info(&*c.network, &[p]).await.vifs.remove(0);
-    c.network
-        .update_port(
-            p,
-            &PortUpdate {
-                host_id: Some("elsewhere".into()),
-                ..PortUpdate::default()
-            },
-        )
-        .await
-        .unwrap();
-    (p, vif)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn destroy_during_a_build_cancels_its_wait_rolls_back_then_destroys() {
     let c = spec(&["h1"]).start().await;

@@ -207,34 +207,12 @@ async fn build_refused_by_libvirt_or_with_a_bad_flavor_is_released() {
     c.delete_ports(&[user]).await;
 }
 
-/// A user port bound to this host for `id` whose `network-vif-plugged` never comes: its
-/// binding moved to a host without an agent after the caller read `network_info`.
-async fn silent_port(c: &TestCloud, id: uuid::Uuid) -> (PortId, NetworkRequest) {
-    let p = c.user_port(NET_NATIVE).await;
-    c.network
-        .update_port(
-            p,
-            &PortUpdate {
-                host_id: Some("h1".into()),
-                device_id: Some(id.to_string()),
-                device_owner: Some("compute:nova".into()),
-                ..PortUpdate::default()
-            },
-        )
-        .await
-        .unwrap();
-    let ni = network_info(&*c.network, &[p]).await;
-    c.network
-        .update_port(
-            p,
-            &PortUpdate {
-                host_id: Some("elsewhere".into()),
-                ..PortUpdate::default()
-            },
-        )
-        .await
-        .unwrap();
-    (p, NetworkRequest::Allocated(ni))
+async fn silent_request(c: &TestCloud, id: uuid::Uuid) -> (PortId, NetworkRequest) {
+    let (p, vif) = silent_port(c, id, NET_NATIVE).await;
+    (
+        p,
+        NetworkRequest::Allocated(vireo_actors::vif::NetworkInfo { vifs: vec![vif] }),
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -245,7 +223,7 @@ async fn build_whose_event_never_comes_times_out_and_is_released() {
         .await;
     let h1 = c.host("h1");
     let id = uuid();
-    let (p, network) = silent_port(&c, id).await;
+    let (p, network) = silent_request(&c, id).await;
     let mut args = spawn_args("vm-timeout", vec![]);
     args.network = network;
     let t0 = Instant::now();
@@ -269,7 +247,7 @@ async fn build_whose_port_fails_is_released() {
     let c = spec(&["h1"]).start().await;
     let h1 = c.host("h1").driver.clone();
     let id = uuid();
-    let (p, network) = silent_port(&c, id).await;
+    let (p, network) = silent_request(&c, id).await;
     let mut args = spawn_args("vm-failed", vec![]);
     args.network = network;
     let build = tokio::spawn(async move { h1.spawn(id, args).await });
@@ -294,7 +272,7 @@ async fn non_fatal_wait_proceeds_without_the_event() {
     let c = s.start().await;
     let h1 = c.host("h1");
     let id = uuid();
-    let (p, network) = silent_port(&c, id).await;
+    let (p, network) = silent_request(&c, id).await;
     let mut args = spawn_args("vm-nonfatal", vec![]);
     args.network = network;
     let report = h1.driver.spawn(id, args).await.unwrap();

@@ -884,3 +884,37 @@ pub async fn network_info(net: &dyn NetworkApi, ports: &[PortId]) -> NetworkInfo
     }
     NetworkInfo::from_value(&serde_json::Value::Array(vifs)).unwrap()
 }
+
+/// A user port of `id` whose `network-vif-plugged` never comes, and its VIF: bound to h1
+/// when the caller read `network_info`, then moved to a host without an L2 agent.
+pub async fn silent_port(
+    c: &TestCloud,
+    id: Uuid,
+    network: &str,
+) -> (PortId, vireo_actors::vif::Vif) {
+    let p = c.user_port(network).await;
+    c.network
+        .update_port(
+            p,
+            &PortUpdate {
+                host_id: Some("h1".into()),
+                device_id: Some(id.to_string()),
+                device_owner: Some("compute:nova".into()),
+                ..PortUpdate::default()
+            },
+        )
+        .await
+        .unwrap();
+    let vif = network_info(&*c.network, &[p]).await.vifs.remove(0);
+    c.network
+        .update_port(
+            p,
+            &PortUpdate {
+                host_id: Some("elsewhere".into()),
+                ..PortUpdate::default()
+            },
+        )
+        .await
+        .unwrap();
+    (p, vif)
+}
