@@ -100,6 +100,8 @@ pub struct InstanceActor {
     /// context owns the futures that hand them back).
     replies_pending: usize,
     leave_when_replied: bool,
+    /// Operations started so far: a state read that began before the latest is stale.
+    ops_started: u64,
 }
 
 impl InstanceActor {
@@ -127,6 +129,7 @@ impl InstanceActor {
             stopping: false,
             replies_pending: 0,
             leave_when_replied: false,
+            ops_started: 0,
         }
     }
 
@@ -173,6 +176,7 @@ impl InstanceActor {
         let kind = request.kind();
         let op_id = OpId(self.op_ids.fetch_add(1, Ordering::Relaxed) + 1);
         let live = Arc::new(Mutex::new(LiveProgress::default()));
+        self.ops_started += 1;
         self.running = Some(RunningOp {
             op_id,
             request: kind,
@@ -330,9 +334,11 @@ impl InstanceActor {
         }
         let lv = self.deps.libvirt.clone();
         let uuid = self.uuid;
+        let seq = self.ops_started;
         let fut = async move { lv.info(uuid).await };
-        ctx.spawn(fut.into_actor(self).map(|res, act, ctx| {
-            if act.running.is_some() {
+        ctx.spawn(fut.into_actor(self).map(move |res, act, ctx| {
+            // An operation that ran meanwhile knows better than a read taken before it.
+            if act.running.is_some() || act.ops_started != seq {
                 return;
             }
             let power = match res {
