@@ -513,11 +513,11 @@ async fn suspend_resume_and_power_off_from_suspended() {
     h1.driver.suspend(id).await.unwrap();
     let view = h1.driver.show(id).await.unwrap();
     assert_eq!(view.state, InstanceState::Suspended);
-    // The libvirt-made tap went with the guest.
-    assert_eq!(
-        c.port(native).await.status,
-        vireo_actors::network::PortStatus::Down
-    );
+    // The libvirt-made tap went with the guest (the service hears of it from its watcher).
+    eventually(Duration::from_secs(2), "native port down", || async {
+        (c.port(native).await.status == vireo_actors::network::PortStatus::Down).then_some(())
+    })
+    .await;
     let r = h1.driver.resume(id).await.unwrap();
     assert_eq!(waited(&r, Timing::PlugTime), vec![native]);
     assert!(r.waits.iter().all(|w| w.complete));
