@@ -498,6 +498,53 @@ async fn libvirt_events_reach_the_owning_actor() {
 // Power, suspend, interfaces
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reboots_and_power_on_wait_for_exactly_what_the_service_sends() {
+    let c = spec(&["h1"]).start().await;
+    let h1 = c.host("h1");
+    let id = uuid();
+    h1.driver
+        .spawn(
+            id,
+            spawn_args(
+                "vm-reboots",
+                vec![on(NET_HYBRID), on(NET_NATIVE), on(NET_LB)],
+            ),
+        )
+        .await
+        .unwrap();
+    let by = ports_by_network(&c, &h1.driver.show(id).await.unwrap()).await;
+    let (na, lb) = (by[NET_NATIVE], by[NET_LB]);
+    // Hard reboot and power on recreate the libvirt-made taps (native OVS, Linux bridge);
+    // the hybrid qvo stays: exactly two events come, and exactly those are awaited.
+    for step in ["reboot-hard", "power-on"] {
+        if step == "power-on" {
+            h1.driver.power_off(id, None).await.unwrap();
+        }
+        let t0 = Instant::now();
+        let r = match step {
+            "reboot-hard" => h1.driver.reboot(id, RebootKind::Hard).await.unwrap(),
+            _ => h1.driver.power_on(id).await.unwrap(),
+        };
+        let t1 = Instant::now();
+        assert!(waited(&r, Timing::BindTime).is_empty(), "{step}: {r:#?}");
+        assert_eq!(set(waited(&r, Timing::PlugTime)), set([na, lb]), "{step}");
+        assert!(r.waits.iter().all(|w| w.complete), "{step}: {r:#?}");
+        let sent = c.sink.plugged(id, t0, t1);
+        assert_eq!(sent.len(), 2, "{step}: {sent:?}");
+        assert_eq!(set(sent), set([na, lb]), "{step}");
+        assert_eq!(state(h1, id).await, InstanceState::Running);
+    }
+    // A soft reboot touches no device: nothing is sent, nothing awaited.
+    let t0 = Instant::now();
+    let r = h1.driver.reboot(id, RebootKind::Soft).await.unwrap();
+    assert!(r.waits.is_empty(), "{r:#?}");
+    assert!(c.sink.plugged(id, t0, Instant::now()).is_empty());
+    assert_eq!(state(h1, id).await, InstanceState::Running);
+    c.destroy_everywhere(id).await;
+    c.assert_clean(&[]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn suspend_resume_and_power_off_from_suspended() {
     let c = spec(&["h1"]).start().await;
     let h1 = c.host("h1");

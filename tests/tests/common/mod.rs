@@ -736,57 +736,14 @@ impl TestCloud {
         self.network.get_port(id).await.unwrap()
     }
 
-    /// Leak check: no domain on any host, nothing plugged, no instance actor, no port left
-    /// but `user_ports` and those unbound (no host, device id/owner, PCI keys,
-    /// `migrating_to`), nothing wired, no pending wait.
+    /// [`leak_check`] of this cloud.
     pub async fn assert_clean(&self, user_ports: &[PortId]) {
-        for h in &self.hosts {
-            let domains = h.driver.libvirt().list_all().await.unwrap();
-            assert!(domains.is_empty(), "{}: domains left: {domains:?}", h.name);
-            let plugged = h.plugger.plugged();
-            assert!(plugged.is_empty(), "{}: plugged left: {plugged:?}", h.name);
-            let views = h.driver.list().await;
-            assert!(views.is_empty(), "{}: instances left: {views:?}", h.name);
-        }
-        for p in self.network.ports() {
-            assert!(
-                user_ports.contains(&p.id),
-                "port {} created by vireo left behind: {p:?}",
-                p.id
-            );
-            assert!(p.host_id.is_empty(), "port {} still bound: {p:?}", p.id);
-            assert!(p.device_id.is_empty(), "port {} device id: {p:?}", p.id);
-            assert!(p.device_owner.is_empty(), "port {} owner: {p:?}", p.id);
-            for k in PCI_PROFILE_KEYS {
-                assert!(!p.profile.contains_key(k), "port {} keeps {k}: {p:?}", p.id);
-            }
-            assert!(p.migrating_to().is_none(), "port {} migrating_to", p.id);
-        }
-        // The service learns of unplugs through its watcher, and the event actor of ended
-        // waits through its mailbox: both may lag a moment.
-        let deadline = Instant::now() + Duration::from_secs(2);
-        loop {
-            let stats = self.stats().await;
-            let wired: Vec<(String, PortId)> = self
-                .network
-                .ports()
-                .iter()
-                .flat_map(|p| {
-                    self.hosts
-                        .iter()
-                        .filter(|h| self.network.is_wired(&h.name, p.id))
-                        .map(|h| (h.name.clone(), p.id))
-                })
-                .collect();
-            if stats.waits_now == 0 && wired.is_empty() {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "waits left: {stats:?}; still wired: {wired:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        let hosts: Vec<_> = self
+            .hosts
+            .iter()
+            .map(|h| (h.name.as_str(), &*h.driver, &*h.plugger))
+            .collect();
+        leak_check(&hosts, &self.network, &self.events, user_ports).await;
     }
 
     /// Destroy (with deallocation) on every host that knows it.
@@ -917,4 +874,74 @@ pub async fn silent_port(
         .await
         .unwrap();
     (p, vif)
+}
+
+/// Leak check: no domain on any host, nothing plugged, no instance actor, no port left but
+/// `user_ports` and those unbound (no host, device id/owner, PCI keys, `migrating_to`),
+/// nothing wired, no pending wait.
+pub async fn leak_check(
+    hosts: &[(&str, &LibvirtDriver, &RecordingPlugger)],
+    network: &EmbeddedNetwork,
+    events: &EventsHandle,
+    user_ports: &[PortId],
+) {
+    for (name, driver, plugger) in hosts {
+        let domains = driver.libvirt().list_all().await.unwrap();
+        assert!(domains.is_empty(), "{name}: domains left: {domains:?}");
+        let plugged = plugger.plugged();
+        assert!(plugged.is_empty(), "{name}: plugged left: {plugged:?}");
+        let views = driver.list().await;
+        assert!(views.is_empty(), "{name}: instances left: {views:?}");
+    }
+    for p in network.ports() {
+        assert!(
+            user_ports.contains(&p.id),
+            "port {} created by vireo left behind: {p:?}",
+            p.id
+        );
+        assert!(p.host_id.is_empty(), "port {} still bound: {p:?}", p.id);
+        assert!(p.device_id.is_empty(), "port {} device id: {p:?}", p.id);
+        assert!(p.device_owner.is_empty(), "port {} owner: {p:?}", p.id);
+        for k in PCI_PROFILE_KEYS {
+            assert!(!p.profile.contains_key(k), "port {} keeps {k}: {p:?}", p.id);
+        }
+        assert!(p.migrating_to().is_none(), "port {} migrating_to", p.id);
+    }
+    // The service learns of unplugs through its watcher, and the event actor of ended
+    // waits through its mailbox: both may lag a moment.
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        let stats = events.stats().await.unwrap();
+        let wired: Vec<(String, PortId)> = network
+            .ports()
+            .iter()
+            .flat_map(|p| {
+                hosts
+                    .iter()
+                    .filter(|(name, _, _)| network.is_wired(name, p.id))
+                    .map(|(name, _, _)| (name.to_string(), p.id))
+            })
+            .collect();
+        if stats.waits_now == 0 && wired.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "waits left: {stats:?}; still wired: {wired:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+impl Cloud {
+    /// [`leak_check`] of a `LocalCloud`.
+    pub async fn assert_clean(&self, user_ports: &[PortId]) {
+        let hosts: Vec<_> = self
+            .cloud
+            .hosts
+            .iter()
+            .map(|h| (h.name.as_str(), &*h.driver, &*h.plugger))
+            .collect();
+        leak_check(&hosts, &self.cloud.network, &self.cloud.events, user_ports).await;
+    }
 }
