@@ -353,7 +353,7 @@ impl InstanceActor {
         }));
     }
 
-    fn follow_power(&mut self, power: PowerState, _ctx: &mut Context<Self>) {
+    fn follow_power(&mut self, power: PowerState, ctx: &mut Context<Self>) {
         self.power = power;
         let next = match (self.state, power) {
             (InstanceState::Stopped | InstanceState::Paused, PowerState::Running) => {
@@ -377,6 +377,28 @@ impl InstanceActor {
         };
         if next != self.state && valid_transition(self.state, next) {
             info!(instance = %self.uuid, from = %self.state, to = %next, "power state changed outside an operation");
+            // libvirt made or removed the domain's devices without vireo: tell the plugger,
+            // as an operation does (before the next request is handled).
+            let was_up = matches!(self.state, InstanceState::Running | InstanceState::Paused);
+            let is_up = matches!(next, InstanceState::Running | InstanceState::Paused);
+            if was_up != is_up {
+                let ports: Vec<_> = self
+                    .record
+                    .as_ref()
+                    .map(|r| r.network_info.vifs.iter().map(|v| v.id).collect())
+                    .unwrap_or_default();
+                let plugger = self.deps.plugger.clone();
+                ctx.wait(
+                    async move {
+                        if is_up {
+                            plugger.devices_attached(&ports).await;
+                        } else {
+                            plugger.devices_detached(&ports).await;
+                        }
+                    }
+                    .into_actor(self),
+                );
+            }
             self.state = next;
             if let Some(r) = &mut self.record {
                 r.state = next;
