@@ -454,17 +454,30 @@ async fn libvirt_events_reach_the_owning_actor() {
     let (a, b) = (uuid(), uuid());
     for (id, name) in [(a, "vm-a"), (b, "vm-b")] {
         h1.driver
-            .spawn(id, spawn_args(name, vec![on(NET_HYBRID)]))
+            .spawn(id, spawn_args(name, vec![on(NET_HYBRID), on(NET_NATIVE)]))
             .await
             .unwrap();
     }
+    let a_native = ports_by_network(&c, &h1.driver.show(a).await.unwrap()).await[NET_NATIVE];
     // A stopped behind vireo's back: A reconciles to stopped, B is untouched.
     lv.destroy(a).await.unwrap();
     eventually_state(h1, a, InstanceState::Stopped).await;
     assert_eq!(h1.driver.show(a).await.unwrap().power, PowerState::Shutoff);
     assert_eq!(state(h1, b).await, InstanceState::Running);
-    h1.driver.power_on(a).await.unwrap();
+    // Its libvirt-made tap went with it: the port goes down, and power on waits for (and
+    // gets) its event again.
+    c.port_eventually(a_native, vireo_actors::network::PortStatus::Down)
+        .await;
+    let r = h1.driver.power_on(a).await.unwrap();
+    assert_eq!(waited(&r, Timing::PlugTime), vec![a_native]);
     assert_eq!(state(h1, a).await, InstanceState::Running);
+    // Stopped by vireo, started behind its back: running, its tap back.
+    h1.driver.power_off(a, None).await.unwrap();
+    lv.start(a, false).await.unwrap();
+    eventually_state(h1, a, InstanceState::Running).await;
+    c.port_eventually(a_native, vireo_actors::network::PortStatus::Active)
+        .await;
+    h1.driver.reboot(a, RebootKind::Hard).await.unwrap();
     // Paused and resumed behind vireo's back.
     lv.suspend(b).await.unwrap();
     eventually_state(h1, b, InstanceState::Paused).await;
@@ -487,8 +500,10 @@ async fn libvirt_events_reach_the_owning_actor() {
     eventually_state(h1, a, InstanceState::Error).await;
     let view = h1.driver.show(a).await.unwrap();
     assert_eq!(view.power, PowerState::NoDomain);
-    assert_eq!(view.vifs.len(), 1);
-    assert!(h1.plugger.plugged().contains(&view.vifs[0].port));
+    assert_eq!(view.vifs.len(), 2);
+    for v in &view.vifs {
+        assert!(h1.plugger.plugged().contains(&v.port));
+    }
     c.destroy_everywhere(a).await;
     c.destroy_everywhere(b).await;
     c.assert_clean(&[]).await;
@@ -561,10 +576,8 @@ async fn suspend_resume_and_power_off_from_suspended() {
     let view = h1.driver.show(id).await.unwrap();
     assert_eq!(view.state, InstanceState::Suspended);
     // The libvirt-made tap went with the guest (the service hears of it from its watcher).
-    eventually(Duration::from_secs(2), "native port down", || async {
-        (c.port(native).await.status == vireo_actors::network::PortStatus::Down).then_some(())
-    })
-    .await;
+    c.port_eventually(native, vireo_actors::network::PortStatus::Down)
+        .await;
     let r = h1.driver.resume(id).await.unwrap();
     assert_eq!(waited(&r, Timing::PlugTime), vec![native]);
     assert!(r.waits.iter().all(|w| w.complete));

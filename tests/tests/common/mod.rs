@@ -58,6 +58,7 @@ pub struct Cloud {
 
 /// A local cloud with `hosts`, fatal waits of `timeout`.
 pub async fn cloud(hosts: &[&str], timeout: Duration) -> Cloud {
+    warm_up_libvirt().await;
     let dir = tempfile::tempdir().unwrap();
     let instances = InstanceConfig {
         wait: WaitPolicy {
@@ -535,8 +536,38 @@ pub async fn on_thread<T: Send + 'static>(
     rx.await.unwrap()
 }
 
+/// libvirt validates domain XML in this process on `test:///` connections (RelaxNG, through
+/// libxml2). libxml2 2.9 builds its XML Schema type library lazily and not thread-safely:
+/// the first validations running at once on several threads can fail with "Error type
+/// 'unsignedLong' is not exported by type library". One validated define before any test
+/// goes on builds it once.
+pub async fn warm_up_libvirt() {
+    static WARM: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
+    WARM.get_or_init(|| async {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("warm-up.xml");
+        std::fs::write(&file, "<node/>\n").unwrap();
+        let lv = vireo_actors::libvirt::Libvirt::open(LibvirtConfig::for_uri(test_uri(&file)))
+            .await
+            .unwrap();
+        let id = Uuid::new_v4();
+        lv.define_xml(
+            format!(
+                "<domain type='test'><name>warm-up</name><uuid>{id}</uuid>\
+                 <memory>65536</memory><vcpu>1</vcpu><os><type>hvm</type></os></domain>"
+            ),
+            true,
+        )
+        .await
+        .unwrap();
+        lv.undefine(id).await.unwrap();
+    })
+    .await;
+}
+
 impl TestCloud {
     pub async fn start(spec: Spec) -> TestCloud {
+        warm_up_libvirt().await;
         let system = Arc::new(ActorSystem::start().unwrap());
         let sink = Arc::new(TeeSink::default());
         let cfg = EmbeddedConfig {
@@ -734,6 +765,17 @@ impl TestCloud {
     /// A port of the service.
     pub async fn port(&self, id: PortId) -> Port {
         self.network.get_port(id).await.unwrap()
+    }
+
+    /// Wait (2 s at most) until the port has `status`: the service hears of devices that
+    /// go away through its watcher, a moment later.
+    pub async fn port_eventually(&self, id: PortId, status: vireo_actors::network::PortStatus) {
+        eventually(
+            Duration::from_secs(2),
+            &format!("{id} {status}"),
+            || async { (self.port(id).await.status == status).then_some(()) },
+        )
+        .await
     }
 
     /// [`leak_check`] of this cloud.
