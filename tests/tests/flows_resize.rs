@@ -469,3 +469,40 @@ async fn cross_host_revert_failing_on_the_source_network_leaves_error_and_cleans
     c.destroy_everywhere(id).await;
     c.assert_clean(&[]).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn confirm_whose_source_cleanup_failed_completes_once_the_source_copy_is_destroyed() {
+    use vireo_actors::instance::DestroyArgs;
+    use vireo_actors::plug::PlugStep;
+    let c = spec(&["h1", "h2"]).start().await;
+    let (h1, h2) = (c.host("h1"), c.host("h2"));
+    let (id, hy, na, lb) = spawn3(&c, "h1", "vm-confirmfail").await;
+    h1.driver
+        .resize(id, resize_to("h1", "h2", 2))
+        .await
+        .unwrap();
+    // The source cannot remove the hybrid port's devices.
+    h1.plugger
+        .faults()
+        .fail_once(PlugStep::DeleteOvsPort, Some(hy));
+    let e = h2.driver.confirm_resize(id).await.unwrap_err();
+    assert!(chain(&e).contains("injected"), "{}", chain(&e));
+    assert_eq!(
+        h1.driver.show(id).await.unwrap().state,
+        InstanceState::Error
+    );
+    // The resized instance is untouched and still waits for its confirm.
+    let view = h2.driver.show(id).await.unwrap();
+    assert_eq!(view.state, InstanceState::ResizeTarget);
+    assert_bound(&c, &[hy, na, lb], "h2").await;
+    // The operator removes the source copy (its networking lives on h2: no deallocation).
+    h1.driver.destroy(id, DestroyArgs::default()).await.unwrap();
+    assert!(h1.plugger.plugged().is_empty());
+    assert_bound(&c, &[hy, na, lb], "h2").await;
+    h2.driver.confirm_resize(id).await.unwrap();
+    let view = h2.driver.show(id).await.unwrap();
+    assert_eq!(view.state, InstanceState::Running);
+    assert_eq!(view.flavor.as_deref(), Some("m1.small"));
+    c.destroy_everywhere(id).await;
+    c.assert_clean(&[]).await;
+}

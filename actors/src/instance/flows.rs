@@ -759,12 +759,20 @@ pub(crate) async fn confirm_resize(op: &mut OpCtx, record: InstanceRecord) -> Fi
     let r = async {
         if !resize.migration.same_host() {
             op.phase("clean up the source");
-            op.peer(
-                &resize.migration.source_host,
-                "confirm-resize-source",
-                InstanceRequest::ConfirmResizeSource,
-            )
-            .await?;
+            match op
+                .peer(
+                    &resize.migration.source_host,
+                    "confirm-resize-source",
+                    InstanceRequest::ConfirmResizeSource,
+                )
+                .await
+            {
+                Ok(_) => {}
+                // The source holds nothing of the instance any more: clean already.
+                Err(InstanceError::Peer { source, .. })
+                    if matches!(*source, InstanceError::NotFound(_)) => {}
+                Err(e) => return Err(e),
+            }
         }
         let running = op.power().await? == PowerState::Running;
         let mut done = record.clone();
