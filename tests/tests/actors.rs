@@ -760,3 +760,42 @@ async fn attach_and_detach_interfaces_running_and_stopped() {
     c.assert_clean(&[extra, bad]).await;
     c.delete_ports(&[extra, bad]).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_during_a_build_rolls_it_back() {
+    let c = spec(&["h1"]).start().await;
+    let h1 = c.host("h1");
+    let id = uuid();
+    let (p, vif) = silent_port(&c, id, NET_NATIVE).await;
+    let mut args = spawn_args("vm-shutdown", vec![]);
+    let created = c
+        .network
+        .allocate_for_instance(id, "h1", &[on(NET_HYBRID)])
+        .await
+        .unwrap();
+    let mut vifs = created.vifs;
+    let mut vif = vif;
+    vif.index = 1;
+    vifs.push(vif);
+    args.network =
+        vireo_actors::instance::NetworkRequest::Allocated(vireo_actors::vif::NetworkInfo { vifs });
+    let d = h1.driver.clone();
+    let build = tokio::spawn(async move { d.spawn(id, args).await });
+    at_phase(&h1.driver, id, "wait for events").await;
+    let t0 = Instant::now();
+    h1.driver.shutdown(Duration::from_secs(5)).await;
+    let e = build.await.unwrap().unwrap_err();
+    assert!(t0.elapsed() < Duration::from_secs(5));
+    assert!(
+        matches!(e, InstanceError::BuildFailed { .. }),
+        "{}",
+        chain(&e)
+    );
+    // The agent is down: requests are refused.
+    let e = h1.driver.show(id).await.unwrap_err();
+    assert!(matches!(e, InstanceError::Unavailable), "{}", chain(&e));
+    assert!(h1.driver.libvirt().list_all().await.unwrap().is_empty());
+    assert!(h1.plugger.plugged().is_empty());
+    c.assert_clean(&[p]).await;
+    c.delete_ports(&[p]).await;
+}
