@@ -506,3 +506,31 @@ async fn confirm_whose_source_cleanup_failed_completes_once_the_source_copy_is_d
     c.destroy_everywhere(id).await;
     c.assert_clean(&[]).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cross_host_revert_with_neutron_latency_waits_for_each_event_once() {
+    // Neutron sends its events 0.3–1.6 s after their cause.
+    let c = spec(&["h1", "h2"]).event_delay_ms(300).start().await;
+    let (h1, h2) = (c.host("h1"), c.host("h2"));
+    let (id, hy, na, lb) = spawn3(&c, "h1", "vm-latency").await;
+    h1.driver
+        .resize(id, resize_to("h1", "h2", 2))
+        .await
+        .unwrap();
+    let t0 = Instant::now();
+    h2.driver.revert_resize(id).await.unwrap();
+    let t1 = Instant::now();
+    let back = h1.driver.show(id).await.unwrap().last_operation.unwrap();
+    assert_eq!(waited(&back, Timing::BindTime), vec![hy]);
+    assert_eq!(set(waited(&back, Timing::PlugTime)), set([na, lb]));
+    for w in &back.waits {
+        assert!(w.complete, "{w:?}");
+        // Each wait lasted as long as the service took to send, not the 30 s timeout.
+        assert!(w.took >= Duration::from_millis(250), "{w:?}");
+        assert!(w.took < Duration::from_secs(5), "{w:?}");
+    }
+    assert_eq!(set(c.sink.plugged(id, t0, t1)), set([hy, na, lb]));
+    assert_bound(&c, &[hy, na, lb], "h1").await;
+    c.destroy_everywhere(id).await;
+    c.assert_clean(&[]).await;
+}

@@ -304,3 +304,67 @@ async fn a_resize_interrupted_at_the_handover_waits_for_confirm_or_revert() {
     assert!(c.network.detach_host("h2"));
     c.assert_clean(&[]).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resize_interrupted_on_both_hosts_is_reverted_to_the_source() {
+    let c = spec(&["h1", "h2"]).start().await;
+    let id = uuid();
+    let h1 = c.host("h1");
+    h1.driver
+        .spawn(
+            id,
+            spawn_args("vm-crash-both", vec![on(NET_HYBRID), on(NET_NATIVE)]),
+        )
+        .await
+        .unwrap();
+    let ports = ports(&h1.driver.show(id).await.unwrap());
+    // h2's L2 agent is gone: its finish waits for events that never come.
+    assert!(c.network.detach_host("h2"));
+    let d = h1.driver.clone();
+    let resize = tokio::spawn(async move {
+        d.resize(
+            id,
+            ResizeArgs {
+                migration: Migration {
+                    id: uuid(),
+                    source_host: "h1".into(),
+                    dest_host: "h2".into(),
+                },
+                new_flavor: flavor("m1.small", 2, 512),
+            },
+        )
+        .await
+    });
+    at_phase(&c.host("h2").driver, id, "wait for events").await;
+    at_phase(&c.host("h1").driver, id, "finish on destination").await;
+    let domains = c.dump_domains().await;
+    resize.abort();
+    assert!(resize.await.unwrap_err().is_cancelled());
+    // Both agents die; both come back (h2 with its L2 agent again).
+    let c = TestCloud::restart(c.crash(), domains).await;
+    let (h1, h2) = (c.host("h1"), c.host("h2"));
+    // h2 removes the half-finished copy and has h1 bring the instance back.
+    let view = eventually(
+        Duration::from_secs(5),
+        "the instance back on h1",
+        || async {
+            let v = h1.driver.show(id).await.ok()?;
+            (v.state == InstanceState::Running && v.operation.is_none()).then_some(v)
+        },
+    )
+    .await;
+    assert_eq!(view.flavor.as_deref(), Some("m1.tiny"));
+    eventually(Duration::from_secs(5), "nothing on h2", || async {
+        (matches!(h2.driver.show(id).await, Err(InstanceError::NotFound(_)))
+            && h2.driver.libvirt().list_all().await.ok()?.is_empty()
+            && h2.plugger.plugged().is_empty())
+        .then_some(())
+    })
+    .await;
+    for p in &ports {
+        let port = c.port(*p).await;
+        assert_eq!(port.host_id, "h1", "{port:?}");
+    }
+    c.destroy_everywhere(id).await;
+    c.assert_clean(&[]).await;
+}
