@@ -799,3 +799,89 @@ async fn shutdown_during_a_build_rolls_it_back() {
     c.assert_clean(&[p]).await;
     c.delete_ports(&[p]).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn power_paths_from_paused_and_stopped() {
+    let c = spec(&["h1", "h2"]).start().await;
+    let h1 = c.host("h1");
+    let id = uuid();
+    h1.driver
+        .spawn(
+            id,
+            spawn_args("vm-paths", vec![on(NET_HYBRID), on(NET_NATIVE), on(NET_LB)]),
+        )
+        .await
+        .unwrap();
+    // Paused → suspended → running.
+    h1.driver.pause(id).await.unwrap();
+    h1.driver.suspend(id).await.unwrap();
+    assert_eq!(state(h1, id).await, InstanceState::Suspended);
+    h1.driver.resume(id).await.unwrap();
+    assert_eq!(state(h1, id).await, InstanceState::Running);
+    // Paused → hard reboot → running.
+    h1.driver.pause(id).await.unwrap();
+    h1.driver.reboot(id, RebootKind::Hard).await.unwrap();
+    assert_eq!(state(h1, id).await, InstanceState::Running);
+    // Paused → failed live migration → paused again.
+    h1.driver.pause(id).await.unwrap();
+    let e = h1
+        .driver
+        .live_migrate(
+            id,
+            LiveMigrateArgs {
+                migration: Migration {
+                    id: uuid(),
+                    source_host: "h1".into(),
+                    dest_host: "h2".into(),
+                },
+                shared_block_storage: false,
+                shared_instance_path: false,
+            },
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(e, InstanceError::RolledBack { .. }),
+        "{}",
+        chain(&e)
+    );
+    assert_eq!(state(h1, id).await, InstanceState::Paused);
+    // Paused → power off → stopped → hard reboot → running.
+    h1.driver.power_off(id, None).await.unwrap();
+    assert_eq!(state(h1, id).await, InstanceState::Stopped);
+    h1.driver.reboot(id, RebootKind::Hard).await.unwrap();
+    assert_eq!(state(h1, id).await, InstanceState::Running);
+    // Stopped → same-host resize (stays off) → revert (still off).
+    h1.driver.power_off(id, None).await.unwrap();
+    let r = h1
+        .driver
+        .resize(
+            id,
+            ResizeArgs {
+                migration: Migration {
+                    id: uuid(),
+                    source_host: "h1".into(),
+                    dest_host: "h1".into(),
+                },
+                new_flavor: flavor("m1.small", 2, 512),
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(waited(&r, Timing::PlugTime).len(), 2, "{r:#?}");
+    let view = h1.driver.show(id).await.unwrap();
+    assert_eq!(
+        (view.state, view.power),
+        (InstanceState::ResizeTarget, PowerState::Shutoff)
+    );
+    h1.driver.revert_resize(id).await.unwrap();
+    let view = h1.driver.show(id).await.unwrap();
+    assert_eq!(
+        (view.state, view.power, view.flavor.as_deref()),
+        (InstanceState::Stopped, PowerState::Shutoff, Some("m1.tiny"))
+    );
+    h1.driver.power_on(id).await.unwrap();
+    assert_eq!(state(h1, id).await, InstanceState::Running);
+    c.destroy_everywhere(id).await;
+    c.assert_clean(&[]).await;
+}
