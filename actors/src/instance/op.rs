@@ -104,7 +104,8 @@ impl OpCtx {
         self.devices = record.network_info.vifs.iter().map(|v| v.id).collect();
     }
 
-    async fn attached(&self) {
+    /// libvirt created the devices of the domain (it started).
+    pub async fn attached(&self) {
         self.deps.plugger.devices_attached(&self.devices).await;
     }
 
