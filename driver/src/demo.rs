@@ -266,17 +266,16 @@ pub async fn run(opts: DemoOptions, out: &mut dyn Write) -> Result<DemoSummary, 
         .await
         .map_err(DemoError::Start)?
         .map_err(|e| DemoError::Start(DriverError::Plugging(e)))?;
-        Arc::new(
-            LibvirtDriver::builder(cfg)
-                .system(system)
-                .events(cloud.events.clone())
-                .peers(cloud.peers.clone())
-                .network(SharedNetwork::Embedded(cloud.network.clone()))
-                .plugger(Arc::new(plugger))
-                .build()
-                .await
-                .map_err(DemoError::Start)?,
-        )
+        let d = LibvirtDriver::builder(cfg)
+            .system(system)
+            .peers(cloud.peers.clone())
+            .network(SharedNetwork::Embedded(cloud.network.clone()))
+            .plugger(Arc::new(plugger))
+            .build()
+            .await
+            .map_err(DemoError::Start)?;
+        cloud.events.add(d.events().clone());
+        Arc::new(d)
     } else {
         cloud.hosts[0].driver.clone()
     };
@@ -957,10 +956,14 @@ impl Demo<'_> {
         if ports.iter().any(|p| p.migrating_to().is_some()) {
             leaks.push("a port keeps migrating_to".into());
         }
-        match self.cloud.events.stats().await {
-            Ok(s) if s.waits_now > 0 => leaks.push(format!("{} event waits pending", s.waits_now)),
-            Ok(_) => {}
-            Err(_) => leaks.push("event actor unavailable".into()),
+        let mut waits = self.cloud.events.stats().await.waits_now;
+        if self.real {
+            if let Ok(s) = self.h1.events().stats().await {
+                waits += s.waits_now;
+            }
+        }
+        if waits > 0 {
+            leaks.push(format!("{waits} event waits pending"));
         }
         leaks
     }

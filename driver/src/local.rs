@@ -31,14 +31,14 @@ pub const EVENT_LOG_CAPACITY: usize = 4096;
 /// for with what was sent.
 #[derive(Debug)]
 pub struct EventLog {
-    inner: EventsHandle,
+    inner: Arc<dyn EventSink>,
     start: Instant,
     log: Mutex<std::collections::VecDeque<(Instant, ExternalEvent)>>,
 }
 
 impl EventLog {
     /// A log forwarding to `inner`.
-    pub fn new(inner: EventsHandle) -> Self {
+    pub fn new(inner: Arc<dyn EventSink>) -> Self {
         EventLog {
             inner,
             start: Instant::now(),
@@ -80,6 +80,49 @@ impl EventSink for EventLog {
     }
 }
 
+/// Hands every event to every host's network-event actor. Each host's actor keeps only the
+/// events of the instances it knows, as if an API routed each event to the host of its
+/// instance; a host that does not know the instance counts the event as for an unknown
+/// instance. (Hosts must not share one actor: forgetting an instance on one host would cancel
+/// the other's waits for it.)
+#[derive(Debug, Default)]
+pub struct FanOut {
+    hosts: std::sync::RwLock<Vec<EventsHandle>>,
+}
+
+impl FanOut {
+    /// Add a host's actor.
+    pub fn add(&self, events: EventsHandle) {
+        if let Ok(mut h) = self.hosts.write() {
+            h.push(events);
+        }
+    }
+
+    /// Every host's actor.
+    pub fn handles(&self) -> Vec<EventsHandle> {
+        self.hosts.read().map(|h| h.clone()).unwrap_or_default()
+    }
+
+    /// The counters of every host's actor, summed.
+    pub async fn stats(&self) -> vireo_actors::events::EventStats {
+        let mut sum = vireo_actors::events::EventStats::default();
+        for h in self.handles() {
+            if let Ok(s) = h.stats().await {
+                sum += s;
+            }
+        }
+        sum
+    }
+}
+
+impl EventSink for FanOut {
+    fn deliver(&self, event: ExternalEvent) {
+        for h in self.handles() {
+            h.deliver(event.clone());
+        }
+    }
+}
+
 /// What a local cloud is made of.
 #[derive(Debug, Clone)]
 pub struct LocalCloudConfig {
@@ -106,6 +149,8 @@ pub struct LocalHost {
     pub plugger: Arc<RecordingPlugger>,
     /// Its libvirt URI.
     pub uri: String,
+    /// Its network-event actor.
+    pub events: EventsHandle,
 }
 
 /// Compute hosts on libvirt's test driver in this process.
@@ -113,8 +158,8 @@ pub struct LocalHost {
 pub struct LocalCloud {
     /// The shared actor system.
     pub system: Arc<ActorSystem>,
-    /// The shared network-event actor.
-    pub events: EventsHandle,
+    /// Every host's network-event actor, fed by the network service.
+    pub events: Arc<FanOut>,
     /// The shared network service.
     pub network: Arc<EmbeddedNetwork>,
     /// What the network service sent.
@@ -134,7 +179,7 @@ impl LocalCloud {
     /// Write each host's test-driver file and start the hosts.
     pub async fn start(cfg: LocalCloudConfig) -> Result<Self, DriverError> {
         let system = Arc::new(ActorSystem::start().map_err(DriverError::Runtime)?);
-        let events = system.start_events(cfg.events);
+        let events = Arc::new(FanOut::default());
         let event_log = Arc::new(EventLog::new(events.clone()));
         let sink: Arc<dyn EventSink> = event_log.clone();
         let net_cfg = cfg.network.clone();
@@ -153,6 +198,8 @@ impl LocalCloud {
                 .map_err(|e| DriverError::Network(format!("write {}: {e}", file.display())))?;
             let uri = test_uri(&file);
             let plugger = Arc::new(RecordingPlugger::new());
+            let host_events = system.start_events(cfg.events);
+            events.add(host_events.clone());
             let config = DriverConfig {
                 host: name.clone(),
                 libvirt: LibvirtConfig::for_uri(uri.clone()),
@@ -164,7 +211,7 @@ impl LocalCloud {
             };
             let driver = LibvirtDriver::builder(config)
                 .system(system.clone())
-                .events(events.clone())
+                .events(host_events.clone())
                 .peers(peers.clone())
                 .network(SharedNetwork::Embedded(network.clone()))
                 .plugger(plugger.clone())
@@ -175,6 +222,7 @@ impl LocalCloud {
                 driver: Arc::new(driver),
                 plugger,
                 uri,
+                events: host_events,
             });
         }
         Ok(LocalCloud {
@@ -192,12 +240,14 @@ impl LocalCloud {
         self.hosts.iter().find(|h| h.name == name)
     }
 
-    /// Stop every host and the event actor.
+    /// Stop every host and its event actor.
     pub async fn shutdown(&self, timeout: std::time::Duration) {
         use crate::compute::ComputeDriver;
         for h in &self.hosts {
             h.driver.shutdown(timeout).await;
         }
-        let _ = self.events.shutdown().await;
+        for e in self.events.handles() {
+            let _ = e.shutdown().await;
+        }
     }
 }

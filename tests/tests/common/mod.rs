@@ -178,12 +178,29 @@ pub struct Sent {
 #[derive(Debug, Default)]
 pub struct TeeSink {
     log: Mutex<Vec<Sent>>,
-    target: Mutex<Option<EventsHandle>>,
+    targets: Mutex<Vec<EventsHandle>>,
 }
 
 impl TeeSink {
-    pub fn retarget(&self, to: EventsHandle) {
-        *self.target.lock().unwrap() = Some(to);
+    /// Deliver to no actor (the agent crashed).
+    pub fn clear_targets(&self) {
+        self.targets.lock().unwrap().clear();
+    }
+
+    /// Deliver to this host's actor too: every host's actor gets every event and keeps
+    /// those of the instances it knows.
+    pub fn add_target(&self, to: EventsHandle) {
+        self.targets.lock().unwrap().push(to);
+    }
+
+    /// The counters of every host's actor, summed.
+    pub async fn stats(&self) -> EventStats {
+        let targets = self.targets.lock().unwrap().clone();
+        let mut sum = EventStats::default();
+        for t in targets {
+            sum += t.stats().await.unwrap();
+        }
+        sum
     }
 
     pub fn log(&self) -> Vec<Sent> {
@@ -213,8 +230,8 @@ impl EventSink for TeeSink {
             at: Instant::now(),
             event: event.clone(),
         });
-        if let Some(t) = self.target.lock().unwrap().as_ref() {
-            t.deliver(event);
+        for t in self.targets.lock().unwrap().iter() {
+            t.deliver(event.clone());
         }
     }
 }
@@ -503,7 +520,6 @@ pub struct Host {
 #[derive(Debug)]
 pub struct TestCloud {
     pub system: Arc<ActorSystem>,
-    pub events: EventsHandle,
     pub network: Arc<EmbeddedNetwork>,
     pub sink: Arc<TeeSink>,
     pub peers: Arc<Peers>,
@@ -610,11 +626,9 @@ impl TestCloud {
         remains: Remains,
         nodes: Vec<(String, Option<String>)>,
     ) -> TestCloud {
-        let events = system.start_events(EventConfig::default());
-        remains.sink.retarget(events.clone());
+        remains.sink.clear_targets();
         let mut cloud = TestCloud {
             system,
-            events,
             network: remains.network,
             sink: remains.sink,
             peers: Peers::new(),
@@ -657,9 +671,11 @@ impl TestCloud {
             network: NetworkConfig::Embedded(EmbeddedConfig::default()),
             migration_uri: Some(uri.clone()),
         };
+        let events = self.system.start_events(EventConfig::default());
+        self.sink.add_target(events.clone());
         let driver = LibvirtDriver::builder(config)
             .system(self.system.clone())
-            .events(self.events.clone())
+            .events(events)
             .peers(self.peers.clone())
             .network(SharedNetwork::Api(net.clone()))
             .plugger(plugger.clone())
@@ -685,7 +701,6 @@ impl TestCloud {
     pub fn crash(self) -> Remains {
         let TestCloud {
             system,
-            events,
             network,
             sink,
             peers,
@@ -700,7 +715,7 @@ impl TestCloud {
             .collect();
         drop(hosts);
         drop(peers);
-        drop(events);
+        sink.clear_targets();
         assert_eq!(
             Arc::strong_count(&system),
             1,
@@ -754,12 +769,12 @@ impl TestCloud {
     pub async fn shutdown(&self) {
         for h in &self.hosts {
             h.driver.shutdown(Duration::from_secs(5)).await;
+            let _ = h.driver.events().shutdown().await;
         }
-        let _ = self.events.shutdown().await;
     }
 
     pub async fn stats(&self) -> EventStats {
-        self.events.stats().await.unwrap()
+        self.sink.stats().await
     }
 
     /// A port of the service.
@@ -785,7 +800,12 @@ impl TestCloud {
             .iter()
             .map(|h| (h.name.as_str(), &*h.driver, &*h.plugger))
             .collect();
-        leak_check(&hosts, &self.network, &self.events, user_ports).await;
+        let events: Vec<EventsHandle> = self
+            .hosts
+            .iter()
+            .map(|h| h.driver.events().clone())
+            .collect();
+        leak_check(&hosts, &self.network, &events, user_ports).await;
     }
 
     /// Destroy (with deallocation) on every host that knows it.
@@ -924,7 +944,7 @@ pub async fn silent_port(
 pub async fn leak_check(
     hosts: &[(&str, &LibvirtDriver, &RecordingPlugger)],
     network: &EmbeddedNetwork,
-    events: &EventsHandle,
+    events: &[EventsHandle],
     user_ports: &[PortId],
 ) {
     for (name, driver, plugger) in hosts {
@@ -953,7 +973,10 @@ pub async fn leak_check(
     // waits through its mailbox: both may lag a moment.
     let deadline = Instant::now() + Duration::from_secs(2);
     loop {
-        let stats = events.stats().await.unwrap();
+        let mut stats = EventStats::default();
+        for e in events {
+            stats += e.stats().await.unwrap();
+        }
         let wired: Vec<(String, PortId)> = network
             .ports()
             .iter()
@@ -984,6 +1007,7 @@ impl Cloud {
             .iter()
             .map(|h| (h.name.as_str(), &*h.driver, &*h.plugger))
             .collect();
-        leak_check(&hosts, &self.cloud.network, &self.cloud.events, user_ports).await;
+        let events = self.cloud.events.handles();
+        leak_check(&hosts, &self.cloud.network, &events, user_ports).await;
     }
 }
