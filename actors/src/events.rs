@@ -257,6 +257,31 @@ pub struct EventStats {
     pub instances_now: u64,
 }
 
+impl std::ops::AddAssign for EventStats {
+    /// Sum the counters of several actors (one per host of a process).
+    fn add_assign(&mut self, o: EventStats) {
+        self.delivered += o.delivered;
+        self.matched += o.matched;
+        self.matched_from_buffer += o.matched_from_buffer;
+        self.buffered += o.buffered;
+        self.buffer_dropped_count += o.buffer_dropped_count;
+        self.buffer_dropped_age += o.buffer_dropped_age;
+        self.buffer_dropped_forgotten += o.buffer_dropped_forgotten;
+        self.unknown_instance_dropped += o.unknown_instance_dropped;
+        self.duplicates += o.duplicates;
+        self.ignored += o.ignored;
+        self.timeouts += o.timeouts;
+        self.failed += o.failed;
+        self.cancelled += o.cancelled;
+        self.abandoned += o.abandoned;
+        self.shut_down += o.shut_down;
+        self.completed += o.completed;
+        self.waits_now += o.waits_now;
+        self.buffered_now += o.buffered_now;
+        self.instances_now += o.instances_now;
+    }
+}
+
 /// Sizes behind the memory figures in docs/EVENT_MODEL.md.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MemoryFigures {
@@ -610,12 +635,22 @@ impl NetworkEventActor {
             }
         }
         let Some((i, slot)) = hit else {
-            if seen
-                || entry
-                    .buffer
-                    .iter()
-                    .any(|b| b.key == key && b.failed == failed)
+            if seen {
+                self.stats.duplicates += 1;
+                return;
+            }
+            if let Some(pos) = entry
+                .buffer
+                .iter()
+                .position(|b| b.key == key && b.failed == failed)
             {
+                // Keep one copy, with the newer arrival: a repeat that comes after an
+                // operation began must count for it, even if an older copy (which must not)
+                // was already buffered.
+                if let Some(mut b) = entry.buffer.remove(pos) {
+                    b.at = received;
+                    entry.buffer.push_back(b);
+                }
                 self.stats.duplicates += 1;
                 return;
             }

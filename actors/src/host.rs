@@ -370,7 +370,9 @@ impl Handler<Recover> for HostActor {
 fn recovered_state(recorded: InstanceState, power: PowerState) -> InstanceState {
     use InstanceState as S;
     match (recorded, power) {
-        (S::ResizeSource | S::ResizeTarget | S::Error | S::Suspended, _) => recorded,
+        // A build that never finished stays one, whatever its domain does (it was started
+        // paused): recovery rolls it back.
+        (S::Building | S::ResizeSource | S::ResizeTarget | S::Error | S::Suspended, _) => recorded,
         (_, PowerState::Running) => S::Running,
         (_, PowerState::Paused) => S::Paused,
         (_, PowerState::Suspended) => S::Suspended,

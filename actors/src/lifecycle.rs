@@ -303,7 +303,9 @@ pub fn accepts(state: InstanceState, request: Request) -> bool {
         // The destination may have lost its record (agent restart): roll back from Absent too.
         RollbackLiveMigrationAtDestination => matches!(state, Absent | Incoming),
         AttachInterface | DetachInterface => matches!(state, Running | Paused | Stopped),
-        Recover => state.has_domain(),
+        // Not while a build or a live migration is under way: their own flows finish or roll
+        // them back (recovery releases an interrupted build with the reschedule clean-up).
+        Recover => state.has_domain() && !matches!(state, Building | Migrating),
     }
 }
 
@@ -390,11 +392,17 @@ mod tests {
         // Transient states accept nothing but destroy (and their own completions).
         for req in Request::ALL {
             if accepts(Migrating, req) {
-                assert_eq!(req, Request::Destroy, "{req} in migrating");
+                assert!(
+                    matches!(req, Request::Destroy | Request::Recover),
+                    "{req} in migrating"
+                );
             }
             if accepts(Building, req) {
                 assert!(
-                    matches!(req, Request::Destroy | Request::CleanupForReschedule),
+                    matches!(
+                        req,
+                        Request::Destroy | Request::CleanupForReschedule | Request::Recover
+                    ),
                     "{req}"
                 );
             }

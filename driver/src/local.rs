@@ -8,9 +8,11 @@
 //! embedded service, which follows Neutron's port-status rules.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use vireo_actors::events::{EventConfig, EventsHandle};
+use vireo_actors::external::{EventSink, ExternalEvent};
 use vireo_actors::instance::{InstanceConfig, Peers};
 use vireo_actors::libvirt::LibvirtConfig;
 use vireo_actors::plug::RecordingPlugger;
@@ -20,6 +22,106 @@ use crate::compute::{
     DriverConfig, DriverError, LibvirtDriver, NetworkConfig, PluggingConfig, SharedNetwork,
 };
 use crate::network::embedded::{EmbeddedConfig, EmbeddedNetwork};
+
+/// How many events an [`EventLog`] keeps (the oldest are dropped first).
+pub const EVENT_LOG_CAPACITY: usize = 4096;
+
+/// The events the embedded service sent, with their time, forwarded to the network-event
+/// actor: what "arrived", for the demo's timeline and for tests that compare what was waited
+/// for with what was sent.
+#[derive(Debug)]
+pub struct EventLog {
+    inner: Arc<dyn EventSink>,
+    start: Instant,
+    log: Mutex<std::collections::VecDeque<(Instant, ExternalEvent)>>,
+}
+
+impl EventLog {
+    /// A log forwarding to `inner`.
+    pub fn new(inner: Arc<dyn EventSink>) -> Self {
+        EventLog {
+            inner,
+            start: Instant::now(),
+            log: Mutex::new(std::collections::VecDeque::new()),
+        }
+    }
+
+    /// Every event kept, with its time.
+    pub fn events(&self) -> Vec<(Instant, ExternalEvent)> {
+        self.log
+            .lock()
+            .map(|l| l.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// Events sent at or after `since`.
+    pub fn since(&self, since: Instant) -> Vec<(Instant, ExternalEvent)> {
+        self.events()
+            .into_iter()
+            .filter(|(t, _)| *t >= since)
+            .collect()
+    }
+
+    /// When the log started.
+    pub fn start(&self) -> Instant {
+        self.start
+    }
+}
+
+impl EventSink for EventLog {
+    fn deliver(&self, event: ExternalEvent) {
+        if let Ok(mut l) = self.log.lock() {
+            if l.len() == EVENT_LOG_CAPACITY {
+                l.pop_front();
+            }
+            l.push_back((Instant::now(), event.clone()));
+        }
+        self.inner.deliver(event);
+    }
+}
+
+/// Hands every event to every host's network-event actor. Each host's actor keeps only the
+/// events of the instances it knows, as if an API routed each event to the host of its
+/// instance; a host that does not know the instance counts the event as for an unknown
+/// instance. (Hosts must not share one actor: forgetting an instance on one host would cancel
+/// the other's waits for it.)
+#[derive(Debug, Default)]
+pub struct FanOut {
+    hosts: std::sync::RwLock<Vec<EventsHandle>>,
+}
+
+impl FanOut {
+    /// Add a host's actor.
+    pub fn add(&self, events: EventsHandle) {
+        if let Ok(mut h) = self.hosts.write() {
+            h.push(events);
+        }
+    }
+
+    /// Every host's actor.
+    pub fn handles(&self) -> Vec<EventsHandle> {
+        self.hosts.read().map(|h| h.clone()).unwrap_or_default()
+    }
+
+    /// The counters of every host's actor, summed.
+    pub async fn stats(&self) -> vireo_actors::events::EventStats {
+        let mut sum = vireo_actors::events::EventStats::default();
+        for h in self.handles() {
+            if let Ok(s) = h.stats().await {
+                sum += s;
+            }
+        }
+        sum
+    }
+}
+
+impl EventSink for FanOut {
+    fn deliver(&self, event: ExternalEvent) {
+        for h in self.handles() {
+            h.deliver(event.clone());
+        }
+    }
+}
 
 /// What a local cloud is made of.
 #[derive(Debug, Clone)]
@@ -47,6 +149,8 @@ pub struct LocalHost {
     pub plugger: Arc<RecordingPlugger>,
     /// Its libvirt URI.
     pub uri: String,
+    /// Its network-event actor.
+    pub events: EventsHandle,
 }
 
 /// Compute hosts on libvirt's test driver in this process.
@@ -54,10 +158,12 @@ pub struct LocalHost {
 pub struct LocalCloud {
     /// The shared actor system.
     pub system: Arc<ActorSystem>,
-    /// The shared network-event actor.
-    pub events: EventsHandle,
+    /// Every host's network-event actor, fed by the network service.
+    pub events: Arc<FanOut>,
     /// The shared network service.
     pub network: Arc<EmbeddedNetwork>,
+    /// What the network service sent.
+    pub event_log: Arc<EventLog>,
     /// The directory of hosts.
     pub peers: Arc<Peers>,
     /// The hosts, in the configured order.
@@ -73,8 +179,9 @@ impl LocalCloud {
     /// Write each host's test-driver file and start the hosts.
     pub async fn start(cfg: LocalCloudConfig) -> Result<Self, DriverError> {
         let system = Arc::new(ActorSystem::start().map_err(DriverError::Runtime)?);
-        let events = system.start_events(cfg.events);
-        let sink = Arc::new(events.clone());
+        let events = Arc::new(FanOut::default());
+        let event_log = Arc::new(EventLog::new(events.clone()));
+        let sink: Arc<dyn EventSink> = event_log.clone();
         let net_cfg = cfg.network.clone();
         // The service's delivery task (when events are delayed) lives on the actor thread.
         let network =
@@ -91,6 +198,8 @@ impl LocalCloud {
                 .map_err(|e| DriverError::Network(format!("write {}: {e}", file.display())))?;
             let uri = test_uri(&file);
             let plugger = Arc::new(RecordingPlugger::new());
+            let host_events = system.start_events(cfg.events);
+            events.add(host_events.clone());
             let config = DriverConfig {
                 host: name.clone(),
                 libvirt: LibvirtConfig::for_uri(uri.clone()),
@@ -102,7 +211,7 @@ impl LocalCloud {
             };
             let driver = LibvirtDriver::builder(config)
                 .system(system.clone())
-                .events(events.clone())
+                .events(host_events.clone())
                 .peers(peers.clone())
                 .network(SharedNetwork::Embedded(network.clone()))
                 .plugger(plugger.clone())
@@ -113,12 +222,14 @@ impl LocalCloud {
                 driver: Arc::new(driver),
                 plugger,
                 uri,
+                events: host_events,
             });
         }
         Ok(LocalCloud {
             system,
             events,
             network,
+            event_log,
             peers,
             hosts,
         })
@@ -129,12 +240,14 @@ impl LocalCloud {
         self.hosts.iter().find(|h| h.name == name)
     }
 
-    /// Stop every host and the event actor.
+    /// Stop every host and its event actor.
     pub async fn shutdown(&self, timeout: std::time::Duration) {
         use crate::compute::ComputeDriver;
         for h in &self.hosts {
             h.driver.shutdown(timeout).await;
         }
-        let _ = self.events.shutdown().await;
+        for e in self.events.handles() {
+            let _ = e.shutdown().await;
+        }
     }
 }

@@ -67,8 +67,9 @@ async fn spawn_then_destroy_leaves_nothing() {
     }
     // Destroy is idempotent.
     h1.driver.destroy(id, DestroyArgs::default()).await.unwrap();
-    let stats = c.cloud.events.stats().await.unwrap();
+    let stats = c.cloud.events.stats().await;
     assert_eq!(stats.waits_now, 0, "{stats:?}");
+    c.assert_clean(&[]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -125,4 +126,5 @@ async fn power_cycle_and_reboots() {
         )
         .await
         .unwrap();
+    c.assert_clean(&[]).await;
 }

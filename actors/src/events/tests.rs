@@ -137,6 +137,35 @@ async fn an_event_older_than_the_operation_never_counts() {
 }
 
 #[actix_rt::test]
+async fn a_repeat_of_an_old_buffered_event_counts_for_an_operation_that_began_before_it() {
+    let h = setup().await;
+    h.track(inst(1));
+    // A leftover, buffered before the operation.
+    h.deliver(plugged(inst(1), port(1)));
+    barrier(&h).await;
+    tokio::time::advance(Duration::from_secs(1)).await;
+    let since = Instant::now();
+    tokio::time::advance(Duration::from_secs(1)).await;
+    // The same event again, now after the operation began (before its wait exists).
+    h.deliver(plugged(inst(1), port(1)));
+    barrier(&h).await;
+    let w = h
+        .expect(inst(1), want(&[1]), since, FATAL, OpId(1))
+        .await
+        .unwrap();
+    assert!(
+        w.is_ready(),
+        "the repeat satisfies the wait from the buffer"
+    );
+    assert!(w.await.unwrap().complete());
+    let s = barrier(&h).await;
+    assert_eq!(
+        (s.duplicates, s.matched_from_buffer, s.buffered_now),
+        (1, 1, 0)
+    );
+}
+
+#[actix_rt::test]
 async fn profile_update_events_are_consumed_and_cannot_release_a_later_wait() {
     // Live migration: setting migrating_to rebinds the port (unplugged, then plugged);
     // the flow waits for those as an UpdateBindingProfile op, then the destination's wait

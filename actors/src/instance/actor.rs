@@ -96,6 +96,12 @@ pub struct InstanceActor {
     queued_destroys: Vec<(DestroyArgs, oneshot::Sender<Reply>)>,
     last_report: Option<OpReport>,
     stopping: bool,
+    /// Replies to queued destroys not yet handed back: the actor stays until they are (its
+    /// context owns the futures that hand them back).
+    replies_pending: usize,
+    leave_when_replied: bool,
+    /// Operations started so far: a state read that began before the latest is stale.
+    ops_started: u64,
 }
 
 impl InstanceActor {
@@ -121,6 +127,9 @@ impl InstanceActor {
             queued_destroys: Vec::new(),
             last_report: None,
             stopping: false,
+            replies_pending: 0,
+            leave_when_replied: false,
+            ops_started: 0,
         }
     }
 
@@ -167,6 +176,7 @@ impl InstanceActor {
         let kind = request.kind();
         let op_id = OpId(self.op_ids.fetch_add(1, Ordering::Relaxed) + 1);
         let live = Arc::new(Mutex::new(LiveProgress::default()));
+        self.ops_started += 1;
         self.running = Some(RunningOp {
             op_id,
             request: kind,
@@ -187,12 +197,26 @@ impl InstanceActor {
                 Ok(()) => info!(state = %fin.state, "done"),
                 Err(e) => warn!(state = %fin.state, error = %error_chain(e), "failed"),
             }
-            (fin, op.into_report())
+            // The power state as libvirt has it now, for the states that do not say whether
+            // the guest runs (error, resize-target, ...).
+            let power = match implied_power(fin.state) {
+                Some(p) => Some(p),
+                None => match op.deps.libvirt.info(op.uuid).await {
+                    Ok(info) => Some(power_of(info.state)),
+                    Err(crate::libvirt::LibvirtError::NoDomain { .. }) => {
+                        Some(PowerState::NoDomain)
+                    }
+                    Err(_) => None,
+                },
+            };
+            (fin, power, op.into_report())
         }
         .instrument(span);
         Box::pin(
             fut.into_actor(self)
-                .map(move |(fin, report), act, ctx| act.finish(from, fin, report, ctx)),
+                .map(move |(fin, power, report), act, ctx| {
+                    act.finish(from, fin, power, report, ctx)
+                }),
         )
     }
 
@@ -200,6 +224,7 @@ impl InstanceActor {
         &mut self,
         from: InstanceState,
         fin: Finished,
+        power: Option<PowerState>,
         report: OpReport,
         ctx: &mut Context<Self>,
     ) -> Reply {
@@ -210,14 +235,7 @@ impl InstanceActor {
         self.state = fin.state;
         self.record = fin.record;
         self.running = None;
-        self.power = match self.state {
-            InstanceState::Running => PowerState::Running,
-            InstanceState::Paused => PowerState::Paused,
-            InstanceState::Stopped | InstanceState::ResizeSource => PowerState::Shutoff,
-            InstanceState::Suspended => PowerState::Suspended,
-            InstanceState::Gone | InstanceState::Absent => PowerState::NoDomain,
-            _ => self.power,
-        };
+        self.power = power.unwrap_or(self.power);
         self.last_report = Some(report.clone());
         let reply = fin.result.map(|()| InstanceReply::Done {
             state: self.state,
@@ -246,12 +264,21 @@ impl InstanceActor {
             return;
         }
         if matches!(self.state, InstanceState::Gone) || self.stopping {
-            self.gone.do_send(InstanceGone {
-                uuid: self.uuid,
-                addr: ctx.address(),
-            });
-            ctx.stop();
+            self.leave(ctx);
         }
+    }
+
+    /// Tell the host actor and stop, once every queued reply is handed back.
+    fn leave(&mut self, ctx: &mut Context<Self>) {
+        if self.replies_pending > 0 {
+            self.leave_when_replied = true;
+            return;
+        }
+        self.gone.do_send(InstanceGone {
+            uuid: self.uuid,
+            addr: ctx.address(),
+        });
+        ctx.stop();
     }
 
     fn view(&self) -> InstanceView {
@@ -307,9 +334,11 @@ impl InstanceActor {
         }
         let lv = self.deps.libvirt.clone();
         let uuid = self.uuid;
+        let seq = self.ops_started;
         let fut = async move { lv.info(uuid).await };
-        ctx.spawn(fut.into_actor(self).map(|res, act, ctx| {
-            if act.running.is_some() {
+        ctx.spawn(fut.into_actor(self).map(move |res, act, ctx| {
+            // An operation that ran meanwhile knows better than a read taken before it.
+            if act.running.is_some() || act.ops_started != seq {
                 return;
             }
             let power = match res {
@@ -334,21 +363,45 @@ impl InstanceActor {
             (InstanceState::Running | InstanceState::Paused, PowerState::Shutoff) => {
                 InstanceState::Stopped
             }
-            (s, PowerState::NoDomain) if s.has_domain() && s != InstanceState::Incoming => {
+            // The instance's devices and ports are still here: keep the record so destroy
+            // (or the reschedule clean-up) can release them. An errored instance may have
+            // lost its domain in vireo's own rollback.
+            (s, PowerState::NoDomain)
+                if s.has_domain()
+                    && !matches!(s, InstanceState::Incoming | InstanceState::Error) =>
+            {
                 warn!(instance = %self.uuid, state = %s, "domain vanished outside vireo");
-                InstanceState::Gone
+                InstanceState::Error
             }
             (s, _) => s,
         };
         if next != self.state && valid_transition(self.state, next) {
             info!(instance = %self.uuid, from = %self.state, to = %next, "power state changed outside an operation");
+            // libvirt made or removed the domain's devices without vireo: tell the plugger,
+            // as an operation does (before the next request is handled).
+            let was_up = matches!(self.state, InstanceState::Running | InstanceState::Paused);
+            let is_up = matches!(next, InstanceState::Running | InstanceState::Paused);
+            if was_up != is_up {
+                let ports: Vec<_> = self
+                    .record
+                    .as_ref()
+                    .map(|r| r.network_info.vifs.iter().map(|v| v.id).collect())
+                    .unwrap_or_default();
+                let plugger = self.deps.plugger.clone();
+                ctx.wait(
+                    async move {
+                        if is_up {
+                            plugger.devices_attached(&ports).await;
+                        } else {
+                            plugger.devices_detached(&ports).await;
+                        }
+                    }
+                    .into_actor(self),
+                );
+            }
             self.state = next;
             if let Some(r) = &mut self.record {
                 r.state = next;
-            }
-            if next == InstanceState::Gone {
-                self.deps.events.forget(self.uuid);
-                self.after_op(ctx);
             }
         }
     }
@@ -381,9 +434,17 @@ impl Handler<Run> for InstanceActor {
                 actix::spawn(async move {
                     let _ = events.cancel(uuid, op_id).await;
                 });
+                self.replies_pending += 1;
                 return Box::pin(
                     async move { rx.await.unwrap_or(Err(InstanceError::Unavailable)) }
-                        .into_actor(self),
+                        .into_actor(self)
+                        .map(|reply, act, ctx| {
+                            act.replies_pending -= 1;
+                            if act.leave_when_replied && act.replies_pending == 0 {
+                                act.leave(ctx);
+                            }
+                            reply
+                        }),
                 );
             }
             if matches!(self.state, InstanceState::Absent | InstanceState::Gone)
@@ -501,6 +562,18 @@ impl Handler<RecoverInterrupted> for InstanceActor {
             return fut;
         }
         self.start(request, ctx)
+    }
+}
+
+/// The power state a stable state implies (None: only libvirt can tell).
+fn implied_power(state: InstanceState) -> Option<PowerState> {
+    match state {
+        InstanceState::Running => Some(PowerState::Running),
+        InstanceState::Paused => Some(PowerState::Paused),
+        InstanceState::Stopped | InstanceState::ResizeSource => Some(PowerState::Shutoff),
+        InstanceState::Suspended => Some(PowerState::Suspended),
+        InstanceState::Gone | InstanceState::Absent => Some(PowerState::NoDomain),
+        _ => None,
     }
 }
 

@@ -759,12 +759,20 @@ pub(crate) async fn confirm_resize(op: &mut OpCtx, record: InstanceRecord) -> Fi
     let r = async {
         if !resize.migration.same_host() {
             op.phase("clean up the source");
-            op.peer(
-                &resize.migration.source_host,
-                "confirm-resize-source",
-                InstanceRequest::ConfirmResizeSource,
-            )
-            .await?;
+            match op
+                .peer(
+                    &resize.migration.source_host,
+                    "confirm-resize-source",
+                    InstanceRequest::ConfirmResizeSource,
+                )
+                .await
+            {
+                Ok(_) => {}
+                // The source holds nothing of the instance any more: clean already.
+                Err(InstanceError::Peer { source, .. })
+                    if matches!(*source, InstanceError::NotFound(_)) => {}
+                Err(e) => return Err(e),
+            }
         }
         let running = op.power().await? == PowerState::Running;
         let mut done = record.clone();
@@ -972,6 +980,7 @@ async fn resize_same_host(
                 if was_running {
                     op.lv("start", op.deps.libvirt.clone().start(op.uuid, false))
                         .await?;
+                    op.attached().await;
                 }
                 Ok::<_, InstanceError>(())
             }
@@ -1484,8 +1493,29 @@ pub(crate) async fn attach_interface(
         } else {
             crate::libvirt::Affect::Config
         };
-        op.lv("attach device", lv.attach_device(op.uuid, xml, affect))
-            .await?;
+        match op
+            .lv(
+                "attach device",
+                lv.attach_device(op.uuid, xml.clone(), affect),
+            )
+            .await
+        {
+            Ok(()) => {}
+            Err(e) if persistent_change_unsupported(&e) => {
+                // A driver that changes only live devices (libvirt's test driver): the live
+                // device through the API, the definition rewritten from the record.
+                if live {
+                    op.lv(
+                        "attach device (live)",
+                        lv.attach_device(op.uuid, xml, crate::libvirt::Affect::Live),
+                    )
+                    .await?;
+                }
+                attached = true;
+                op.define(&with, None).await?;
+            }
+            Err(e) => return Err(e),
+        }
         attached = true;
         if live {
             op.deps.plugger.devices_attached(&[vif.id]).await;
@@ -1506,7 +1536,7 @@ pub(crate) async fn attach_interface(
         Err(e) => {
             op.cancel_waits().await;
             if attached {
-                let _ = detach(op, &vif, from != InstanceState::Stopped).await;
+                let _ = detach(op, &vif, from != InstanceState::Stopped, &record).await;
             }
             let form = op.form(&vif);
             let _ = op.unplug_as(&with, &vif, form).await;
@@ -1522,7 +1552,37 @@ pub(crate) async fn attach_interface(
     }
 }
 
-async fn detach(op: &mut OpCtx, vif: &Vif, live: bool) -> Result<(), InstanceError> {
+/// libvirt refused a device change because it affects the persistent definition (libvirt's
+/// test driver changes live devices only).
+fn persistent_change_unsupported(e: &InstanceError) -> bool {
+    matches!(
+        e,
+        InstanceError::Libvirt {
+            source: crate::libvirt::LibvirtError::InvalidArgument { .. }
+                | crate::libvirt::LibvirtError::Unsupported { .. },
+            ..
+        }
+    )
+}
+
+fn no_device(r: &Result<(), InstanceError>) -> bool {
+    matches!(
+        r,
+        Err(InstanceError::Libvirt {
+            source: crate::libvirt::LibvirtError::NoDevice { .. },
+            ..
+        })
+    )
+}
+
+/// Detach the VIF's device; `without` is the record without it (the definition where the
+/// driver cannot change it through the device API).
+async fn detach(
+    op: &mut OpCtx,
+    vif: &Vif,
+    live: bool,
+    without: &InstanceRecord,
+) -> Result<(), InstanceError> {
     let lv = op.deps.libvirt.clone();
     let alias = format!("{}{}", super::op::ALIAS_PREFIX, vif.id);
     let affect = if live {
@@ -1530,23 +1590,33 @@ async fn detach(op: &mut OpCtx, vif: &Vif, live: bool) -> Result<(), InstanceErr
     } else {
         crate::libvirt::Affect::Config
     };
-    match op
+    let r = op
         .lv(
             "detach device",
-            lv.detach_device_alias(op.uuid, alias, affect),
+            lv.detach_device_alias(op.uuid, alias.clone(), affect),
         )
-        .await
-    {
-        Ok(())
-        | Err(InstanceError::Libvirt {
-            source: crate::libvirt::LibvirtError::NoDevice { .. },
-            ..
-        }) => {
-            op.deps.plugger.devices_detached(&[vif.id]).await;
-            Ok(())
+        .await;
+    match r {
+        Ok(()) => {}
+        ref r if no_device(r) => {}
+        Err(e) if persistent_change_unsupported(&e) => {
+            if live {
+                let r = op
+                    .lv(
+                        "detach device (live)",
+                        lv.detach_device_alias(op.uuid, alias, crate::libvirt::Affect::Live),
+                    )
+                    .await;
+                if !no_device(&r) {
+                    r?;
+                }
+            }
+            op.define(without, None).await?;
         }
-        Err(e) => Err(e),
+        Err(e) => return Err(e),
     }
+    op.deps.plugger.devices_detached(&[vif.id]).await;
+    Ok(())
 }
 
 /// Hot-unplug a port: detach the device, unplug the host side.
@@ -1563,17 +1633,17 @@ pub(crate) async fn detach_interface(
             InstanceError::Invalid(format!("port {port} is not attached")),
         );
     };
+    let mut without = record.clone();
+    without.network_info.vifs.retain(|v| v.id != port);
+    for (i, v) in without.network_info.vifs.iter_mut().enumerate() {
+        v.index = i;
+    }
     let r = async {
         op.phase("detach");
-        detach(op, &vif, from != InstanceState::Stopped).await?;
+        detach(op, &vif, from != InstanceState::Stopped, &without).await?;
         op.phase("unplug");
         let form = op.form(&vif);
         op.unplug_as(&record, &vif, form).await?;
-        let mut without = record.clone();
-        without.network_info.vifs.retain(|v| v.id != port);
-        for (i, v) in without.network_info.vifs.iter_mut().enumerate() {
-            v.index = i;
-        }
         op.save(&without, None).await?;
         Ok::<_, InstanceError>(without)
     }

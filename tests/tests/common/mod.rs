@@ -58,6 +58,7 @@ pub struct Cloud {
 
 /// A local cloud with `hosts`, fatal waits of `timeout`.
 pub async fn cloud(hosts: &[&str], timeout: Duration) -> Cloud {
+    warm_up_libvirt().await;
     let dir = tempfile::tempdir().unwrap();
     let instances = InstanceConfig {
         wait: WaitPolicy {
@@ -136,4 +137,877 @@ pub fn uuid() -> Uuid {
 
 pub fn ports(view: &vireo_actors::instance::InstanceView) -> Vec<PortId> {
     view.vifs.iter().map(|v| v.port).collect()
+}
+
+// ----------------------------------------------------------------------------------------
+// A test cloud with a recording event sink, fault-injectable network and restartable hosts
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use async_trait::async_trait;
+use vireo::compute::{
+    ComputeDriver, DriverConfig, LibvirtDriver, NetworkConfig, PluggingConfig, SharedNetwork,
+};
+use vireo::local::test_uri;
+use vireo::network::embedded::EmbeddedNetwork;
+use vireo_actors::events::{EventStats, EventsHandle};
+use vireo_actors::external::{EventName, EventSink, EventStatus, ExternalEvent};
+use vireo_actors::instance::{InstanceError, InstanceView, OpReport, Peers, WaitReport};
+use vireo_actors::libvirt::LibvirtConfig;
+use vireo_actors::network::{
+    Deallocation, Failure, HostSetupChange, MigrationHosts, NetworkError, NetworkSummary,
+    NewBinding, Port, PortBinding, Removal, PCI_PROFILE_KEYS,
+};
+use vireo_actors::plug::{RecordingPlugger, VifPlugger};
+use vireo_actors::predict::Timing;
+use vireo_actors::runtime::ActorSystem;
+use vireo_actors::vif::NetworkInfo;
+
+/// One event the network service sent, with when.
+#[derive(Debug, Clone)]
+pub struct Sent {
+    pub at: Instant,
+    pub event: ExternalEvent,
+}
+
+/// The network service's sink in these tests: keeps every event it sends (the service's own
+/// log) and hands it on to the current network-event actor.
+#[derive(Debug, Default)]
+pub struct TeeSink {
+    log: Mutex<Vec<Sent>>,
+    targets: Mutex<Vec<EventsHandle>>,
+}
+
+impl TeeSink {
+    /// Deliver to no actor (the agent crashed).
+    pub fn clear_targets(&self) {
+        self.targets.lock().unwrap().clear();
+    }
+
+    /// Deliver to this host's actor too: every host's actor gets every event and keeps
+    /// those of the instances it knows.
+    pub fn add_target(&self, to: EventsHandle) {
+        self.targets.lock().unwrap().push(to);
+    }
+
+    /// The counters of every host's actor, summed.
+    pub async fn stats(&self) -> EventStats {
+        let targets = self.targets.lock().unwrap().clone();
+        let mut sum = EventStats::default();
+        for t in targets {
+            sum += t.stats().await.unwrap();
+        }
+        sum
+    }
+
+    pub fn log(&self) -> Vec<Sent> {
+        self.log.lock().unwrap().clone()
+    }
+
+    /// Ports for which `network-vif-plugged` `completed` was sent for `instance` in
+    /// `[from, to]`.
+    pub fn plugged(&self, instance: Uuid, from: Instant, to: Instant) -> Vec<PortId> {
+        self.log()
+            .into_iter()
+            .filter(|s| {
+                s.at >= from
+                    && s.at <= to
+                    && s.event.server_uuid == instance
+                    && s.event.name == EventName::NetworkVifPlugged
+                    && s.event.status == EventStatus::Completed
+            })
+            .filter_map(|s| s.event.tag.and_then(|t| t.parse().ok()))
+            .collect()
+    }
+}
+
+impl EventSink for TeeSink {
+    fn deliver(&self, event: ExternalEvent) {
+        self.log.lock().unwrap().push(Sent {
+            at: Instant::now(),
+            event: event.clone(),
+        });
+        for t in self.targets.lock().unwrap().iter() {
+            t.deliver(event.clone());
+        }
+    }
+}
+
+/// Calls of [`FaultyNetwork`] a fault can be armed on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NetCall {
+    GetPort,
+    UpdatePort,
+    CreateBinding,
+    ActivateBinding,
+    DeleteBinding,
+    Allocate,
+    Deallocate,
+    SetupNetworks,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct NetFault {
+    call: NetCall,
+    skip: usize,
+}
+
+/// The injected cause of a [`FaultyNetwork`] failure.
+#[derive(Debug, thiserror::Error)]
+#[error("injected network failure")]
+pub struct InjectedNetworkFailure;
+
+/// The embedded network service behind a fault seam: a call of a kind fails (HTTP 503, as a
+/// broken Neutron answers) after `skip` successful ones. Everything else goes through.
+#[derive(Debug)]
+pub struct FaultyNetwork {
+    inner: Arc<EmbeddedNetwork>,
+    faults: Mutex<Vec<NetFault>>,
+}
+
+impl FaultyNetwork {
+    pub fn new(inner: Arc<EmbeddedNetwork>) -> Self {
+        FaultyNetwork {
+            inner,
+            faults: Mutex::default(),
+        }
+    }
+
+    /// Fail the next call of `call` after `skip` successful ones (once).
+    pub fn fail(&self, call: NetCall, skip: usize) {
+        self.faults.lock().unwrap().push(NetFault { call, skip });
+    }
+
+    pub fn clear(&self) {
+        self.faults.lock().unwrap().clear();
+    }
+
+    pub fn armed(&self) -> usize {
+        self.faults.lock().unwrap().len()
+    }
+
+    fn fires(&self, call: NetCall) -> bool {
+        let mut faults = self.faults.lock().unwrap();
+        let Some(i) = faults.iter().position(|f| f.call == call) else {
+            return false;
+        };
+        if faults[i].skip > 0 {
+            faults[i].skip -= 1;
+            return false;
+        }
+        faults.remove(i);
+        true
+    }
+}
+
+fn injected() -> Box<dyn std::error::Error + Send + Sync> {
+    Box::new(InjectedNetworkFailure)
+}
+
+const F503: Failure = Failure::Status(503);
+
+#[async_trait]
+impl NetworkApi for FaultyNetwork {
+    async fn list_instance_ports(&self, instance: Uuid) -> Result<Vec<Port>, NetworkError> {
+        self.inner.list_instance_ports(instance).await
+    }
+
+    async fn get_port(&self, port: PortId) -> Result<Port, NetworkError> {
+        if self.fires(NetCall::GetPort) {
+            return Err(NetworkError::GetPort {
+                port,
+                failure: F503,
+                source: injected(),
+            });
+        }
+        self.inner.get_port(port).await
+    }
+
+    async fn get_network(&self, network_id: &str) -> Result<NetworkSummary, NetworkError> {
+        self.inner.get_network(network_id).await
+    }
+
+    async fn create_port(&self, network_id: &str) -> Result<Port, NetworkError> {
+        self.inner.create_port(network_id).await
+    }
+
+    async fn update_port(&self, port: PortId, update: &PortUpdate) -> Result<Port, NetworkError> {
+        if self.fires(NetCall::UpdatePort) {
+            return Err(NetworkError::UpdatePort {
+                port,
+                failure: F503,
+                source: injected(),
+            });
+        }
+        self.inner.update_port(port, update).await
+    }
+
+    async fn delete_port(&self, port: PortId) -> Result<Removal, NetworkError> {
+        self.inner.delete_port(port).await
+    }
+
+    async fn show_bindings(&self, port: PortId) -> Result<Vec<PortBinding>, NetworkError> {
+        self.inner.show_bindings(port).await
+    }
+
+    async fn create_binding(
+        &self,
+        port: PortId,
+        binding: &NewBinding,
+    ) -> Result<PortBinding, NetworkError> {
+        if self.fires(NetCall::CreateBinding) {
+            return Err(NetworkError::CreateBinding {
+                port,
+                host: binding.host.clone(),
+                failure: F503,
+                source: injected(),
+            });
+        }
+        self.inner.create_binding(port, binding).await
+    }
+
+    async fn activate_binding(
+        &self,
+        port: PortId,
+        host: &str,
+    ) -> Result<PortBinding, NetworkError> {
+        if self.fires(NetCall::ActivateBinding) {
+            return Err(NetworkError::ActivateBinding {
+                port,
+                host: host.to_owned(),
+                failure: F503,
+                source: injected(),
+            });
+        }
+        self.inner.activate_binding(port, host).await
+    }
+
+    async fn delete_binding(&self, port: PortId, host: &str) -> Result<Removal, NetworkError> {
+        if self.fires(NetCall::DeleteBinding) {
+            return Err(NetworkError::DeleteBinding {
+                port,
+                host: host.to_owned(),
+                failure: F503,
+                source: injected(),
+            });
+        }
+        self.inner.delete_binding(port, host).await
+    }
+
+    async fn allocate_for_instance(
+        &self,
+        instance: Uuid,
+        host: &str,
+        requests: &[PortRequest],
+    ) -> Result<NetworkInfo, NetworkError> {
+        if self.fires(NetCall::Allocate) {
+            return Err(NetworkError::CreatePort {
+                network: "any".into(),
+                failure: F503,
+                source: injected(),
+            });
+        }
+        self.inner
+            .allocate_for_instance(instance, host, requests)
+            .await
+    }
+
+    async fn deallocate_for_instance(
+        &self,
+        instance: Uuid,
+        network_info: &NetworkInfo,
+    ) -> Result<Deallocation, NetworkError> {
+        if self.fires(NetCall::Deallocate) {
+            return Err(NetworkError::Deallocate {
+                instance,
+                done: Box::default(),
+                failures: vec![NetworkError::DeletePort {
+                    port: network_info
+                        .vifs
+                        .first()
+                        .map_or(PortId(Uuid::nil()), |v| v.id),
+                    failure: F503,
+                    source: injected(),
+                }],
+            });
+        }
+        self.inner
+            .deallocate_for_instance(instance, network_info)
+            .await
+    }
+
+    async fn setup_networks_on_host(
+        &self,
+        instance: Uuid,
+        host: &str,
+        teardown: bool,
+        migration: Option<&MigrationHosts>,
+    ) -> Result<Vec<HostSetupChange>, NetworkError> {
+        if self.fires(NetCall::SetupNetworks) {
+            return Err(NetworkError::SetupNetworksOnHost {
+                instance,
+                done: Vec::new(),
+                failures: Vec::new(),
+            });
+        }
+        self.inner
+            .setup_networks_on_host(instance, host, teardown, migration)
+            .await
+    }
+}
+
+/// What a test cloud is made of.
+#[derive(Debug, Clone)]
+pub struct Spec {
+    pub hosts: Vec<String>,
+    pub instances: InstanceConfig,
+    pub event_delay_ms: u64,
+}
+
+/// Hosts `hosts`, fatal waits of 30 s (an operation that waits that long has failed), fast
+/// power-off polling and a 100 ms lifecycle debounce.
+pub fn spec(hosts: &[&str]) -> Spec {
+    Spec {
+        hosts: hosts.iter().map(|h| h.to_string()).collect(),
+        instances: InstanceConfig {
+            wait: WaitPolicy {
+                timeout: Duration::from_secs(30),
+                fatal: true,
+            },
+            profile_wait: Duration::from_secs(2),
+            power_off_timeout: Duration::from_secs(5),
+            power_off_poll: Duration::from_millis(20),
+            lifecycle_debounce: Duration::from_millis(100),
+            ..InstanceConfig::default()
+        },
+        event_delay_ms: 0,
+    }
+}
+
+impl Spec {
+    pub fn timeout(mut self, t: Duration) -> Self {
+        self.instances.wait.timeout = t;
+        self
+    }
+
+    pub fn event_delay_ms(mut self, ms: u64) -> Self {
+        self.event_delay_ms = ms;
+        self
+    }
+
+    pub async fn start(self) -> TestCloud {
+        TestCloud::start(self).await
+    }
+}
+
+/// One host of a test cloud.
+#[derive(Debug)]
+pub struct Host {
+    pub name: String,
+    pub driver: Arc<LibvirtDriver>,
+    pub plugger: Arc<RecordingPlugger>,
+    pub net: Arc<FaultyNetwork>,
+    pub uri: String,
+}
+
+/// Compute hosts on private `test:///` files sharing one actor system, one network-event
+/// actor and the embedded network service (as `vireo::local::LocalCloud`), with the
+/// service's events logged ([`TeeSink`]), a network fault seam per host ([`FaultyNetwork`]),
+/// and the means to crash the agent and start it again on the domains it left.
+#[derive(Debug)]
+pub struct TestCloud {
+    pub system: Arc<ActorSystem>,
+    pub network: Arc<EmbeddedNetwork>,
+    pub sink: Arc<TeeSink>,
+    pub peers: Arc<Peers>,
+    pub hosts: Vec<Host>,
+    pub spec: Spec,
+    pub dir: Arc<TempDir>,
+    files: usize,
+}
+
+/// What survives an agent crash: the network service, the host devices (the pluggers) and
+/// the directory.
+#[derive(Debug)]
+pub struct Remains {
+    pub network: Arc<EmbeddedNetwork>,
+    pub sink: Arc<TeeSink>,
+    pub pluggers: BTreeMap<String, Arc<RecordingPlugger>>,
+    pub spec: Spec,
+    pub dir: Arc<TempDir>,
+    files: usize,
+}
+
+pub async fn on_thread<T: Send + 'static>(
+    system: &ActorSystem,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> T {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    system.arbiter().spawn(async move {
+        let _ = tx.send(f());
+    });
+    rx.await.unwrap()
+}
+
+/// libvirt validates domain XML in this process on `test:///` connections (RelaxNG, through
+/// libxml2). libxml2 2.9 builds its XML Schema type library lazily and not thread-safely:
+/// the first validations running at once on several threads can fail with "Error type
+/// 'unsignedLong' is not exported by type library". One validated define before any test
+/// goes on builds it once.
+pub async fn warm_up_libvirt() {
+    static WARM: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
+    WARM.get_or_init(|| async {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("warm-up.xml");
+        std::fs::write(&file, "<node/>\n").unwrap();
+        let lv = vireo_actors::libvirt::Libvirt::open(LibvirtConfig::for_uri(test_uri(&file)))
+            .await
+            .unwrap();
+        let id = Uuid::new_v4();
+        lv.define_xml(
+            format!(
+                "<domain type='test'><name>warm-up</name><uuid>{id}</uuid>\
+                 <memory>65536</memory><vcpu>1</vcpu><os><type>hvm</type></os></domain>"
+            ),
+            true,
+        )
+        .await
+        .unwrap();
+        lv.undefine(id).await.unwrap();
+    })
+    .await;
+}
+
+impl TestCloud {
+    pub async fn start(spec: Spec) -> TestCloud {
+        warm_up_libvirt().await;
+        let system = Arc::new(ActorSystem::start().unwrap());
+        let sink = Arc::new(TeeSink::default());
+        let cfg = EmbeddedConfig {
+            networks: networks(),
+            event_delay_ms: spec.event_delay_ms,
+            ..EmbeddedConfig::default()
+        };
+        let s: Arc<dyn EventSink> = sink.clone();
+        let network = on_thread(&system, move || EmbeddedNetwork::new(cfg, s))
+            .await
+            .unwrap();
+        let remains = Remains {
+            network,
+            sink,
+            pluggers: BTreeMap::new(),
+            spec: spec.clone(),
+            dir: Arc::new(tempfile::tempdir().unwrap()),
+            files: 0,
+        };
+        let nodes = spec.hosts.iter().map(|h| (h.clone(), None)).collect();
+        Self::restart_on(system, remains, nodes).await
+    }
+
+    /// Start the agent again after [`TestCloud::crash`]: every host on a fresh connection to
+    /// a new test-driver file holding the domains given (the node XML's `<domain>`
+    /// elements), with the same network service and host devices.
+    pub async fn restart(remains: Remains, domains: BTreeMap<String, String>) -> TestCloud {
+        let system = Arc::new(ActorSystem::start().unwrap());
+        let nodes = remains
+            .spec
+            .hosts
+            .iter()
+            .map(|h| (h.clone(), domains.get(h).cloned()))
+            .collect();
+        Self::restart_on(system, remains, nodes).await
+    }
+
+    async fn restart_on(
+        system: Arc<ActorSystem>,
+        remains: Remains,
+        nodes: Vec<(String, Option<String>)>,
+    ) -> TestCloud {
+        remains.sink.clear_targets();
+        let mut cloud = TestCloud {
+            system,
+            network: remains.network,
+            sink: remains.sink,
+            peers: Peers::new(),
+            hosts: Vec::new(),
+            spec: remains.spec,
+            dir: remains.dir,
+            files: remains.files,
+        };
+        let mut pluggers = remains.pluggers;
+        for (name, domains) in nodes {
+            let plugger = pluggers
+                .remove(&name)
+                .unwrap_or_else(|| Arc::new(RecordingPlugger::new()));
+            cloud.add_host(&name, plugger, domains.as_deref()).await;
+        }
+        cloud
+    }
+
+    async fn add_host(
+        &mut self,
+        name: &str,
+        plugger: Arc<RecordingPlugger>,
+        domains: Option<&str>,
+    ) {
+        self.files += 1;
+        let file: PathBuf = self.dir.path().join(format!("{name}-{}.xml", self.files));
+        std::fs::write(&file, format!("<node>\n{}</node>\n", domains.unwrap_or(""))).unwrap();
+        let uri = test_uri(&file);
+        let (n, h, w) = (self.network.clone(), name.to_owned(), plugger.wiring());
+        on_thread(&self.system, move || n.attach_host(&h, w))
+            .await
+            .unwrap();
+        let net = Arc::new(FaultyNetwork::new(self.network.clone()));
+        let config = DriverConfig {
+            host: name.to_owned(),
+            libvirt: LibvirtConfig::for_uri(uri.clone()),
+            instances: self.spec.instances.clone(),
+            events: EventConfig::default(),
+            plugging: PluggingConfig::Recording,
+            network: NetworkConfig::Embedded(EmbeddedConfig::default()),
+            migration_uri: Some(uri.clone()),
+        };
+        let events = self.system.start_events(EventConfig::default());
+        self.sink.add_target(events.clone());
+        let driver = LibvirtDriver::builder(config)
+            .system(self.system.clone())
+            .events(events)
+            .peers(self.peers.clone())
+            .network(SharedNetwork::Api(net.clone()))
+            .plugger(plugger.clone())
+            .build()
+            .await
+            .unwrap();
+        self.hosts.push(Host {
+            name: name.to_owned(),
+            driver: Arc::new(driver),
+            plugger,
+            net,
+            uri,
+        });
+    }
+
+    pub fn host(&self, name: &str) -> &Host {
+        self.hosts.iter().find(|h| h.name == name).unwrap()
+    }
+
+    /// The agent dies: the actor system stops with whatever operation was running (no
+    /// rollback runs); libvirt's test driver loses its per-connection state with the
+    /// connection. Call [`TestCloud::dump_domains`] first to keep the domains.
+    pub fn crash(self) -> Remains {
+        let TestCloud {
+            system,
+            network,
+            sink,
+            peers,
+            hosts,
+            spec,
+            dir,
+            files,
+        } = self;
+        let pluggers = hosts
+            .iter()
+            .map(|h| (h.name.clone(), h.plugger.clone()))
+            .collect();
+        drop(hosts);
+        drop(peers);
+        sink.clear_targets();
+        assert_eq!(
+            Arc::strong_count(&system),
+            1,
+            "something still holds the actor system"
+        );
+        drop(system);
+        Remains {
+            network,
+            sink,
+            pluggers,
+            spec,
+            dir,
+            files,
+        }
+    }
+
+    /// Every domain of every host as `<domain>` elements for a test-driver node file, each
+    /// in the state it is in now (libvirt's test driver starts node-file domains running
+    /// unless `test:runstate` says otherwise).
+    pub async fn dump_domains(&self) -> BTreeMap<String, String> {
+        let mut out = BTreeMap::new();
+        for h in &self.hosts {
+            let lv = h.driver.libvirt();
+            let mut xml = String::new();
+            for d in lv.list_all().await.unwrap() {
+                let desc = lv.xml_desc(d.uuid, true).await.unwrap();
+                let runstate = match d.state {
+                    vireo_actors::libvirt::DomainState::Running => 1,
+                    vireo_actors::libvirt::DomainState::Paused => 3,
+                    _ => 5,
+                };
+                let desc = desc.replacen(
+                    "<domain ",
+                    "<domain xmlns:test='http://libvirt.org/schemas/domain/test/1.0' ",
+                    1,
+                );
+                let desc = desc.replacen(
+                    "</domain>",
+                    &format!("  <test:runstate>{runstate}</test:runstate>\n</domain>"),
+                    1,
+                );
+                xml.push_str(&desc);
+                xml.push('\n');
+            }
+            out.insert(h.name.clone(), xml);
+        }
+        out
+    }
+
+    /// Stop every host and the event actor.
+    pub async fn shutdown(&self) {
+        for h in &self.hosts {
+            h.driver.shutdown(Duration::from_secs(5)).await;
+            let _ = h.driver.events().shutdown().await;
+        }
+    }
+
+    pub async fn stats(&self) -> EventStats {
+        self.sink.stats().await
+    }
+
+    /// A port of the service.
+    pub async fn port(&self, id: PortId) -> Port {
+        self.network.get_port(id).await.unwrap()
+    }
+
+    /// Wait (2 s at most) until the port has `status`: the service hears of devices that
+    /// go away through its watcher, a moment later.
+    pub async fn port_eventually(&self, id: PortId, status: vireo_actors::network::PortStatus) {
+        eventually(
+            Duration::from_secs(2),
+            &format!("{id} {status}"),
+            || async { (self.port(id).await.status == status).then_some(()) },
+        )
+        .await
+    }
+
+    /// [`leak_check`] of this cloud.
+    pub async fn assert_clean(&self, user_ports: &[PortId]) {
+        let hosts: Vec<_> = self
+            .hosts
+            .iter()
+            .map(|h| (h.name.as_str(), &*h.driver, &*h.plugger))
+            .collect();
+        let events: Vec<EventsHandle> = self
+            .hosts
+            .iter()
+            .map(|h| h.driver.events().clone())
+            .collect();
+        leak_check(&hosts, &self.network, &events, user_ports).await;
+    }
+
+    /// Destroy (with deallocation) on every host that knows it.
+    pub async fn destroy_everywhere(&self, id: Uuid) {
+        for h in &self.hosts {
+            h.driver
+                .destroy(
+                    id,
+                    vireo_actors::instance::DestroyArgs {
+                        deallocate_network: true,
+                    },
+                )
+                .await
+                .unwrap();
+        }
+    }
+
+    /// A user-supplied (pre-created, unbound) port on `network`.
+    pub async fn user_port(&self, network: &str) -> PortId {
+        self.network.create_port(network).await.unwrap().id
+    }
+
+    /// Delete user ports at the end of a test (after the leak check saw them unbound).
+    pub async fn delete_ports(&self, ports: &[PortId]) {
+        for p in ports {
+            self.network.delete_port(*p).await.unwrap();
+        }
+    }
+}
+
+/// Poll `f` until it returns `Some` or `within` passes.
+pub async fn eventually<T, F, Fut>(within: Duration, what: &str, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// The view of an instance once its running operation reached `phase`.
+pub async fn at_phase(driver: &LibvirtDriver, id: Uuid, phase: &str) -> InstanceView {
+    eventually(Duration::from_secs(10), phase, || async {
+        match driver.show(id).await {
+            Ok(v) if v.operation.as_ref().is_some_and(|o| o.phase == phase) => Some(v),
+            _ => None,
+        }
+    })
+    .await
+}
+
+/// The waits of a report with timing `t`, their expected ports in order.
+pub fn waited(report: &OpReport, t: Timing) -> Vec<PortId> {
+    report
+        .waits
+        .iter()
+        .filter(|w| w.timing == t)
+        .flat_map(|w: &WaitReport| w.expected.iter().map(|e| e.tag))
+        .collect()
+}
+
+pub fn set(ports: impl IntoIterator<Item = PortId>) -> BTreeSet<PortId> {
+    ports.into_iter().collect()
+}
+
+/// The error chain of an instance error, for messages.
+pub fn chain(e: &InstanceError) -> String {
+    vireo_actors::instance::error_chain(e)
+}
+
+/// The ports of an instance, by the networks they are on (in `view` order).
+pub async fn ports_by_network(c: &TestCloud, view: &InstanceView) -> BTreeMap<String, PortId> {
+    let mut out = BTreeMap::new();
+    for v in &view.vifs {
+        let p = c.port(v.port).await;
+        out.insert(p.network_id, v.port);
+    }
+    out
+}
+
+/// A network_info for user ports as they are now (preserve_on_delete), for
+/// `NetworkRequest::Allocated`.
+pub async fn network_info(net: &dyn NetworkApi, ports: &[PortId]) -> NetworkInfo {
+    let mut vifs = Vec::new();
+    for p in ports {
+        let port = net.get_port(*p).await.unwrap();
+        let summary = net.get_network(&port.network_id).await.unwrap();
+        vifs.push(vireo::network::vif_dict(&port, &summary, true));
+    }
+    NetworkInfo::from_value(&serde_json::Value::Array(vifs)).unwrap()
+}
+
+/// A user port of `id` whose `network-vif-plugged` never comes, and its VIF: bound to h1
+/// when the caller read `network_info`, then moved to a host without an L2 agent.
+pub async fn silent_port(
+    c: &TestCloud,
+    id: Uuid,
+    network: &str,
+) -> (PortId, vireo_actors::vif::Vif) {
+    let p = c.user_port(network).await;
+    c.network
+        .update_port(
+            p,
+            &PortUpdate {
+                host_id: Some("h1".into()),
+                device_id: Some(id.to_string()),
+                device_owner: Some("compute:nova".into()),
+                ..PortUpdate::default()
+            },
+        )
+        .await
+        .unwrap();
+    let vif = network_info(&*c.network, &[p]).await.vifs.remove(0);
+    c.network
+        .update_port(
+            p,
+            &PortUpdate {
+                host_id: Some("elsewhere".into()),
+                ..PortUpdate::default()
+            },
+        )
+        .await
+        .unwrap();
+    (p, vif)
+}
+
+/// Leak check: no domain on any host, nothing plugged, no instance actor, no port left but
+/// `user_ports` and those unbound (no host, device id/owner, PCI keys, `migrating_to`),
+/// nothing wired, no pending wait.
+pub async fn leak_check(
+    hosts: &[(&str, &LibvirtDriver, &RecordingPlugger)],
+    network: &EmbeddedNetwork,
+    events: &[EventsHandle],
+    user_ports: &[PortId],
+) {
+    for (name, driver, plugger) in hosts {
+        let domains = driver.libvirt().list_all().await.unwrap();
+        assert!(domains.is_empty(), "{name}: domains left: {domains:?}");
+        let plugged = plugger.plugged();
+        assert!(plugged.is_empty(), "{name}: plugged left: {plugged:?}");
+        let views = driver.list().await;
+        assert!(views.is_empty(), "{name}: instances left: {views:?}");
+    }
+    for p in network.ports() {
+        assert!(
+            user_ports.contains(&p.id),
+            "port {} created by vireo left behind: {p:?}",
+            p.id
+        );
+        assert!(p.host_id.is_empty(), "port {} still bound: {p:?}", p.id);
+        assert!(p.device_id.is_empty(), "port {} device id: {p:?}", p.id);
+        assert!(p.device_owner.is_empty(), "port {} owner: {p:?}", p.id);
+        for k in PCI_PROFILE_KEYS {
+            assert!(!p.profile.contains_key(k), "port {} keeps {k}: {p:?}", p.id);
+        }
+        assert!(p.migrating_to().is_none(), "port {} migrating_to", p.id);
+    }
+    // The service learns of unplugs through its watcher, and the event actor of ended
+    // waits through its mailbox: both may lag a moment.
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        let mut stats = EventStats::default();
+        for e in events {
+            stats += e.stats().await.unwrap();
+        }
+        let wired: Vec<(String, PortId)> = network
+            .ports()
+            .iter()
+            .flat_map(|p| {
+                hosts
+                    .iter()
+                    .filter(|(name, _, _)| network.is_wired(name, p.id))
+                    .map(|(name, _, _)| (name.to_string(), p.id))
+            })
+            .collect();
+        if stats.waits_now == 0 && wired.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "waits left: {stats:?}; still wired: {wired:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+impl Cloud {
+    /// [`leak_check`] of a `LocalCloud`.
+    pub async fn assert_clean(&self, user_ports: &[PortId]) {
+        let hosts: Vec<_> = self
+            .cloud
+            .hosts
+            .iter()
+            .map(|h| (h.name.as_str(), &*h.driver, &*h.plugger))
+            .collect();
+        let events = self.cloud.events.handles();
+        leak_check(&hosts, &self.cloud.network, &events, user_ports).await;
+    }
 }

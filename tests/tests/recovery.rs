@@ -1,0 +1,370 @@
+//! Recovery after the agent dies mid-operation. The agent's actor system is dropped with an
+//! operation running (no rollback runs); libvirt's test driver keeps its state per
+//! connection, so the domains are carried over the way a real libvirtd keeps them: dumped
+//! (with their vireo `<metadata>`) into the node file of the restarted host's new
+//! connection, in the state they were in. The network service and the host's devices (the
+//! recording plugger) survive, as Neutron and the host's kernel do. The restarted agent
+//! rebuilds its instance actors from libvirt and finishes or rolls back what was in flight.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use common::*;
+use vireo::compute::ComputeDriver;
+use vireo_actors::instance::{
+    DestroyArgs, InstanceError, InstanceReply, InstanceRequest, LiveMigrateArgs, Migration,
+    NetworkRequest, PeerHost, RebootKind, ResizeArgs,
+};
+use vireo_actors::lifecycle::InstanceState;
+use vireo_actors::network::{NetworkApi, PortStatus, PortUpdate};
+use vireo_actors::plug::{RecordingPlugger, VifPlugger};
+use vireo_actors::vif::NetworkInfo;
+
+/// A compute agent that accepts requests and never answers.
+#[derive(Debug)]
+struct HungPeer(String);
+
+#[async_trait]
+impl PeerHost for HungPeer {
+    fn name(&self) -> &str {
+        &self.0
+    }
+
+    fn migration_uri(&self) -> Option<String> {
+        Some("test:///nonexistent.xml".into())
+    }
+
+    async fn request(
+        &self,
+        _instance: uuid::Uuid,
+        _request: InstanceRequest,
+    ) -> Result<InstanceReply, InstanceError> {
+        futures::future::pending().await
+    }
+}
+
+/// h2 exists for the network service (its L2 agent binds ports) but its compute agent hangs.
+async fn hung_h2(c: &TestCloud) {
+    let devices = RecordingPlugger::new();
+    let (n, w) = (c.network.clone(), devices.wiring());
+    on_thread(&c.system, move || n.attach_host("h2", w))
+        .await
+        .unwrap();
+    c.peers.insert(Arc::new(HungPeer("h2".into())));
+}
+
+/// Kill the agent while `op` runs (it is at `phase`), bring it back on the same domains.
+async fn crash_and_restart(
+    c: TestCloud,
+    op: tokio::task::JoinHandle<Result<vireo_actors::instance::OpReport, InstanceError>>,
+    id: uuid::Uuid,
+    phase: &str,
+) -> TestCloud {
+    at_phase(&c.host("h1").driver, id, phase).await;
+    let domains = c.dump_domains().await;
+    assert!(
+        domains["h1"].contains("<vireo:operation"),
+        "{}",
+        domains["h1"]
+    );
+    op.abort();
+    assert!(op.await.unwrap_err().is_cancelled());
+    let remains = c.crash();
+    TestCloud::restart(remains, domains).await
+}
+
+fn recovered(c: &TestCloud, id: uuid::Uuid) -> String {
+    let report = c.host("h1").driver.recovery().clone();
+    let found = report
+        .instances
+        .iter()
+        .find(|i| i.uuid == id)
+        .unwrap_or_else(|| panic!("{id} not recovered: {report:?}"));
+    found.interrupted.clone().unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_build_interrupted_while_waiting_is_rolled_back_and_released() {
+    let c = spec(&["h1"]).start().await;
+    let id = uuid();
+    // One port the build created (deleted on release), one the user brought whose event
+    // never comes (unbound on release).
+    let mut ni = c
+        .network
+        .allocate_for_instance(id, "h1", &[on(NET_HYBRID)])
+        .await
+        .unwrap();
+    let created = ni.vifs[0].id;
+    let (user, vif) = silent_port(&c, id, NET_NATIVE).await;
+    ni.vifs.push(vif);
+    ni.vifs[1].index = 1;
+    let mut args = spawn_args("vm-crash-build", vec![]);
+    args.network = NetworkRequest::Allocated(NetworkInfo { vifs: ni.vifs });
+    let d = c.host("h1").driver.clone();
+    let build = tokio::spawn(async move { d.spawn(id, args).await });
+    let c = crash_and_restart(c, build, id, "wait for events").await;
+
+    assert!(
+        recovered(&c, id).starts_with("spawn/"),
+        "{}",
+        recovered(&c, id)
+    );
+    let h1 = c.host("h1");
+    eventually(Duration::from_secs(5), "the build rolled back", || async {
+        matches!(h1.driver.show(id).await, Err(InstanceError::NotFound(_))).then_some(())
+    })
+    .await;
+    assert!(
+        c.network.port_status(created).is_none(),
+        "created port kept"
+    );
+    c.assert_clean(&[user]).await;
+    c.delete_ports(&[user]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hard_reboot_interrupted_while_waiting_is_finished() {
+    let c = spec(&["h1"]).start().await;
+    let id = uuid();
+    let h1 = c.host("h1");
+    h1.driver
+        .spawn(
+            id,
+            spawn_args("vm-crash-reboot", vec![on(NET_HYBRID), on(NET_NATIVE)]),
+        )
+        .await
+        .unwrap();
+    let native = ports_by_network(&c, &h1.driver.show(id).await.unwrap()).await[NET_NATIVE];
+    // The native port's agent loses it: the reboot waits for its event forever.
+    let away = PortUpdate {
+        host_id: Some("elsewhere".into()),
+        ..PortUpdate::default()
+    };
+    c.network.update_port(native, &away).await.unwrap();
+    let d = h1.driver.clone();
+    let reboot = tokio::spawn(async move { d.reboot(id, RebootKind::Hard).await });
+    let c = crash_and_restart(c, reboot, id, "wait for events").await;
+    assert!(
+        recovered(&c, id).starts_with("reboot-hard/"),
+        "{}",
+        recovered(&c, id)
+    );
+    // The port is back on h1 in the meantime: the repeated reboot gets its event.
+    let back = PortUpdate {
+        host_id: Some("h1".into()),
+        ..PortUpdate::default()
+    };
+    c.network.update_port(native, &back).await.unwrap();
+    let h1 = c.host("h1");
+    let view = eventually(Duration::from_secs(5), "the reboot finished", || async {
+        let v = h1.driver.show(id).await.ok()?;
+        (v.state == InstanceState::Running && v.operation.is_none() && v.last_operation.is_some())
+            .then_some(v)
+    })
+    .await;
+    let last = view.last_operation.unwrap();
+    assert_eq!(last.request, "reboot-hard");
+    assert!(last.waits.iter().all(|w| w.complete), "{last:#?}");
+    assert_eq!(c.port(native).await.status, PortStatus::Active);
+    // The metadata holds no operation any more.
+    let xml = h1.driver.libvirt().xml_desc(id, false).await.unwrap();
+    assert!(!xml.contains("<vireo:operation"), "{xml}");
+    c.destroy_everywhere(id).await;
+    c.assert_clean(&[]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_migration_interrupted_before_the_guest_moved_is_rolled_back() {
+    let c = spec(&["h1"]).start().await;
+    hung_h2(&c).await;
+    let id = uuid();
+    let h1 = c.host("h1");
+    h1.driver
+        .spawn(
+            id,
+            spawn_args("vm-crash-lm", vec![on(NET_HYBRID), on(NET_NATIVE)]),
+        )
+        .await
+        .unwrap();
+    let ports = ports(&h1.driver.show(id).await.unwrap());
+    let d = h1.driver.clone();
+    let lm = tokio::spawn(async move {
+        d.live_migrate(
+            id,
+            LiveMigrateArgs {
+                migration: Migration {
+                    id: uuid(),
+                    source_host: "h1".into(),
+                    dest_host: "h2".into(),
+                },
+                shared_block_storage: false,
+                shared_instance_path: true,
+            },
+        )
+        .await
+    });
+    at_phase(&h1.driver, id, "pre-wire the destination").await;
+    for p in &ports {
+        assert_eq!(c.port(*p).await.migrating_to(), Some("h2"));
+        assert_eq!(c.network.show_bindings(*p).await.unwrap().len(), 2);
+    }
+    let c = crash_and_restart(c, lm, id, "pre-wire the destination").await;
+    assert!(
+        recovered(&c, id).starts_with("live-migrate/"),
+        "{}",
+        recovered(&c, id)
+    );
+    let h1 = c.host("h1");
+    eventually(
+        Duration::from_secs(5),
+        "the migration rolled back",
+        || async {
+            let v = h1.driver.show(id).await.ok()?;
+            (v.operation.is_none() && v.last_operation.as_ref()?.request == "recover").then_some(())
+        },
+    )
+    .await;
+    assert_eq!(
+        h1.driver.show(id).await.unwrap().state,
+        InstanceState::Running
+    );
+    for p in &ports {
+        let port = c.port(*p).await;
+        assert_eq!(port.migrating_to(), None, "{port:?}");
+        assert_eq!(port.host_id, "h1");
+        let bindings = c.network.show_bindings(*p).await.unwrap();
+        assert_eq!(bindings.len(), 1, "{bindings:?}");
+    }
+    c.destroy_everywhere(id).await;
+    assert!(c.network.detach_host("h2"));
+    c.assert_clean(&[]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resize_interrupted_at_the_handover_waits_for_confirm_or_revert() {
+    let c = spec(&["h1"]).start().await;
+    hung_h2(&c).await;
+    let id = uuid();
+    let h1 = c.host("h1");
+    h1.driver
+        .spawn(
+            id,
+            spawn_args("vm-crash-resize", vec![on(NET_HYBRID), on(NET_NATIVE)]),
+        )
+        .await
+        .unwrap();
+    let d = h1.driver.clone();
+    let resize = tokio::spawn(async move {
+        d.resize(
+            id,
+            ResizeArgs {
+                migration: Migration {
+                    id: uuid(),
+                    source_host: "h1".into(),
+                    dest_host: "h2".into(),
+                },
+                new_flavor: flavor("m1.small", 2, 512),
+            },
+        )
+        .await
+    });
+    let c = crash_and_restart(c, resize, id, "finish on destination").await;
+    assert!(
+        recovered(&c, id).starts_with("resize/"),
+        "{}",
+        recovered(&c, id)
+    );
+    let h1 = c.host("h1");
+    eventually(Duration::from_secs(5), "resize-source", || async {
+        let v = h1.driver.show(id).await.ok()?;
+        (v.state == InstanceState::ResizeSource && v.operation.is_none()).then_some(())
+    })
+    .await;
+    // The destination never finished: the instance is brought back here.
+    h1.driver
+        .peer_request(id, InstanceRequest::FinishRevertResize)
+        .await
+        .unwrap();
+    let view = h1.driver.show(id).await.unwrap();
+    assert_eq!(view.state, InstanceState::Running);
+    assert_eq!(view.flavor.as_deref(), Some("m1.tiny"));
+    h1.driver
+        .destroy(
+            id,
+            DestroyArgs {
+                deallocate_network: true,
+            },
+        )
+        .await
+        .unwrap();
+    assert!(c.network.detach_host("h2"));
+    c.assert_clean(&[]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resize_interrupted_on_both_hosts_is_reverted_to_the_source() {
+    let c = spec(&["h1", "h2"]).start().await;
+    let id = uuid();
+    let h1 = c.host("h1");
+    h1.driver
+        .spawn(
+            id,
+            spawn_args("vm-crash-both", vec![on(NET_HYBRID), on(NET_NATIVE)]),
+        )
+        .await
+        .unwrap();
+    let ports = ports(&h1.driver.show(id).await.unwrap());
+    // h2's L2 agent is gone: its finish waits for events that never come.
+    assert!(c.network.detach_host("h2"));
+    let d = h1.driver.clone();
+    let resize = tokio::spawn(async move {
+        d.resize(
+            id,
+            ResizeArgs {
+                migration: Migration {
+                    id: uuid(),
+                    source_host: "h1".into(),
+                    dest_host: "h2".into(),
+                },
+                new_flavor: flavor("m1.small", 2, 512),
+            },
+        )
+        .await
+    });
+    at_phase(&c.host("h2").driver, id, "wait for events").await;
+    at_phase(&c.host("h1").driver, id, "finish on destination").await;
+    let domains = c.dump_domains().await;
+    resize.abort();
+    assert!(resize.await.unwrap_err().is_cancelled());
+    // Both agents die; both come back (h2 with its L2 agent again).
+    let c = TestCloud::restart(c.crash(), domains).await;
+    let (h1, h2) = (c.host("h1"), c.host("h2"));
+    // h2 removes the half-finished copy and has h1 bring the instance back.
+    let view = eventually(
+        Duration::from_secs(5),
+        "the instance back on h1",
+        || async {
+            let v = h1.driver.show(id).await.ok()?;
+            (v.state == InstanceState::Running && v.operation.is_none()).then_some(v)
+        },
+    )
+    .await;
+    assert_eq!(view.flavor.as_deref(), Some("m1.tiny"));
+    eventually(Duration::from_secs(5), "nothing on h2", || async {
+        (matches!(h2.driver.show(id).await, Err(InstanceError::NotFound(_)))
+            && h2.driver.libvirt().list_all().await.ok()?.is_empty()
+            && h2.plugger.plugged().is_empty())
+        .then_some(())
+    })
+    .await;
+    for p in &ports {
+        let port = c.port(*p).await;
+        assert_eq!(port.host_id, "h1", "{port:?}");
+    }
+    c.destroy_everywhere(id).await;
+    c.assert_clean(&[]).await;
+}
