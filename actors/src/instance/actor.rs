@@ -228,7 +228,13 @@ impl InstanceActor {
         report: OpReport,
         ctx: &mut Context<Self>,
     ) -> Reply {
-        if fin.state != from && !valid_transition(from, fin.state) {
+        // The operation went from `from` through the transient state it showed while it ran
+        // (`self.state`, e.g. building) to where it ended.
+        let via = self.state;
+        if fin.state != from
+            && !valid_transition(from, fin.state)
+            && !(via != from && valid_transition(from, via) && valid_transition(via, fin.state))
+        {
             // A flow returned a state the lifecycle does not allow: a bug, logged loudly.
             warn!(instance = %self.uuid, %from, to = %fin.state, "unexpected lifecycle transition");
         }

@@ -4,12 +4,14 @@
 //! testable function over (input reader, output writers) returning the exit code; `main` only
 //! hands it the process's stdio.
 //!
+//! - `vireo demo` ([`demo`]): the main job on the embedded default.
 //! - `vireo agent --config FILE` ([`agent`]): run the compute agent.
 //! - `vireo instance create|list|show|delete|action|operation` ([`instance`]) and
 //!   `vireo events send` ([`send`]): clients of a running agent.
 //! - `vireo events explain` ([`explain`]): the event model for an operation.
 
 pub mod agent;
+pub mod demo;
 pub mod explain;
 pub mod instance;
 mod remote;
@@ -33,6 +35,9 @@ pub struct Cli {
 /// Top-level subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Walk a normal life and the three seed scenarios on the embedded default (libvirt's
+    /// test driver and the in-process network service), printing a timeline and a leak check.
+    Demo(demo::DemoArgs),
     /// Run the compute agent (HTTP API, external-events endpoint, metrics) until SIGTERM.
     Agent(AgentArgs),
     /// Instances on a running agent.
@@ -121,6 +126,7 @@ where
         }
     };
     match cli.command {
+        Command::Demo(args) => demo::run(args, stdout, stderr),
         Command::Agent(args) => agent::run(&args, stderr),
         Command::Instance { command } => instance::run(command, stdin, stdout, stderr),
         Command::Events {
