@@ -36,7 +36,9 @@ async fn demo_on_qemu_system_completes_without_timeouts_or_leaks() {
         !names.lines().any(|n| n.starts_with("vm-")),
         "domains left: {names}"
     );
-    assert!(!std::path::Path::new("/sys/class/net").join(&bridge).exists());
+    assert!(!std::path::Path::new("/sys/class/net")
+        .join(&bridge)
+        .exists());
     let br = Command::new("ovs-vsctl").arg("list-br").output().unwrap();
     assert!(!String::from_utf8_lossy(&br.stdout).contains(&bridge));
 }
