@@ -113,8 +113,8 @@ pub fn valid_transition(from: InstanceState, to: InstanceState) -> bool {
         (Paused, Paused | Running | Stopped | Suspended) => true,
         (Suspended, Suspended | Running | Stopped) => true,
         (Stopped, Stopped | Running) => true,
-        // Resize / cold migration, source side.
-        (Running | Stopped, ResizeSource) => true,
+        // Resize / cold migration, source side (same host: straight to the target state).
+        (Running | Stopped, ResizeSource | ResizeTarget) => true,
         (ResizeSource, Running | Stopped) => true,
         // Resize, destination side: confirm keeps the domain here.
         (ResizeTarget, Running | Stopped) => true,
@@ -151,14 +151,16 @@ pub enum Request {
     Suspend,
     /// Restore from disk.
     Resume,
-    /// Source: power off and hand over to the destination (resize / cold migrate).
-    ResizeOut,
+    /// Start a resize or cold migration on the source (same host: the whole resize).
+    Resize,
     /// Destination: create the resized instance here.
     FinishResize,
-    /// Source: the resize was confirmed, clean up here.
+    /// Destination (where the resized instance runs): confirm the resize.
     ConfirmResize,
-    /// Destination: the resize is reverted, remove the instance here.
-    RevertResizeTarget,
+    /// Source: the resize was confirmed, remove the old instance here.
+    ConfirmResizeSource,
+    /// Destination (where the resized instance runs): revert the resize.
+    RevertResize,
     /// Source: the resize is reverted, bring the instance back here.
     FinishRevertResize,
     /// Source: live-migrate to another host.
@@ -175,11 +177,14 @@ pub enum Request {
     DetachInterface,
     /// Release networking after a failed build so the build can be rescheduled.
     CleanupForReschedule,
+    /// Finish or roll back an operation that was in flight when the agent stopped (internal:
+    /// issued by recovery at start-up, never by a caller).
+    Recover,
 }
 
 impl Request {
     /// Every request.
-    pub const ALL: [Request; 22] = [
+    pub const ALL: [Request; 24] = [
         Request::Spawn,
         Request::Destroy,
         Request::PowerOff,
@@ -190,10 +195,11 @@ impl Request {
         Request::Unpause,
         Request::Suspend,
         Request::Resume,
-        Request::ResizeOut,
+        Request::Resize,
         Request::FinishResize,
         Request::ConfirmResize,
-        Request::RevertResizeTarget,
+        Request::ConfirmResizeSource,
+        Request::RevertResize,
         Request::FinishRevertResize,
         Request::LiveMigrate,
         Request::PreLiveMigration,
@@ -202,6 +208,7 @@ impl Request {
         Request::AttachInterface,
         Request::DetachInterface,
         Request::CleanupForReschedule,
+        Request::Recover,
     ];
 
     /// The kebab-case name.
@@ -217,10 +224,11 @@ impl Request {
             Request::Unpause => "unpause",
             Request::Suspend => "suspend",
             Request::Resume => "resume",
-            Request::ResizeOut => "resize-out",
+            Request::Resize => "resize",
             Request::FinishResize => "finish-resize",
             Request::ConfirmResize => "confirm-resize",
-            Request::RevertResizeTarget => "revert-resize-target",
+            Request::ConfirmResizeSource => "confirm-resize-source",
+            Request::RevertResize => "revert-resize",
             Request::FinishRevertResize => "finish-revert-resize",
             Request::LiveMigrate => "live-migrate",
             Request::PreLiveMigration => "pre-live-migration",
@@ -229,6 +237,7 @@ impl Request {
             Request::AttachInterface => "attach-interface",
             Request::DetachInterface => "detach-interface",
             Request::CleanupForReschedule => "cleanup-for-reschedule",
+            Request::Recover => "recover",
         }
     }
 
@@ -243,14 +252,17 @@ impl Request {
             Request::Pause => &[Paused],
             Request::Unpause | Request::Resume => &[Running],
             Request::Suspend => &[Suspended],
-            Request::ResizeOut => &[ResizeSource],
+            Request::Resize => &[ResizeSource, ResizeTarget],
             Request::FinishResize => &[ResizeTarget],
-            Request::ConfirmResize | Request::RevertResizeTarget => &[Gone],
-            Request::FinishRevertResize => &[Running, Stopped],
+            Request::ConfirmResize | Request::FinishRevertResize => &[Running, Stopped],
+            Request::ConfirmResizeSource => &[Gone],
+            Request::RevertResize => &[Gone, Running, Stopped],
             Request::LiveMigrate => &[Gone],
             Request::PreLiveMigration => &[Incoming],
             Request::PostLiveMigrationAtDestination => &[Running, Paused],
             Request::RollbackLiveMigrationAtDestination => &[Gone],
+            // Recovery ends wherever libvirt says the domain is (or rolled back to Gone).
+            Request::Recover => &[],
             Request::AttachInterface | Request::DetachInterface => match from {
                 Running => &[Running],
                 Paused => &[Paused],
@@ -283,12 +295,15 @@ pub fn accepts(state: InstanceState, request: Request) -> bool {
         Unpause => state == Paused,
         Suspend => matches!(state, Running | Paused),
         Resume => state == Suspended,
-        ResizeOut => matches!(state, Running | Stopped),
-        ConfirmResize | FinishRevertResize => state == ResizeSource,
-        RevertResizeTarget => state == ResizeTarget,
+        Resize => matches!(state, Running | Stopped),
+        ConfirmResizeSource | FinishRevertResize => state == ResizeSource,
+        ConfirmResize | RevertResize => state == ResizeTarget,
         LiveMigrate => matches!(state, Running | Paused),
-        PostLiveMigrationAtDestination | RollbackLiveMigrationAtDestination => state == Incoming,
+        PostLiveMigrationAtDestination => state == Incoming,
+        // The destination may have lost its record (agent restart): roll back from Absent too.
+        RollbackLiveMigrationAtDestination => matches!(state, Absent | Incoming),
         AttachInterface | DetachInterface => matches!(state, Running | Paused | Stopped),
+        Recover => state.has_domain(),
     }
 }
 
@@ -308,13 +323,14 @@ mod tests {
                 Paused,
                 Suspended,
                 ResizeSource,
+                ResizeTarget,
                 Migrating,
                 Error,
                 Gone,
             ],
             Paused => &[Paused, Running, Stopped, Suspended, Migrating, Error, Gone],
             Suspended => &[Suspended, Running, Stopped, Error, Gone],
-            Stopped => &[Stopped, Running, ResizeSource, Error, Gone],
+            Stopped => &[Stopped, Running, ResizeSource, ResizeTarget, Error, Gone],
             Migrating => &[Running, Paused, Error, Gone],
             Incoming => &[Running, Paused, Error, Gone],
             ResizeSource => &[Running, Stopped, Error, Gone],
@@ -363,7 +379,7 @@ mod tests {
         // Spot the rules an operator relies on.
         assert!(!accepts(Stopped, Request::Pause));
         assert!(!accepts(Building, Request::RebootHard));
-        assert!(!accepts(Migrating, Request::ResizeOut));
+        assert!(!accepts(Migrating, Request::Resize));
         assert!(!accepts(ResizeTarget, Request::LiveMigrate));
         assert!(!accepts(Running, Request::Spawn));
         assert!(accepts(Gone, Request::Destroy), "destroy is idempotent");

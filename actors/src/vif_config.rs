@@ -33,14 +33,7 @@ use vireo_xml::{Hostdev, XmlError};
 
 use crate::vif::{PortId, Vif, VifType, VnicType};
 
-/// Who creates an OVS native port's tap.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum DomainForm {
-    /// libvirt creates the tap and plugs it into the OVS bridge (`<virtualport>`).
-    LibvirtManaged,
-    /// vireo created the tap and wired it already; libvirt uses it as is (`managed='no'`).
-    PreCreated,
-}
+pub use crate::plug::DomainForm;
 
 /// What the mapping needs beyond the VIF.
 #[derive(Debug, Clone, PartialEq, Eq)]

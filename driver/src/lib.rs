@@ -1,8 +1,17 @@
 //! vireo: the virt driver a compute agent loads.
 //!
 //! # Layout
+//! - [`compute`]: the [`compute::ComputeDriver`] API a compute agent loads, and
+//!   [`compute::load_driver`].
+//! - [`local`]: the embedded default: hosts on libvirt's test driver sharing the embedded
+//!   network service (the demo and the `test:///` tier).
 //! - [`network`]: the network service (Neutron REST client, embedded service).
 //! - [`cli`]: the `vireo` command line (`vireo events explain`).
+//! - [`plug`]: host VIF plugging (OVS, OVS hybrid, Linux bridge, SR-IOV) and the wiring
+//!   watcher.
 
 pub mod cli;
+pub mod compute;
+pub mod local;
 pub mod network;
+pub mod plug;

@@ -123,6 +123,7 @@ fn domain(with_metadata: bool) -> Domain {
             },
             network_info: serde_json::Value::Array(vifs),
             operation: None,
+            record: None,
         });
     }
     d

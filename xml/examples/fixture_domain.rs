@@ -53,6 +53,7 @@ fn build(args: &[String]) -> Result<String, Box<dyn std::error::Error>> {
         network_info: json!([{"id": port.to_string(), "type": "ovs",
             "address": "fa:16:3e:00:00:f1", "network": {"label": "a<b>&c"}}]),
         operation: None,
+        record: None,
     });
     let mac = |n| Some(MacAddress([0xfa, 0x16, 0x3e, 0, 0, n]));
     d.devices.interfaces = vec![

@@ -1,5 +1,6 @@
 //! vireo's instance facts in the domain's `<metadata>`: instance uuid, flavor,
-//! `network_info` and the in-flight operation, so a restarted agent recovers from libvirt
+//! `network_info`, the in-flight operation and vireo's own record (lifecycle state, boot
+//! source, a resize waiting for confirm or revert), so a restarted agent recovers from libvirt
 //! alone.
 //!
 //! In a domain document the element is `<vireo:instance xmlns:vireo=NAMESPACE_URI>` with
@@ -15,6 +16,7 @@
 //!   </vireo:flavor>
 //!   <vireo:network_info>[…Nova network_info JSON…]</vireo:network_info>
 //!   <vireo:operation id="…" kind="resize" phase="…" started_at="1764000000000">{…}</vireo:operation>
+//!   <vireo:record>{"state": "running", "boot": {…}, "resize": null}</vireo:record>
 //! </vireo:instance>
 //! ```
 
@@ -38,7 +40,8 @@ pub const NAMESPACE_PREFIX: &str = "vireo";
 pub const ELEMENT: &str = "instance";
 
 /// The flavor the instance was built with.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Flavor {
     /// Flavor name.
     pub name: String,
@@ -49,6 +52,7 @@ pub struct Flavor {
     /// Root disk in GiB.
     pub root_gb: u64,
     /// Extra specs.
+    #[serde(default)]
     pub extra_specs: BTreeMap<String, String>,
 }
 
@@ -79,6 +83,9 @@ pub struct VireoMetadata {
     pub network_info: serde_json::Value,
     /// The operation in flight, if any.
     pub operation: Option<InFlightOperation>,
+    /// vireo's own record of the instance (lifecycle state, boot source, resize in
+    /// progress, ...), as JSON. Opaque to this crate.
+    pub record: Option<serde_json::Value>,
 }
 
 struct Names {
@@ -88,6 +95,7 @@ struct Names {
     spec: &'static str,
     net: &'static str,
     op: &'static str,
+    record: &'static str,
 }
 
 const PREFIXED: Names = Names {
@@ -97,6 +105,7 @@ const PREFIXED: Names = Names {
     spec: "vireo:extra_spec",
     net: "vireo:network_info",
     op: "vireo:operation",
+    record: "vireo:record",
 };
 
 const PLAIN: Names = Names {
@@ -106,6 +115,7 @@ const PLAIN: Names = Names {
     spec: "extra_spec",
     net: "network_info",
     op: "operation",
+    record: "record",
 };
 
 impl VireoMetadata {
@@ -183,6 +193,13 @@ impl VireoMetadata {
             w.text(&json)?;
             w.end(n.op);
         }
+        if let Some(record) = &self.record {
+            let json = serde_json::to_string(record).map_err(|source| XmlError::Json {
+                field: "record",
+                source,
+            })?;
+            w.text_elem(n.record, &json)?;
+        }
         w.end(n.root);
         Ok(())
     }
@@ -241,11 +258,21 @@ impl VireoMetadata {
                 })?,
             }),
         };
+        let record = match i.record {
+            None => None,
+            Some(text) => Some(
+                serde_json::from_str(&text).map_err(|source| XmlError::Json {
+                    field: "record",
+                    source,
+                })?,
+            ),
+        };
         Ok(VireoMetadata {
             instance_uuid: parse::uuid(&uuid, || "instance/uuid".to_owned())?,
             flavor,
             network_info,
             operation,
+            record,
         })
     }
 }
@@ -290,6 +317,8 @@ struct InstanceW<'a> {
     network_info: Option<Str<'a>>,
     #[serde(borrow)]
     operation: Option<OperationW<'a>>,
+    #[serde(borrow)]
+    record: Option<Str<'a>>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -194,25 +194,29 @@ fn metadata() -> impl Strategy<Value = VireoMetadata> {
         ),
         json(),
         option::of((text(), text(), text(), any::<u64>(), json())),
+        option::of(json()),
     )
-        .prop_map(|(instance_uuid, f, network_info, op)| VireoMetadata {
-            instance_uuid,
-            flavor: Flavor {
-                name: f.0,
-                vcpus: f.1,
-                memory_mb: f.2,
-                root_gb: f.3,
-                extra_specs: f.4,
+        .prop_map(
+            |(instance_uuid, f, network_info, op, record)| VireoMetadata {
+                instance_uuid,
+                flavor: Flavor {
+                    name: f.0,
+                    vcpus: f.1,
+                    memory_mb: f.2,
+                    root_gb: f.3,
+                    extra_specs: f.4,
+                },
+                network_info,
+                operation: op.map(|(id, kind, phase, started_at, data)| InFlightOperation {
+                    id,
+                    kind,
+                    phase,
+                    started_at,
+                    data,
+                }),
+                record,
             },
-            network_info,
-            operation: op.map(|(id, kind, phase, started_at, data)| InFlightOperation {
-                id,
-                kind,
-                phase,
-                started_at,
-                data,
-            }),
-        })
+        )
 }
 
 fn disk() -> impl Strategy<Value = Disk> {

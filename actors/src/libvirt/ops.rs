@@ -207,6 +207,29 @@ impl LibvirtHandle {
             .await
     }
 
+    /// Saves the guest's memory to libvirt's managed-save image and stops it
+    /// (`virDomainManagedSave`); the next start restores it.
+    #[instrument(level = "debug", skip(self), fields(%uuid))]
+    pub async fn managed_save(&self, uuid: Uuid) -> Result<(), LibvirtError> {
+        self.call("managed-save", move |conn| {
+            lookup(conn, uuid)?.managed_save(0)
+        })
+        .await
+    }
+
+    /// Drops the managed-save image, if there is one (`virDomainManagedSaveRemove`).
+    #[instrument(level = "debug", skip(self), fields(%uuid))]
+    pub async fn managed_save_remove(&self, uuid: Uuid) -> Result<(), LibvirtError> {
+        self.call("managed-save-remove", move |conn| {
+            let d = lookup(conn, uuid)?;
+            if d.has_managed_save(0)? {
+                d.managed_save_remove(0)?;
+            }
+            Ok(())
+        })
+        .await
+    }
+
     /// Resets the domain like a reset button (`virDomainReset`).
     #[instrument(level = "debug", skip(self), fields(%uuid))]
     pub async fn reset(&self, uuid: Uuid) -> Result<(), LibvirtError> {

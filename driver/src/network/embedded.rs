@@ -1339,7 +1339,7 @@ mod tests {
                 p.set_status(to, &mut out);
                 assert_eq!(p.status, to);
                 let got: Vec<(EventName, EventStatus)> =
-                    out.iter().map(|e| (e.name.clone(), e.status)).collect();
+                    out.iter().map(|e| (e.name, e.status)).collect();
                 let want = match (from, to) {
                     (S::Active, S::Down) => {
                         vec![(EventName::NetworkVifUnplugged, EventStatus::Completed)]

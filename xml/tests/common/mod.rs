@@ -177,6 +177,7 @@ pub fn metadata() -> VireoMetadata {
             started_at: 1_764_000_000_000,
             data: json!({"ports": [PORT1]}),
         }),
+        record: Some(json!({"state": "running", "boot": {"type": "none"}})),
     }
 }
 

@@ -1,0 +1,470 @@
+//! The host actor: the registry of instance actors (uuid → actor, created on demand), the
+//! router of libvirt's lifecycle events to the owning actor, and recovery at start-up — every
+//! instance actor rebuilt from the domains libvirt has and the vireo metadata in each, with
+//! the operations that were in flight finished or rolled back.
+//!
+//! [`HostHandle`] is the cheap, cloneable way in; it is also this host's [`PeerHost`] for the
+//! flows that cross hosts.
+
+use std::collections::HashMap;
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+
+use actix::prelude::*;
+use async_trait::async_trait;
+use futures::StreamExt;
+use tracing::{debug, info, warn};
+use uuid::Uuid;
+use vireo_xml::metadata::{VireoMetadata, NAMESPACE_URI};
+
+use crate::instance::actor::{
+    DomainEvent, InstanceActor, InstanceGone, RecoverInterrupted, Resync, Run, Show, Stop,
+};
+use crate::instance::deps::{HostDeps, PeerHost};
+use crate::instance::op::power_of;
+use crate::instance::record::InstanceRecord;
+use crate::instance::types::{
+    InstanceError, InstanceReply, InstanceRequest, InstanceView, OpReport, PowerState,
+};
+use crate::libvirt::LibvirtEvent;
+use crate::lifecycle::{InstanceState, Request};
+
+/// Route a request to an instance's actor (created when the request may create one).
+#[derive(Debug, Message)]
+#[rtype(result = "Result<InstanceReply, InstanceError>")]
+pub struct Route {
+    /// The instance.
+    pub uuid: Uuid,
+    /// The request.
+    pub request: InstanceRequest,
+}
+
+/// Show one instance.
+#[derive(Debug, Message)]
+#[rtype(result = "Result<InstanceView, InstanceError>")]
+pub struct ShowInstance(pub Uuid);
+
+/// Show every instance.
+#[derive(Debug, Message)]
+#[rtype(result = "Vec<InstanceView>")]
+pub struct ListInstances;
+
+/// Is the instance on this host?
+#[derive(Debug, Message)]
+#[rtype(result = "bool")]
+pub struct Knows(pub Uuid);
+
+/// Rebuild the registry from libvirt (start-up and after a reconnect).
+#[derive(Debug, Message)]
+#[rtype(result = "Result<RecoveryReport, InstanceError>")]
+pub struct Recover;
+
+/// Stop every instance actor (their running operations' waits are cancelled) and then the
+/// host actor.
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+pub struct ShutdownHost;
+
+/// What recovery found.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct RecoveryReport {
+    /// Instances rebuilt from libvirt.
+    pub instances: Vec<RecoveredInstance>,
+    /// Domains without vireo metadata (left alone).
+    pub foreign_domains: usize,
+}
+
+/// One recovered instance.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct RecoveredInstance {
+    /// The instance.
+    pub uuid: Uuid,
+    /// Its state after recovery started.
+    pub state: InstanceState,
+    /// The operation that was in flight (kind/phase), if any.
+    pub interrupted: Option<String>,
+}
+
+/// The registry of one host's instances.
+#[derive(Debug)]
+pub struct HostActor {
+    deps: Arc<HostDeps>,
+    instances: HashMap<Uuid, Addr<InstanceActor>>,
+    op_ids: Arc<AtomicU64>,
+}
+
+impl HostActor {
+    /// A host actor over `deps`.
+    pub fn new(deps: Arc<HostDeps>) -> Self {
+        HostActor {
+            deps,
+            instances: HashMap::new(),
+            op_ids: Arc::new(AtomicU64::new(0)),
+        }
+    }
+
+    fn spawn_instance(
+        &mut self,
+        uuid: Uuid,
+        state: InstanceState,
+        record: Option<InstanceRecord>,
+        power: PowerState,
+        ctx: &mut Context<Self>,
+    ) -> Addr<InstanceActor> {
+        let actor = InstanceActor::new(
+            uuid,
+            self.deps.clone(),
+            ctx.address().recipient(),
+            self.op_ids.clone(),
+            state,
+            record,
+            power,
+        );
+        let addr = actor.start();
+        self.instances.insert(uuid, addr.clone());
+        addr
+    }
+
+    fn route_event(&mut self, event: LibvirtEvent, ctx: &mut Context<Self>) {
+        match event {
+            LibvirtEvent::Lifecycle { uuid, event, .. } => match self.instances.get(&uuid) {
+                Some(addr) => addr.do_send(DomainEvent { event }),
+                None => debug!(%uuid, ?event, "lifecycle event for a domain vireo does not own"),
+            },
+            LibvirtEvent::Reconnected { .. } | LibvirtEvent::Lagged { .. } => {
+                info!(host = %self.deps.host, "libvirt reconnected or events lost: resyncing every instance");
+                for addr in self.instances.values() {
+                    addr.do_send(Resync);
+                }
+                // Domains that appeared meanwhile (an incoming migration) get their actors.
+                ctx.notify(Recover);
+            }
+            LibvirtEvent::ConnectionLost { .. } => {
+                warn!(host = %self.deps.host, "libvirt connection lost");
+            }
+            _ => {}
+        }
+    }
+}
+
+/// May this request create the instance's actor?
+fn creates(request: &InstanceRequest) -> bool {
+    matches!(
+        request.kind(),
+        Request::Spawn
+            | Request::FinishResize
+            | Request::PreLiveMigration
+            | Request::RollbackLiveMigrationAtDestination
+    )
+}
+
+impl Actor for HostActor {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        let events = self.deps.libvirt.events();
+        let stream =
+            futures::stream::unfold(
+                events,
+                |mut ev| async move { ev.recv().await.map(|e| (e, ev)) },
+            );
+        ctx.add_stream(stream.boxed_local());
+    }
+}
+
+impl StreamHandler<LibvirtEvent> for HostActor {
+    fn handle(&mut self, item: LibvirtEvent, ctx: &mut Self::Context) {
+        self.route_event(item, ctx);
+    }
+
+    fn finished(&mut self, _ctx: &mut Self::Context) {
+        debug!(host = %self.deps.host, "libvirt event stream ended");
+    }
+}
+
+impl Handler<Route> for HostActor {
+    type Result = ResponseFuture<Result<InstanceReply, InstanceError>>;
+
+    fn handle(&mut self, msg: Route, ctx: &mut Self::Context) -> Self::Result {
+        let Route { uuid, request } = msg;
+        let addr = match self.instances.get(&uuid) {
+            Some(a) if a.connected() => a.clone(),
+            _ if creates(&request) => {
+                self.spawn_instance(uuid, InstanceState::Absent, None, PowerState::NoDomain, ctx)
+            }
+            _ if request.kind() == Request::Destroy => {
+                // Nothing here: destroy is idempotent.
+                let report = OpReport {
+                    request: Request::Destroy.as_str().to_owned(),
+                    ..OpReport::default()
+                };
+                return Box::pin(async move {
+                    Ok(InstanceReply::Done {
+                        state: InstanceState::Gone,
+                        report,
+                    })
+                });
+            }
+            _ => return Box::pin(async move { Err(InstanceError::NotFound(uuid)) }),
+        };
+        Box::pin(async move {
+            addr.send(Run(request))
+                .await
+                .unwrap_or(Err(InstanceError::Unavailable))
+        })
+    }
+}
+
+impl Handler<ShowInstance> for HostActor {
+    type Result = ResponseFuture<Result<InstanceView, InstanceError>>;
+
+    fn handle(&mut self, msg: ShowInstance, _ctx: &mut Self::Context) -> Self::Result {
+        let uuid = msg.0;
+        let addr = self.instances.get(&uuid).cloned();
+        Box::pin(async move {
+            match addr {
+                Some(a) => a
+                    .send(Show)
+                    .await
+                    .map_err(|_| InstanceError::NotFound(uuid)),
+                None => Err(InstanceError::NotFound(uuid)),
+            }
+        })
+    }
+}
+
+impl Handler<ListInstances> for HostActor {
+    type Result = ResponseFuture<Vec<InstanceView>>;
+
+    fn handle(&mut self, _msg: ListInstances, _ctx: &mut Self::Context) -> Self::Result {
+        let addrs: Vec<_> = self.instances.values().cloned().collect();
+        Box::pin(async move {
+            let mut out = Vec::with_capacity(addrs.len());
+            for a in addrs {
+                if let Ok(v) = a.send(Show).await {
+                    if v.state != InstanceState::Absent {
+                        out.push(v);
+                    }
+                }
+            }
+            out.sort_by_key(|v| v.uuid);
+            out
+        })
+    }
+}
+
+impl Handler<Knows> for HostActor {
+    type Result = bool;
+
+    fn handle(&mut self, msg: Knows, _ctx: &mut Self::Context) -> bool {
+        self.instances.get(&msg.0).is_some_and(|a| a.connected())
+    }
+}
+
+impl Handler<InstanceGone> for HostActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: InstanceGone, _ctx: &mut Self::Context) {
+        if self.instances.get(&msg.uuid) == Some(&msg.addr) {
+            self.instances.remove(&msg.uuid);
+            debug!(instance = %msg.uuid, "instance actor removed");
+        }
+    }
+}
+
+impl Handler<ShutdownHost> for HostActor {
+    type Result = ResponseActFuture<Self, ()>;
+
+    fn handle(&mut self, _msg: ShutdownHost, _ctx: &mut Self::Context) -> Self::Result {
+        let addrs: Vec<_> = self.instances.drain().map(|(_, a)| a).collect();
+        Box::pin(
+            async move {
+                for a in addrs {
+                    let _ = a.send(Stop).await;
+                }
+            }
+            .into_actor(self)
+            .map(|(), _act, ctx| ctx.stop()),
+        )
+    }
+}
+
+impl Handler<Recover> for HostActor {
+    type Result = ResponseActFuture<Self, Result<RecoveryReport, InstanceError>>;
+
+    fn handle(&mut self, _msg: Recover, _ctx: &mut Self::Context) -> Self::Result {
+        let lv = self.deps.libvirt.clone();
+        let known: Vec<Uuid> = self.instances.keys().copied().collect();
+        let fut = async move {
+            let domains = lv
+                .list_all()
+                .await
+                .map_err(|source| InstanceError::Libvirt {
+                    step: "list domains",
+                    source,
+                })?;
+            let mut found = Vec::new();
+            let mut foreign = 0;
+            for d in domains {
+                if known.contains(&d.uuid) {
+                    continue;
+                }
+                let meta = match lv
+                    .get_metadata(d.uuid, NAMESPACE_URI, crate::libvirt::Affect::Current)
+                    .await
+                {
+                    Ok(Some(xml)) => xml,
+                    Ok(None) | Err(_) => {
+                        foreign += 1;
+                        continue;
+                    }
+                };
+                match VireoMetadata::from_xml(&meta)
+                    .map_err(Into::into)
+                    .and_then(|m| InstanceRecord::from_metadata(&d.name, &m).map(|r| (m, r)))
+                {
+                    Ok((m, r)) => found.push((d, m, r)),
+                    Err(e) => {
+                        warn!(uuid = %d.uuid, error = %e, "domain with unreadable vireo metadata left alone");
+                        foreign += 1;
+                    }
+                }
+            }
+            Ok::<_, InstanceError>((found, foreign))
+        };
+        Box::pin(fut.into_actor(self).map(|res, act, ctx| {
+            let (found, foreign) = res?;
+            let mut report = RecoveryReport {
+                instances: Vec::new(),
+                foreign_domains: foreign,
+            };
+            for (d, meta, record) in found {
+                let power = power_of(d.state);
+                let state = recovered_state(record.state, power);
+                let addr = act.spawn_instance(d.uuid, state, Some(record), power, ctx);
+                act.deps.events.track(d.uuid);
+                let interrupted = meta.operation.as_ref().map(|o| format!("{}/{}", o.kind, o.phase));
+                if let Some(op) = meta.operation {
+                    let uuid = d.uuid;
+                    actix::spawn(async move {
+                        match addr.send(RecoverInterrupted(op)).await {
+                            Ok(Ok(_)) => info!(instance = %uuid, "interrupted operation recovered"),
+                            Ok(Err(e)) => warn!(instance = %uuid, error = %crate::instance::actor::error_chain(&e), "recovery of an interrupted operation failed"),
+                            Err(_) => {}
+                        }
+                    });
+                }
+                report.instances.push(RecoveredInstance {
+                    uuid: d.uuid,
+                    state,
+                    interrupted,
+                });
+            }
+            info!(host = %act.deps.host, recovered = report.instances.len(), foreign, "recovery done");
+            Ok(report)
+        }))
+    }
+}
+
+/// The state to rebuild an actor in, from the recorded state and what libvirt says now.
+fn recovered_state(recorded: InstanceState, power: PowerState) -> InstanceState {
+    use InstanceState as S;
+    match (recorded, power) {
+        (S::ResizeSource | S::ResizeTarget | S::Error | S::Suspended, _) => recorded,
+        (_, PowerState::Running) => S::Running,
+        (_, PowerState::Paused) => S::Paused,
+        (_, PowerState::Suspended) => S::Suspended,
+        (_, PowerState::Shutoff) => S::Stopped,
+        (_, PowerState::NoDomain | PowerState::Unknown) => S::Error,
+    }
+}
+
+/// A cheap, cloneable handle on a host actor.
+#[derive(Debug, Clone)]
+pub struct HostHandle {
+    addr: Addr<HostActor>,
+    name: String,
+    migration_uri: Option<String>,
+}
+
+impl HostHandle {
+    /// Wrap a host actor's address.
+    pub fn new(
+        addr: Addr<HostActor>,
+        name: impl Into<String>,
+        migration_uri: Option<String>,
+    ) -> Self {
+        HostHandle {
+            addr,
+            name: name.into(),
+            migration_uri,
+        }
+    }
+
+    /// The actor's address.
+    pub fn addr(&self) -> &Addr<HostActor> {
+        &self.addr
+    }
+
+    /// Run a request on an instance.
+    pub async fn run(
+        &self,
+        uuid: Uuid,
+        request: InstanceRequest,
+    ) -> Result<InstanceReply, InstanceError> {
+        self.addr
+            .send(Route { uuid, request })
+            .await
+            .unwrap_or(Err(InstanceError::Unavailable))
+    }
+
+    /// Show an instance.
+    pub async fn show(&self, uuid: Uuid) -> Result<InstanceView, InstanceError> {
+        self.addr
+            .send(ShowInstance(uuid))
+            .await
+            .unwrap_or(Err(InstanceError::Unavailable))
+    }
+
+    /// Every instance.
+    pub async fn list(&self) -> Vec<InstanceView> {
+        self.addr.send(ListInstances).await.unwrap_or_default()
+    }
+
+    /// Is the instance here?
+    pub async fn knows(&self, uuid: Uuid) -> bool {
+        self.addr.send(Knows(uuid)).await.unwrap_or(false)
+    }
+
+    /// Rebuild from libvirt.
+    pub async fn recover(&self) -> Result<RecoveryReport, InstanceError> {
+        self.addr
+            .send(Recover)
+            .await
+            .unwrap_or(Err(InstanceError::Unavailable))
+    }
+
+    /// Stop the host actor and every instance actor.
+    pub async fn shutdown(&self) {
+        let _ = self.addr.send(ShutdownHost).await;
+    }
+}
+
+#[async_trait]
+impl PeerHost for HostHandle {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn migration_uri(&self) -> Option<String> {
+        self.migration_uri.clone()
+    }
+
+    async fn request(
+        &self,
+        instance: Uuid,
+        request: InstanceRequest,
+    ) -> Result<InstanceReply, InstanceError> {
+        self.run(instance, request).await
+    }
+}

@@ -1,0 +1,602 @@
+//! The instance actor: one per instance on this host. It owns the instance's lifecycle state
+//! and runs one operation at a time; reads (`show`) are answered while an operation runs.
+//!
+//! Concurrency rule: a second mutating request while an operation runs is refused with
+//! [`InstanceError::Busy`] (HTTP 409) — except destroy, which cancels the running
+//! operation's event waits (so it rolls back promptly) and runs right after it.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use actix::prelude::*;
+use futures::channel::oneshot;
+use tracing::{debug, info, warn, Instrument};
+use uuid::Uuid;
+use vireo_xml::metadata::InFlightOperation;
+
+use crate::events::OpId;
+use crate::libvirt::LifecycleEvent;
+use crate::lifecycle::{accepts, valid_transition, InstanceState, Request};
+
+use super::deps::HostDeps;
+use super::flows::{self, Finished};
+use super::op::{power_of, LiveProgress, OpCtx};
+use super::record::{InstanceRecord, ResizeRole};
+use super::types::{
+    DestroyArgs, InstanceError, InstanceReply, InstanceRequest, InstanceView, OpReport, PowerState,
+    Progress, RebootKind, VifView,
+};
+
+/// Run a request on the instance.
+#[derive(Debug, Message)]
+#[rtype(result = "Result<InstanceReply, InstanceError>")]
+pub struct Run(pub InstanceRequest);
+
+/// What `show` reports.
+#[derive(Debug, Message)]
+#[rtype(result = "InstanceView")]
+pub struct Show;
+
+/// A libvirt lifecycle event for this instance's domain (a hint: the actor reads the real
+/// state from libvirt before it believes it).
+#[derive(Debug, Clone, Copy, Message)]
+#[rtype(result = "()")]
+pub struct DomainEvent {
+    /// What happened.
+    pub event: LifecycleEvent,
+}
+
+/// Re-read the domain's state (after a libvirt reconnect).
+#[derive(Debug, Clone, Copy, Message)]
+#[rtype(result = "()")]
+pub struct Resync;
+
+/// Finish or roll back an operation that was in flight when the agent stopped.
+#[derive(Debug, Message)]
+#[rtype(result = "Result<InstanceReply, InstanceError>")]
+pub struct RecoverInterrupted(pub InFlightOperation);
+
+/// Stop: cancel the running operation's waits; the actor stops once it is idle.
+#[derive(Debug, Clone, Copy, Message)]
+#[rtype(result = "()")]
+pub struct Stop;
+
+/// Tells the host actor an instance actor has nothing left on this host.
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+pub struct InstanceGone {
+    /// The instance.
+    pub uuid: Uuid,
+    /// The actor that is gone (a newer actor for the same uuid must not be removed).
+    pub addr: Addr<InstanceActor>,
+}
+
+#[derive(Debug)]
+struct RunningOp {
+    op_id: OpId,
+    request: Request,
+    started: Instant,
+    live: Arc<Mutex<LiveProgress>>,
+}
+
+type Reply = Result<InstanceReply, InstanceError>;
+
+/// One instance on this host.
+#[derive(Debug)]
+pub struct InstanceActor {
+    uuid: Uuid,
+    deps: Arc<HostDeps>,
+    gone: Recipient<InstanceGone>,
+    op_ids: Arc<AtomicU64>,
+    state: InstanceState,
+    record: Option<InstanceRecord>,
+    power: PowerState,
+    running: Option<RunningOp>,
+    queued_destroys: Vec<(DestroyArgs, oneshot::Sender<Reply>)>,
+    last_report: Option<OpReport>,
+    stopping: bool,
+}
+
+impl InstanceActor {
+    /// A new actor for `uuid` in `state`, with what is known of it.
+    pub fn new(
+        uuid: Uuid,
+        deps: Arc<HostDeps>,
+        gone: Recipient<InstanceGone>,
+        op_ids: Arc<AtomicU64>,
+        state: InstanceState,
+        record: Option<InstanceRecord>,
+        power: PowerState,
+    ) -> Self {
+        InstanceActor {
+            uuid,
+            deps,
+            gone,
+            op_ids,
+            state,
+            record,
+            power,
+            running: None,
+            queued_destroys: Vec::new(),
+            last_report: None,
+            stopping: false,
+        }
+    }
+
+    fn refuse(&self, request: Request) -> Option<InstanceError> {
+        if let Some(running) = &self.running {
+            return Some(InstanceError::Busy {
+                running: running.request,
+            });
+        }
+        if self.stopping {
+            return Some(InstanceError::Unavailable);
+        }
+        if accepts(self.state, request) {
+            return None;
+        }
+        if matches!(self.state, InstanceState::Absent | InstanceState::Gone) {
+            return Some(InstanceError::NotFound(self.uuid));
+        }
+        Some(InstanceError::IllegalState {
+            state: self.state,
+            request,
+        })
+    }
+
+    /// The transient state an operation shows while it runs.
+    fn transient(&self, request: Request) -> InstanceState {
+        let t = match request {
+            Request::Spawn => InstanceState::Building,
+            Request::LiveMigrate => InstanceState::Migrating,
+            _ => self.state,
+        };
+        if t != self.state && valid_transition(self.state, t) {
+            t
+        } else {
+            self.state
+        }
+    }
+
+    fn start(
+        &mut self,
+        request: InstanceRequest,
+        ctx: &mut Context<Self>,
+    ) -> ResponseActFuture<Self, Reply> {
+        let kind = request.kind();
+        let op_id = OpId(self.op_ids.fetch_add(1, Ordering::Relaxed) + 1);
+        let live = Arc::new(Mutex::new(LiveProgress::default()));
+        self.running = Some(RunningOp {
+            op_id,
+            request: kind,
+            started: Instant::now(),
+            live: live.clone(),
+        });
+        let from = self.state;
+        self.state = self.transient(kind);
+        let record = self.record.clone();
+        let mut op = OpCtx::new(self.deps.clone(), self.uuid, op_id, kind, live);
+        let span =
+            tracing::info_span!("op", instance = %self.uuid, op = op_id.0, request = kind.as_str());
+        let _ = ctx;
+        let fut = async move {
+            info!("started");
+            let fin = dispatch(&mut op, request, record, from).await;
+            match &fin.result {
+                Ok(()) => info!(state = %fin.state, "done"),
+                Err(e) => warn!(state = %fin.state, error = %error_chain(e), "failed"),
+            }
+            (fin, op.into_report())
+        }
+        .instrument(span);
+        Box::pin(
+            fut.into_actor(self)
+                .map(move |(fin, report), act, ctx| act.finish(from, fin, report, ctx)),
+        )
+    }
+
+    fn finish(
+        &mut self,
+        from: InstanceState,
+        fin: Finished,
+        report: OpReport,
+        ctx: &mut Context<Self>,
+    ) -> Reply {
+        if fin.state != from && !valid_transition(from, fin.state) {
+            // A flow returned a state the lifecycle does not allow: a bug, logged loudly.
+            warn!(instance = %self.uuid, %from, to = %fin.state, "unexpected lifecycle transition");
+        }
+        self.state = fin.state;
+        self.record = fin.record;
+        self.running = None;
+        self.power = match self.state {
+            InstanceState::Running => PowerState::Running,
+            InstanceState::Paused => PowerState::Paused,
+            InstanceState::Stopped | InstanceState::ResizeSource => PowerState::Shutoff,
+            InstanceState::Suspended => PowerState::Suspended,
+            InstanceState::Gone | InstanceState::Absent => PowerState::NoDomain,
+            _ => self.power,
+        };
+        self.last_report = Some(report.clone());
+        let reply = fin.result.map(|()| InstanceReply::Done {
+            state: self.state,
+            report,
+        });
+        self.after_op(ctx);
+        reply
+    }
+
+    /// Run queued destroys, or leave once nothing of the instance is here.
+    fn after_op(&mut self, ctx: &mut Context<Self>) {
+        if !self.queued_destroys.is_empty() {
+            let waiters = std::mem::take(&mut self.queued_destroys);
+            let args = DestroyArgs {
+                deallocate_network: waiters.iter().any(|(a, _)| a.deallocate_network),
+            };
+            let fut = self.start(InstanceRequest::Destroy(args), ctx);
+            ctx.spawn(fut.map(move |reply, _act, _ctx| {
+                for (_, tx) in waiters {
+                    let _ = tx.send(match &reply {
+                        Ok(r) => Ok(r.clone()),
+                        Err(e) => Err(InstanceError::Invalid(format!("destroy failed: {e}"))),
+                    });
+                }
+            }));
+            return;
+        }
+        if matches!(self.state, InstanceState::Gone) || self.stopping {
+            self.gone.do_send(InstanceGone {
+                uuid: self.uuid,
+                addr: ctx.address(),
+            });
+            ctx.stop();
+        }
+    }
+
+    fn view(&self) -> InstanceView {
+        let operation = self.running.as_ref().map(|r| {
+            let (phase, waiting_for) = r
+                .live
+                .lock()
+                .map(|l| (l.phase.clone(), l.waiting_for.clone()))
+                .unwrap_or_default();
+            Progress {
+                op_id: r.op_id.0,
+                request: r.request.as_str().to_owned(),
+                phase,
+                elapsed: r.started.elapsed(),
+                waiting_for,
+            }
+        });
+        let vifs = self
+            .record
+            .as_ref()
+            .map(|r| {
+                r.network_info
+                    .vifs
+                    .iter()
+                    .map(|v| VifView {
+                        port: v.id,
+                        mac: v.address.to_string(),
+                        vif_type: v.vif_type.as_str().to_owned(),
+                        vnic_type: v.vnic_type.as_str().to_owned(),
+                        hybrid: v.details.ovs_hybrid_plug,
+                        device: v.tap_name(),
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        InstanceView {
+            uuid: self.uuid,
+            host: self.deps.host.clone(),
+            name: self.record.as_ref().map(|r| r.name.clone()),
+            state: self.state,
+            power: self.power,
+            flavor: self.record.as_ref().map(|r| r.flavor.name.clone()),
+            vifs,
+            operation,
+            last_operation: self.last_report.clone(),
+        }
+    }
+
+    /// Read the domain's real state and follow it (events are hints).
+    fn reconcile(&mut self, ctx: &mut Context<Self>) {
+        if self.running.is_some() {
+            return;
+        }
+        let lv = self.deps.libvirt.clone();
+        let uuid = self.uuid;
+        let fut = async move { lv.info(uuid).await };
+        ctx.spawn(fut.into_actor(self).map(|res, act, ctx| {
+            if act.running.is_some() {
+                return;
+            }
+            let power = match res {
+                Ok(info) => power_of(info.state),
+                Err(crate::libvirt::LibvirtError::NoDomain { .. }) => PowerState::NoDomain,
+                Err(e) => {
+                    debug!(instance = %act.uuid, error = %e, "reconcile: cannot read state");
+                    return;
+                }
+            };
+            act.follow_power(power, ctx);
+        }));
+    }
+
+    fn follow_power(&mut self, power: PowerState, ctx: &mut Context<Self>) {
+        self.power = power;
+        let next = match (self.state, power) {
+            (InstanceState::Stopped | InstanceState::Paused, PowerState::Running) => {
+                InstanceState::Running
+            }
+            (InstanceState::Running, PowerState::Paused) => InstanceState::Paused,
+            (InstanceState::Running | InstanceState::Paused, PowerState::Shutoff) => {
+                InstanceState::Stopped
+            }
+            (s, PowerState::NoDomain) if s.has_domain() && s != InstanceState::Incoming => {
+                warn!(instance = %self.uuid, state = %s, "domain vanished outside vireo");
+                InstanceState::Gone
+            }
+            (s, _) => s,
+        };
+        if next != self.state && valid_transition(self.state, next) {
+            info!(instance = %self.uuid, from = %self.state, to = %next, "power state changed outside an operation");
+            self.state = next;
+            if let Some(r) = &mut self.record {
+                r.state = next;
+            }
+            if next == InstanceState::Gone {
+                self.deps.events.forget(self.uuid);
+                self.after_op(ctx);
+            }
+        }
+    }
+}
+
+impl Actor for InstanceActor {
+    type Context = Context<Self>;
+
+    fn started(&mut self, _ctx: &mut Self::Context) {
+        debug!(instance = %self.uuid, state = %self.state, "instance actor started");
+    }
+}
+
+impl Handler<Run> for InstanceActor {
+    type Result = ResponseActFuture<Self, Reply>;
+
+    fn handle(&mut self, msg: Run, ctx: &mut Self::Context) -> Self::Result {
+        let request = msg.0.kind();
+        if request == Request::Destroy {
+            if let Some(running) = &self.running {
+                // Cancel the running operation's waits so it rolls back now; destroy next.
+                let (tx, rx) = oneshot::channel();
+                let args = match &msg.0 {
+                    InstanceRequest::Destroy(a) => *a,
+                    _ => DestroyArgs::default(),
+                };
+                self.queued_destroys.push((args, tx));
+                let events = self.deps.events.clone();
+                let (uuid, op_id) = (self.uuid, running.op_id);
+                actix::spawn(async move {
+                    let _ = events.cancel(uuid, op_id).await;
+                });
+                return Box::pin(
+                    async move { rx.await.unwrap_or(Err(InstanceError::Unavailable)) }
+                        .into_actor(self),
+                );
+            }
+            if matches!(self.state, InstanceState::Absent | InstanceState::Gone)
+                && self.record.is_none()
+            {
+                // Nothing here: destroy is idempotent.
+                let report = OpReport {
+                    request: request.as_str().to_owned(),
+                    ..OpReport::default()
+                };
+                return Box::pin(fut::ready(Ok(InstanceReply::Done {
+                    state: InstanceState::Gone,
+                    report,
+                })));
+            }
+        }
+        if let Some(e) = self.refuse(request) {
+            return Box::pin(fut::ready(Err(e)));
+        }
+        self.start(msg.0, ctx)
+    }
+}
+
+impl Handler<Show> for InstanceActor {
+    type Result = MessageResult<Show>;
+
+    fn handle(&mut self, _msg: Show, _ctx: &mut Self::Context) -> Self::Result {
+        MessageResult(self.view())
+    }
+}
+
+impl Handler<DomainEvent> for InstanceActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: DomainEvent, ctx: &mut Self::Context) {
+        if self.running.is_some() {
+            return;
+        }
+        match msg.event {
+            // A stop may be the first half of a reboot: look again a little later.
+            LifecycleEvent::Stopped | LifecycleEvent::Shutdown | LifecycleEvent::Crashed => {
+                ctx.run_later(self.deps.config.lifecycle_debounce, |act, ctx| {
+                    act.reconcile(ctx)
+                });
+            }
+            _ => self.reconcile(ctx),
+        }
+    }
+}
+
+impl Handler<Resync> for InstanceActor {
+    type Result = ();
+
+    fn handle(&mut self, _msg: Resync, ctx: &mut Self::Context) {
+        self.reconcile(ctx);
+    }
+}
+
+impl Handler<Stop> for InstanceActor {
+    type Result = ();
+
+    fn handle(&mut self, _msg: Stop, ctx: &mut Self::Context) {
+        self.stopping = true;
+        match &self.running {
+            Some(running) => {
+                let events = self.deps.events.clone();
+                let (uuid, op_id) = (self.uuid, running.op_id);
+                actix::spawn(async move {
+                    let _ = events.cancel(uuid, op_id).await;
+                });
+            }
+            None => ctx.stop(),
+        }
+    }
+}
+
+impl Handler<RecoverInterrupted> for InstanceActor {
+    type Result = ResponseActFuture<Self, Reply>;
+
+    fn handle(&mut self, msg: RecoverInterrupted, ctx: &mut Self::Context) -> Self::Result {
+        if let Some(running) = &self.running {
+            return Box::pin(fut::ready(Err(InstanceError::Busy {
+                running: running.request,
+            })));
+        }
+        let op = msg.0;
+        info!(instance = %self.uuid, kind = %op.kind, phase = %op.phase, "recovering an interrupted operation");
+        let role = self
+            .record
+            .as_ref()
+            .and_then(|r| r.resize.as_ref())
+            .map(|r| r.role);
+        let request = match (op.kind.as_str(), role) {
+            // A build that did not finish is rolled back: nothing stays, networking released.
+            ("spawn", _) => InstanceRequest::CleanupForReschedule,
+            // The destination of a resize: remove the copy, have the source take it back.
+            ("finish-resize" | "revert-resize", Some(ResizeRole::Target)) => {
+                InstanceRequest::RevertResize
+            }
+            // The source bringing a reverted instance back: do it again.
+            ("finish-revert-resize", Some(ResizeRole::Source)) => {
+                InstanceRequest::FinishRevertResize
+            }
+            // A start that did not finish: start again, waiting for what the model predicts.
+            ("power-on" | "reboot-hard" | "resume", _) => InstanceRequest::Reboot(RebootKind::Hard),
+            // Everything else (a live migration the guest never left for, a resize handed over
+            // or not): see flows::recover.
+            _ => InstanceRequest::Recover(Box::new(op.clone())),
+        };
+        let kind = request.kind();
+        if kind != Request::Recover && !accepts(self.state, kind) {
+            warn!(instance = %self.uuid, state = %self.state, request = %kind,
+                "cannot recover with {kind} from {}; reconciling only", self.state);
+            let fut = self.start(InstanceRequest::Recover(Box::new(op)), ctx);
+            return fut;
+        }
+        self.start(request, ctx)
+    }
+}
+
+/// The error and its sources on one line.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(src) = cur {
+        s.push_str(": ");
+        s.push_str(&src.to_string());
+        cur = src.source();
+    }
+    s
+}
+
+async fn dispatch(
+    op: &mut OpCtx,
+    request: InstanceRequest,
+    record: Option<InstanceRecord>,
+    from: InstanceState,
+) -> Finished {
+    use InstanceRequest as R;
+    match request {
+        R::Spawn(args) => return flows::spawn(op, *args).await,
+        R::Destroy(args) => {
+            if let Some(r) = &record {
+                op.use_record(r);
+            }
+            return flows::destroy(op, record, args).await;
+        }
+        R::CleanupForReschedule => {
+            if let Some(r) = &record {
+                op.use_record(r);
+            }
+            return flows::destroy(
+                op,
+                record,
+                DestroyArgs {
+                    deallocate_network: true,
+                },
+            )
+            .await;
+        }
+        R::FinishResize {
+            migration,
+            handover,
+        } => return flows::finish_resize(op, migration, *handover).await,
+        R::PreLiveMigration {
+            migration,
+            handover,
+        } => return flows::pre_live_migration(op, migration, *handover).await,
+        R::RollbackLiveMigrationAtDestination {
+            handover,
+            do_cleanup,
+            destroy_disks,
+        } => return flows::rollback_at_destination(op, *handover, do_cleanup, destroy_disks).await,
+        _ => {}
+    }
+    let Some(record) = record else {
+        return Finished {
+            state: from,
+            record: None,
+            result: Err(InstanceError::NotFound(op.uuid)),
+        };
+    };
+    op.use_record(&record);
+    match request {
+        R::PowerOff { timeout } => flows::power_off(op, record, from, timeout).await,
+        R::PowerOn => flows::power_on(op, record, from).await,
+        R::Reboot(RebootKind::Soft) => flows::reboot_soft(op, record).await,
+        R::Reboot(RebootKind::Hard) => flows::reboot_hard(op, record).await,
+        R::Pause => flows::pause(op, record, true).await,
+        R::Unpause => flows::pause(op, record, false).await,
+        R::Suspend => flows::suspend(op, record, from).await,
+        R::Resume => flows::resume(op, record).await,
+        R::Resize(args) => flows::resize(op, record, from, *args).await,
+        R::ConfirmResize => flows::confirm_resize(op, record).await,
+        R::ConfirmResizeSource => flows::confirm_resize_source(op, record).await,
+        R::RevertResize => flows::revert_resize(op, record).await,
+        R::FinishRevertResize => flows::finish_revert_resize(op, record).await,
+        R::LiveMigrate(args) => flows::live_migrate(op, record, from, *args).await,
+        R::PostLiveMigrationAtDestination { migration } => {
+            flows::post_live_migration(op, record, migration.source_host).await
+        }
+        R::AttachInterface(vif) => flows::attach_interface(op, record, from, *vif).await,
+        R::DetachInterface(port) => flows::detach_interface(op, record, from, port).await,
+        R::Recover(interrupted) => flows::recover(op, record, from, *interrupted).await,
+        R::Spawn(_)
+        | R::Destroy(_)
+        | R::CleanupForReschedule
+        | R::FinishResize { .. }
+        | R::PreLiveMigration { .. }
+        | R::RollbackLiveMigrationAtDestination { .. } => Finished {
+            state: from,
+            record: Some(record),
+            result: Err(InstanceError::Invalid("handled above".into())),
+        },
+    }
+}

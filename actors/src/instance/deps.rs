@@ -1,0 +1,158 @@
+//! What an instance actor works with: the host's libvirt connection, the network-event actor,
+//! the VIF plugger, the network service, the other hosts, and the host-wide settings.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use uuid::Uuid;
+
+use crate::events::{EventsHandle, WaitPolicy};
+use crate::libvirt::LibvirtHandle;
+use crate::network::NetworkApi;
+use crate::plug::{DomainForm, VifPlugger};
+use crate::predict::{DeviceForm, Wiring};
+
+use super::record::DomainSettings;
+use super::types::{InstanceError, InstanceReply, InstanceRequest};
+
+/// Another compute host, as the flows that cross hosts (resize, revert, live migration) see
+/// it: in-process (the demo's second host, tests) or over the agent API.
+#[async_trait]
+pub trait PeerHost: Send + Sync + fmt::Debug + 'static {
+    /// The host name (as the network service knows it).
+    fn name(&self) -> &str;
+
+    /// The libvirt URI a source host migrates to (None: this host takes no live migrations).
+    fn migration_uri(&self) -> Option<String>;
+
+    /// Ask the host's actor for `instance` to run `request`.
+    async fn request(
+        &self,
+        instance: Uuid,
+        request: InstanceRequest,
+    ) -> Result<InstanceReply, InstanceError>;
+}
+
+/// The hosts this host can reach by name. This host registers itself too (same-host
+/// resize uses it).
+#[derive(Debug, Default)]
+pub struct Peers {
+    hosts: RwLock<BTreeMap<String, Arc<dyn PeerHost>>>,
+}
+
+impl Peers {
+    /// An empty directory.
+    pub fn new() -> Arc<Self> {
+        Arc::new(Peers::default())
+    }
+
+    /// Add or replace a host.
+    pub fn insert(&self, peer: Arc<dyn PeerHost>) {
+        if let Ok(mut hosts) = self.hosts.write() {
+            hosts.insert(peer.name().to_owned(), peer);
+        }
+    }
+
+    /// Remove a host.
+    pub fn remove(&self, name: &str) {
+        if let Ok(mut hosts) = self.hosts.write() {
+            hosts.remove(name);
+        }
+    }
+
+    /// Look a host up.
+    pub fn get(&self, name: &str) -> Result<Arc<dyn PeerHost>, InstanceError> {
+        self.hosts
+            .read()
+            .ok()
+            .and_then(|h| h.get(name).cloned())
+            .ok_or_else(|| InstanceError::UnknownHost(name.to_owned()))
+    }
+
+    /// Every host name.
+    pub fn names(&self) -> Vec<String> {
+        self.hosts
+            .read()
+            .map(|h| h.keys().cloned().collect())
+            .unwrap_or_default()
+    }
+}
+
+/// Host-wide settings of the instance actors.
+#[derive(Debug, Clone)]
+pub struct InstanceConfig {
+    /// Domain type, machine, console directory.
+    pub domain: DomainSettings,
+    /// Which device form OVS native ports use (Linux bridge ports are always libvirt-managed,
+    /// hybrid always pre-created by vireo).
+    pub ovs_native_form: DomainForm,
+    /// `vif_plugging_timeout` and `vif_plugging_is_fatal`.
+    pub wait: WaitPolicy,
+    /// How long an operation waits to consume the events its own `binding:profile` update
+    /// causes (non-fatal; see docs/EVENT_MODEL.md section 6).
+    pub profile_wait: Duration,
+    /// How long a graceful power off may take before the domain is destroyed.
+    pub power_off_timeout: Duration,
+    /// How often a graceful power off polls the domain state.
+    pub power_off_poll: Duration,
+    /// How long a libvirt "stopped" event waits before the power state is reconciled (a
+    /// STOPPED followed quickly by STARTED is a reboot, not a stop).
+    pub lifecycle_debounce: Duration,
+    /// Set `binding:profile.migrating_to` on the source ports during a live migration (as
+    /// Nova does; mechanism drivers such as OVN use it to pre-program the destination).
+    pub set_migrating_to: bool,
+}
+
+impl Default for InstanceConfig {
+    fn default() -> Self {
+        InstanceConfig {
+            domain: DomainSettings {
+                domain_type: vireo_xml::domain::DomainType::Kvm,
+                machine: None,
+                console_dir: None,
+            },
+            ovs_native_form: DomainForm::LibvirtManaged,
+            wait: WaitPolicy::default(),
+            profile_wait: Duration::from_secs(10),
+            power_off_timeout: Duration::from_secs(60),
+            power_off_poll: Duration::from_millis(250),
+            lifecycle_debounce: Duration::from_secs(2),
+            set_migrating_to: true,
+        }
+    }
+}
+
+impl InstanceConfig {
+    /// What vireo keeps wired, for the event model.
+    pub fn wiring(&self) -> Wiring {
+        Wiring {
+            ovs_native: match self.ovs_native_form {
+                DomainForm::LibvirtManaged => DeviceForm::LibvirtManaged,
+                DomainForm::PreCreated => DeviceForm::PreCreated,
+            },
+            linux_bridge: DeviceForm::LibvirtManaged,
+        }
+    }
+}
+
+/// Everything the actors of one host share.
+#[derive(Debug)]
+pub struct HostDeps {
+    /// This host's name (as the network service knows it).
+    pub host: String,
+    /// The libvirt connection.
+    pub libvirt: LibvirtHandle,
+    /// The network-event actor.
+    pub events: EventsHandle,
+    /// VIF plugging.
+    pub plugger: Arc<dyn VifPlugger>,
+    /// The network service.
+    pub network: Arc<dyn NetworkApi>,
+    /// The other hosts.
+    pub peers: Arc<Peers>,
+    /// Settings.
+    pub config: InstanceConfig,
+}

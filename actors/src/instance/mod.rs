@@ -1,0 +1,25 @@
+//! One actor per instance: the lifecycle state machine, one operation at a time, and the
+//! flows (spawn, power, reboot, resize with confirm/revert, live migration with rollback,
+//! interface attach/detach, reschedule clean-up) with their rollbacks.
+//!
+//! # Layout
+//! - [`types`]: the request enum in, the reply and error enums out, reports and views.
+//! - [`deps`]: what the actors of a host share (libvirt, events, plugger, network, peers).
+//! - [`record`]: what an actor knows of its instance, as stored in the domain metadata, and
+//!   the domain XML built from it.
+//! - [`op`] (private): one operation's context and timed building blocks.
+//! - [`flows`] (private): the operations.
+//! - [`actor`]: the actix actor.
+
+pub mod actor;
+pub mod deps;
+mod flows;
+pub(crate) mod op;
+pub mod record;
+pub mod types;
+
+pub use actor::{error_chain, InstanceActor};
+pub use deps::{HostDeps, InstanceConfig, PeerHost, Peers};
+pub use op::ALIAS_PREFIX;
+pub use record::{BootSource, DomainSettings, InstanceRecord, RecordError};
+pub use types::*;

@@ -1,0 +1,572 @@
+//! One running operation: its context (the host's parts, the operation's id and start time),
+//! the timeline it records, and the building blocks every flow is made of — libvirt calls,
+//! plugging, network calls and event waits — each timed and attributed to its clock.
+
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use tracing::{debug, info, warn};
+use uuid::Uuid;
+use vireo_xml::metadata::InFlightOperation;
+
+use crate::events::{OpId, WaitHandle, WaitOutcome, WaitPolicy};
+use crate::libvirt::{Affect, DomainState, LibvirtError, Metadata};
+use crate::lifecycle::Request;
+use crate::network::NetworkError;
+use crate::plug::{static_attachment, Attachment, DomainForm, PlugContext, PlugKind};
+use crate::predict::{ExpectedEvent, Timing};
+use crate::vif::{PortId, Vif};
+use crate::vif_config::{interface_for, DeviceConfig, InterfaceOptions};
+
+use super::deps::HostDeps;
+use super::record::InstanceRecord;
+use super::types::{
+    InstanceError, InstanceReply, InstanceRequest, OpReport, PowerState, Step, StepKind, WaitReport,
+};
+
+/// What `show` sees of a running operation.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct LiveProgress {
+    pub phase: String,
+    pub waiting_for: Vec<ExpectedEvent>,
+}
+
+/// A registered wait, not yet awaited.
+#[derive(Debug)]
+pub(crate) struct PendingWait {
+    timing: Timing,
+    events: Vec<ExpectedEvent>,
+    handle: WaitHandle,
+    registered: tokio::time::Instant,
+}
+
+/// How a domain was started.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Started {
+    /// Paused (START_PAUSED, or start then suspend where the driver lacks START_PAUSED).
+    Paused,
+}
+
+/// The prefix of the user aliases vireo gives interfaces (`ua-<port id>`), so an interface
+/// can be detached by alias on every driver.
+pub const ALIAS_PREFIX: &str = "ua-";
+
+/// The context of one operation.
+#[derive(Debug)]
+pub(crate) struct OpCtx {
+    pub deps: Arc<HostDeps>,
+    pub uuid: Uuid,
+    pub op_id: OpId,
+    pub request: Request,
+    /// The operation's start on the event clock: events that arrived before never count.
+    pub since: tokio::time::Instant,
+    started: std::time::Instant,
+    started_unix_ms: u64,
+    pub live: Arc<Mutex<LiveProgress>>,
+    pub report: OpReport,
+    /// The ports whose libvirt-made devices come and go with the domain.
+    devices: Vec<PortId>,
+}
+
+impl OpCtx {
+    pub fn new(
+        deps: Arc<HostDeps>,
+        uuid: Uuid,
+        op_id: OpId,
+        request: Request,
+        live: Arc<Mutex<LiveProgress>>,
+    ) -> Self {
+        let started_unix_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0);
+        OpCtx {
+            deps,
+            uuid,
+            op_id,
+            request,
+            since: tokio::time::Instant::now(),
+            started: std::time::Instant::now(),
+            started_unix_ms,
+            live,
+            report: OpReport {
+                op_id: op_id.0,
+                request: request.as_str().to_owned(),
+                ..OpReport::default()
+            },
+            devices: Vec::new(),
+        }
+    }
+
+    /// The instance's VIFs are these (for the plugger's device hooks).
+    pub fn use_record(&mut self, record: &InstanceRecord) {
+        self.devices = record.network_info.vifs.iter().map(|v| v.id).collect();
+    }
+
+    async fn attached(&self) {
+        self.deps.plugger.devices_attached(&self.devices).await;
+    }
+
+    /// libvirt removed the devices of the domain (it stopped).
+    pub async fn detached(&self) {
+        self.deps.plugger.devices_detached(&self.devices).await;
+    }
+
+    /// Finish the report.
+    pub fn into_report(mut self) -> OpReport {
+        self.report.took = self.started.elapsed();
+        self.report
+    }
+
+    /// The in-flight operation element for the metadata, at `phase`.
+    pub fn in_flight(&self, phase: &str, data: serde_json::Value) -> InFlightOperation {
+        InFlightOperation {
+            id: self.op_id.0.to_string(),
+            kind: self.request.as_str().to_owned(),
+            phase: phase.to_owned(),
+            started_at: self.started_unix_ms,
+            data,
+        }
+    }
+
+    /// Announce a phase (for `show` and the logs).
+    pub fn phase(&self, phase: &str) {
+        debug!(instance = %self.uuid, op = %self.op_id, phase, "phase");
+        if let Ok(mut l) = self.live.lock() {
+            l.phase = phase.to_owned();
+        }
+    }
+
+    fn step(&mut self, name: String, kind: StepKind, start: std::time::Instant, failed: bool) {
+        self.report.steps.push(Step {
+            name,
+            kind,
+            took: start.elapsed(),
+            at: start.duration_since(self.started),
+            failed,
+        });
+    }
+
+    /// A libvirt call, timed.
+    pub async fn lv<T>(
+        &mut self,
+        step: &'static str,
+        fut: impl Future<Output = Result<T, LibvirtError>>,
+    ) -> Result<T, InstanceError> {
+        let start = std::time::Instant::now();
+        let r = fut.await;
+        self.step(step.to_owned(), StepKind::Libvirt, start, r.is_err());
+        r.map_err(|source| InstanceError::Libvirt { step, source })
+    }
+
+    /// A network-service call, timed.
+    pub async fn net<T>(
+        &mut self,
+        step: &'static str,
+        fut: impl Future<Output = Result<T, NetworkError>>,
+    ) -> Result<T, InstanceError> {
+        let start = std::time::Instant::now();
+        let r = fut.await;
+        self.step(step.to_owned(), StepKind::Network, start, r.is_err());
+        r.map_err(|source| InstanceError::Network { step, source })
+    }
+
+    /// A request to another host, timed.
+    pub async fn peer(
+        &mut self,
+        host: &str,
+        step: &'static str,
+        request: InstanceRequest,
+    ) -> Result<InstanceReply, InstanceError> {
+        let start = std::time::Instant::now();
+        let r = match self.deps.peers.get(host) {
+            Ok(peer) => peer.request(self.uuid, request).await,
+            Err(e) => Err(e),
+        };
+        self.step(
+            format!("{step} on {host}"),
+            StepKind::Peer,
+            start,
+            r.is_err(),
+        );
+        r.map_err(|e| InstanceError::Peer {
+            host: host.to_owned(),
+            step,
+            source: Box::new(e),
+        })
+    }
+
+    // ------------------------------------------------------------------------------------
+    // Devices
+
+    /// The device form a VIF uses on this host.
+    pub fn form(&self, vif: &Vif) -> DomainForm {
+        match PlugKind::for_vif(vif) {
+            Ok(PlugKind::OvsNative) => self.deps.config.ovs_native_form,
+            _ => DomainForm::LibvirtManaged,
+        }
+    }
+
+    fn plug_ctx(&self, record: &InstanceRecord, form: DomainForm) -> PlugContext {
+        PlugContext {
+            instance_uuid: self.uuid,
+            instance_name: record.name.clone(),
+            form,
+        }
+    }
+
+    /// The libvirt device for a VIF, with the `ua-<port>` alias.
+    pub fn device(&self, vif: &Vif, form: DomainForm) -> Result<DeviceConfig, InstanceError> {
+        let mut opts = InterfaceOptions::default();
+        let kind = PlugKind::for_vif(vif).map_err(|source| InstanceError::Plug {
+            step: "describe VIF",
+            source,
+        })?;
+        if kind == PlugKind::SriovMacvtap {
+            if let Attachment::Direct { dev, .. } =
+                static_attachment(vif, kind, form).map_err(|source| InstanceError::Plug {
+                    step: "describe VIF",
+                    source,
+                })?
+            {
+                opts.vf_netdev = Some(dev);
+            }
+        }
+        let mut dev = interface_for(vif, form, &opts).map_err(InstanceError::VifConfig)?;
+        if let DeviceConfig::Interface(i) = &mut dev {
+            i.alias = Some(format!("{ALIAS_PREFIX}{}", vif.id));
+        }
+        Ok(dev)
+    }
+
+    /// The devices of every VIF, in `network_info` order.
+    pub fn devices(&self, record: &InstanceRecord) -> Result<Vec<DeviceConfig>, InstanceError> {
+        record
+            .network_info
+            .vifs
+            .iter()
+            .map(|v| self.device(v, self.form(v)))
+            .collect()
+    }
+
+    /// Plug one VIF, timed.
+    pub async fn plug(&mut self, record: &InstanceRecord, vif: &Vif) -> Result<(), InstanceError> {
+        let form = self.form(vif);
+        let ctx = self.plug_ctx(record, form);
+        let start = std::time::Instant::now();
+        let r = self.deps.plugger.plug(&ctx, vif).await;
+        self.step(
+            format!("plug {}", vif.id),
+            StepKind::Plug,
+            start,
+            r.is_err(),
+        );
+        r.map(|_| ()).map_err(|source| InstanceError::Plug {
+            step: "plug",
+            source,
+        })
+    }
+
+    /// Plug every VIF of the record, in order. On failure the caller unplugs (unplug is
+    /// idempotent and removes half-made devices).
+    pub async fn plug_all(&mut self, record: &InstanceRecord) -> Result<(), InstanceError> {
+        for vif in &record.network_info.vifs {
+            self.plug(record, vif).await?;
+        }
+        Ok(())
+    }
+
+    /// Unplug one VIF in the given form, timed.
+    pub async fn unplug_as(
+        &mut self,
+        record: &InstanceRecord,
+        vif: &Vif,
+        form: DomainForm,
+    ) -> Result<(), InstanceError> {
+        let ctx = self.plug_ctx(record, form);
+        let start = std::time::Instant::now();
+        let r = self.deps.plugger.unplug(&ctx, vif).await;
+        self.step(
+            format!("unplug {}", vif.id),
+            StepKind::Plug,
+            start,
+            r.is_err(),
+        );
+        r.map_err(|source| InstanceError::Plug {
+            step: "unplug",
+            source,
+        })
+    }
+
+    /// Unplug every VIF (goes on past failures; returns the first).
+    pub async fn unplug_all(&mut self, record: &InstanceRecord) -> Result<(), InstanceError> {
+        let mut first = None;
+        for vif in &record.network_info.vifs {
+            let form = self.form(vif);
+            if let Err(e) = self.unplug_as(record, vif, form).await {
+                warn!(instance = %self.uuid, port = %vif.id, error = %e, "unplug failed");
+                first.get_or_insert(e);
+            }
+        }
+        first.map_or(Ok(()), Err)
+    }
+
+    // ------------------------------------------------------------------------------------
+    // libvirt
+
+    /// Define (or redefine) the domain from the record.
+    pub async fn define(
+        &mut self,
+        record: &InstanceRecord,
+        op: Option<InFlightOperation>,
+    ) -> Result<(), InstanceError> {
+        let devices = self.devices(record)?;
+        let xml = record
+            .domain(&self.deps.config.domain, devices, op)
+            .and_then(|d| d.to_xml().map_err(Into::into))
+            .map_err(InstanceError::Record)?;
+        let lv = self.deps.libvirt.clone();
+        self.lv("define", lv.define_xml(xml, true))
+            .await
+            .map(|_| ())
+    }
+
+    /// Store the record (and the operation in flight) in the domain's metadata.
+    pub async fn save(
+        &mut self,
+        record: &InstanceRecord,
+        op: Option<InFlightOperation>,
+    ) -> Result<(), InstanceError> {
+        let xml = record
+            .metadata(op)
+            .and_then(|m| m.to_xml().map_err(Into::into))
+            .map_err(InstanceError::Record)?;
+        let meta = Metadata {
+            xml,
+            key: vireo_xml::metadata::NAMESPACE_PREFIX.to_owned(),
+            uri: vireo_xml::metadata::NAMESPACE_URI.to_owned(),
+        };
+        let lv = self.deps.libvirt.clone();
+        let uuid = self.uuid;
+        let active = self.lv("is-active", lv.is_active(uuid)).await?;
+        let affect = if active {
+            Affect::LiveAndConfig
+        } else {
+            Affect::Config
+        };
+        self.lv("set-metadata", lv.set_metadata(uuid, meta, affect))
+            .await
+    }
+
+    /// Start the domain paused. Where the driver has no START_PAUSED (libvirt's test driver)
+    /// it starts the domain and suspends it at once: the guest may run a few instructions,
+    /// which is harmless for what the pause is for (nothing guest-visible happens before the
+    /// awaited events), and the same sequence is valid on real libvirt.
+    pub async fn start_paused(&mut self) -> Result<Started, InstanceError> {
+        let lv = self.deps.libvirt.clone();
+        let uuid = self.uuid;
+        match self.lv("start-paused", lv.start(uuid, true)).await {
+            Ok(()) => {}
+            Err(InstanceError::Libvirt {
+                source: LibvirtError::Unsupported { .. },
+                ..
+            }) => {
+                self.lv("start", lv.start(uuid, false)).await?;
+                self.attached().await;
+                self.lv("suspend", lv.suspend(uuid)).await?;
+            }
+            Err(e) => return Err(e),
+        }
+        self.attached().await;
+        Ok(Started::Paused)
+    }
+
+    /// Resume a paused domain.
+    pub async fn resume(&mut self) -> Result<(), InstanceError> {
+        let lv = self.deps.libvirt.clone();
+        self.lv("resume", lv.resume(self.uuid)).await
+    }
+
+    /// The domain's power state (`NoDomain` when it does not exist).
+    pub async fn power(&mut self) -> Result<PowerState, InstanceError> {
+        let lv = self.deps.libvirt.clone();
+        match self.lv("info", lv.info(self.uuid)).await {
+            Ok(info) => Ok(power_of(info.state)),
+            Err(InstanceError::Libvirt {
+                source: LibvirtError::NoDomain { .. },
+                ..
+            }) => Ok(PowerState::NoDomain),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Stop the domain hard if it runs; nothing to do when it is shut off or gone.
+    pub async fn destroy_domain(&mut self) -> Result<(), InstanceError> {
+        match self.power().await? {
+            PowerState::NoDomain | PowerState::Shutoff => return Ok(()),
+            _ => {}
+        }
+        let lv = self.deps.libvirt.clone();
+        let r = match self.lv("destroy", lv.destroy(self.uuid)).await {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                // It may have stopped by itself in between.
+                match self.power().await? {
+                    PowerState::NoDomain | PowerState::Shutoff => Ok(()),
+                    _ => Err(e),
+                }
+            }
+        };
+        if r.is_ok() {
+            self.detached().await;
+        }
+        r
+    }
+
+    /// Undefine the domain; nothing to do when it is gone.
+    pub async fn undefine_domain(&mut self) -> Result<(), InstanceError> {
+        let lv = self.deps.libvirt.clone();
+        match self.lv("undefine", lv.undefine(self.uuid)).await {
+            Ok(())
+            | Err(InstanceError::Libvirt {
+                source: LibvirtError::NoDomain { .. },
+                ..
+            }) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Graceful shutdown within `timeout`, then hard.
+    pub async fn shutdown_domain(&mut self, timeout: Duration) -> Result<(), InstanceError> {
+        match self.power().await? {
+            PowerState::NoDomain | PowerState::Shutoff => return Ok(()),
+            _ => {}
+        }
+        let lv = self.deps.libvirt.clone();
+        let graceful = self.lv("shutdown", lv.shutdown(self.uuid)).await;
+        if graceful.is_ok() {
+            let deadline = tokio::time::Instant::now() + timeout;
+            let poll = self.deps.config.power_off_poll;
+            loop {
+                if matches!(
+                    self.power().await?,
+                    PowerState::Shutoff | PowerState::NoDomain
+                ) {
+                    self.detached().await;
+                    return Ok(());
+                }
+                if tokio::time::Instant::now() >= deadline {
+                    info!(instance = %self.uuid, ?timeout, "guest did not shut down in time; destroying");
+                    break;
+                }
+                tokio::time::sleep(poll).await;
+            }
+        }
+        self.destroy_domain().await
+    }
+
+    // ------------------------------------------------------------------------------------
+    // Events
+
+    /// Register a wait before the action that triggers its events.
+    pub async fn expect(
+        &mut self,
+        timing: Timing,
+        events: Vec<ExpectedEvent>,
+        policy: WaitPolicy,
+    ) -> Result<PendingWait, InstanceError> {
+        let handle = self
+            .deps
+            .events
+            .expect(self.uuid, events.clone(), self.since, policy, self.op_id)
+            .await
+            .map_err(|_| InstanceError::Unavailable)?;
+        if let Ok(mut l) = self.live.lock() {
+            l.waiting_for.extend(events.iter().cloned());
+        }
+        Ok(PendingWait {
+            timing,
+            events,
+            handle,
+            registered: tokio::time::Instant::now(),
+        })
+    }
+
+    /// Await a registered wait.
+    pub async fn wait(&mut self, pending: PendingWait) -> Result<WaitOutcome, InstanceError> {
+        let PendingWait {
+            timing,
+            events,
+            handle,
+            registered,
+        } = pending;
+        let start = std::time::Instant::now();
+        let result = handle.await;
+        let took = registered.elapsed();
+        if let Ok(mut l) = self.live.lock() {
+            l.waiting_for.retain(|e| !events.contains(e));
+        }
+        let label = timing_label(timing);
+        self.step(
+            format!("wait {label} ({} events)", events.len()),
+            StepKind::EventWait,
+            start,
+            result.is_err(),
+        );
+        let (complete, missing, outcome) = match &result {
+            Ok(o) if !o.waited => (true, vec![], "nothing to wait for".to_owned()),
+            Ok(o) if o.complete() => (true, vec![], "all arrived".to_owned()),
+            Ok(o) => {
+                let mut m = o.missing.clone();
+                m.extend(o.failed.iter().copied());
+                warn!(instance = %self.uuid, missing = ?o.missing, failed = ?o.failed,
+                    "proceeding without every {label} event (vif_plugging_is_fatal = false)");
+                (false, m, "incomplete, proceeded (not fatal)".to_owned())
+            }
+            Err(e) => (false, vec![], e.to_string()),
+        };
+        self.report.waits.push(WaitReport {
+            timing,
+            expected: events,
+            took,
+            complete,
+            missing,
+            outcome,
+        });
+        result.map_err(|source| InstanceError::EventWait {
+            timing: label,
+            source,
+        })
+    }
+
+    /// Cancel every wait of this operation (before rolling back).
+    pub async fn cancel_waits(&self) {
+        let _ = self.deps.events.cancel(self.uuid, self.op_id).await;
+        if let Ok(mut l) = self.live.lock() {
+            l.waiting_for.clear();
+        }
+    }
+}
+
+/// The event wait's name in logs and errors.
+pub(crate) fn timing_label(t: Timing) -> &'static str {
+    match t {
+        Timing::BindTime => "bind-time",
+        Timing::PlugTime => "plug-time",
+        Timing::None => "no",
+    }
+}
+
+/// libvirt's state as vireo's power state.
+pub(crate) fn power_of(state: DomainState) -> PowerState {
+    match state {
+        DomainState::Running | DomainState::Blocked | DomainState::ShuttingDown => {
+            PowerState::Running
+        }
+        DomainState::Paused => PowerState::Paused,
+        DomainState::Shutoff | DomainState::Crashed => PowerState::Shutoff,
+        DomainState::PmSuspended => PowerState::Suspended,
+        DomainState::NoState | DomainState::Unknown(_) => PowerState::Unknown,
+    }
+}

@@ -1,0 +1,249 @@
+//! What an instance actor knows about its instance, how it is kept in the domain's
+//! `<metadata>` (so a restarted agent recovers from libvirt alone), and how the domain XML is
+//! built from it.
+
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+use vireo_xml::devices::{
+    CharSource, Console, ConsoleTarget, Disk, DiskDriver, DiskFormat, DiskSource, Serial,
+};
+use vireo_xml::domain::{Domain, DomainType, LifecycleAction};
+use vireo_xml::metadata::{Flavor, InFlightOperation, VireoMetadata};
+use vireo_xml::types::DomainName;
+use vireo_xml::XmlError;
+
+use crate::lifecycle::InstanceState;
+use crate::vif::{NetworkInfo, VifError};
+use crate::vif_config::DeviceConfig;
+
+use super::types::Migration;
+
+/// Why a record could not be built, stored or read back.
+#[derive(Debug, thiserror::Error)]
+pub enum RecordError {
+    /// The domain XML or metadata is invalid.
+    #[error("domain XML")]
+    Xml(#[from] XmlError),
+    /// The stored `network_info` does not parse.
+    #[error("stored network_info")]
+    NetworkInfo(#[from] VifError),
+    /// The stored record JSON does not parse.
+    #[error("stored record")]
+    Json(#[from] serde_json::Error),
+    /// The domain has no vireo metadata.
+    #[error("domain has no vireo metadata")]
+    NoMetadata,
+    /// The domain name is not valid.
+    #[error("domain name")]
+    Name(#[from] vireo_xml::types::ValueError),
+    /// A value is out of range.
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// What the guest boots.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(tag = "type", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum BootSource {
+    /// Nothing: a diskless domain (lifecycle and device work that needs no guest OS).
+    #[default]
+    None,
+    /// Direct kernel boot.
+    Kernel {
+        /// Kernel image path on the host.
+        kernel: String,
+        /// Initramfs path on the host.
+        #[serde(default)]
+        initrd: Option<String>,
+        /// Kernel command line.
+        #[serde(default)]
+        cmdline: Option<String>,
+    },
+    /// A disk image.
+    Disk {
+        /// Image path on the host.
+        path: String,
+        /// `qcow2` or `raw`.
+        format: String,
+    },
+}
+
+/// The side of a resize an instance is on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ResizeRole {
+    /// The host the instance left (its stopped domain waits for confirm or revert).
+    Source,
+    /// The host the resized instance runs on.
+    Target,
+}
+
+/// A resize waiting for confirm or revert.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ResizeRecord {
+    /// The migration.
+    pub migration: Migration,
+    /// This host's role.
+    pub role: ResizeRole,
+    /// The flavor before the resize.
+    pub old_flavor: Flavor,
+    /// The instance ran before the resize (and runs again after a revert).
+    pub was_running: bool,
+}
+
+/// The part of the record kept as JSON in `<vireo:record>`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StoredRecord {
+    state: InstanceState,
+    boot: BootSource,
+    #[serde(default)]
+    resize: Option<ResizeRecord>,
+}
+
+/// Everything an instance actor knows about its instance.
+#[derive(Debug, Clone, PartialEq)]
+pub struct InstanceRecord {
+    /// Instance (and domain) uuid.
+    pub uuid: Uuid,
+    /// Domain name.
+    pub name: String,
+    /// Current flavor.
+    pub flavor: Flavor,
+    /// What it boots.
+    pub boot: BootSource,
+    /// Its VIFs.
+    pub network_info: NetworkInfo,
+    /// The stable state last recorded (what a restarted agent starts from).
+    pub state: InstanceState,
+    /// A resize waiting for confirm or revert.
+    pub resize: Option<ResizeRecord>,
+}
+
+/// Host-wide settings that shape every domain vireo defines.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DomainSettings {
+    /// `kvm`, `qemu` (TCG) or `test`.
+    pub domain_type: DomainType,
+    /// Machine type (e.g. `q35`); None lets libvirt choose.
+    pub machine: Option<String>,
+    /// Where serial console logs go (`<dir>/<uuid>/console.log`); None: no serial log.
+    pub console_dir: Option<String>,
+}
+
+impl InstanceRecord {
+    /// The metadata element for this record, with `operation` in flight.
+    pub fn metadata(
+        &self,
+        operation: Option<InFlightOperation>,
+    ) -> Result<VireoMetadata, RecordError> {
+        let stored = StoredRecord {
+            state: self.state,
+            boot: self.boot.clone(),
+            resize: self.resize.clone(),
+        };
+        Ok(VireoMetadata {
+            instance_uuid: self.uuid,
+            flavor: self.flavor.clone(),
+            network_info: self.network_info.to_value(),
+            operation,
+            record: Some(serde_json::to_value(stored)?),
+        })
+    }
+
+    /// Rebuild the record from a domain's name and its vireo metadata.
+    pub fn from_metadata(name: &str, meta: &VireoMetadata) -> Result<Self, RecordError> {
+        let network_info = NetworkInfo::from_value(&meta.network_info)?;
+        let stored: StoredRecord = match &meta.record {
+            Some(v) => serde_json::from_value(v.clone())?,
+            None => StoredRecord {
+                state: InstanceState::Stopped,
+                boot: BootSource::None,
+                resize: None,
+            },
+        };
+        Ok(InstanceRecord {
+            uuid: meta.instance_uuid,
+            name: name.to_owned(),
+            flavor: meta.flavor.clone(),
+            boot: stored.boot,
+            network_info,
+            state: stored.state,
+            resize: stored.resize,
+        })
+    }
+
+    /// The domain definition: flavor, boot source, the VIF devices (in `network_info`
+    /// order), a serial console, and the metadata.
+    pub fn domain(
+        &self,
+        settings: &DomainSettings,
+        devices: Vec<DeviceConfig>,
+        operation: Option<InFlightOperation>,
+    ) -> Result<Domain, RecordError> {
+        let name = DomainName::new(self.name.clone())?;
+        let mut d = Domain::new(name);
+        d.domain_type = settings.domain_type;
+        d.uuid = Some(self.uuid);
+        d.metadata = Some(self.metadata(operation)?);
+        d.memory_kib = self
+            .flavor
+            .memory_mb
+            .checked_mul(1024)
+            .filter(|m| *m > 0)
+            .ok_or_else(|| RecordError::Invalid(format!("memory_mb {}", self.flavor.memory_mb)))?;
+        if self.flavor.vcpus == 0 {
+            return Err(RecordError::Invalid("vcpus 0".to_owned()));
+        }
+        d.vcpus = self.flavor.vcpus;
+        d.os.machine = settings.machine.clone();
+        d.on_poweroff = Some(LifecycleAction::Destroy);
+        d.on_reboot = Some(LifecycleAction::Restart);
+        d.on_crash = Some(LifecycleAction::Destroy);
+        match &self.boot {
+            BootSource::None => {}
+            BootSource::Kernel {
+                kernel,
+                initrd,
+                cmdline,
+            } => {
+                d.os.kernel = Some(kernel.clone());
+                d.os.initrd = initrd.clone();
+                d.os.cmdline = cmdline.clone();
+            }
+            BootSource::Disk { path, format } => {
+                let format = DiskFormat::parse(format)
+                    .ok_or_else(|| RecordError::Invalid(format!("disk format {format:?}")))?;
+                let mut disk = Disk::virtio(DiskSource::File { path: path.clone() }, "vda");
+                disk.driver = Some(DiskDriver {
+                    format,
+                    cache: None,
+                    discard_unmap: false,
+                });
+                d.devices.disks.push(disk);
+            }
+        }
+        if let Some(dir) = &settings.console_dir {
+            let file = format!("{dir}/{}/console.log", self.uuid);
+            d.devices.serials.push(Serial {
+                source: CharSource::File {
+                    path: file,
+                    append: Some(true),
+                },
+                log: None,
+                port: Some(0),
+                alias: None,
+            });
+            d.devices.consoles.push(Console {
+                source: CharSource::Pty { path: None },
+                target: Some(ConsoleTarget::Serial),
+                port: Some(0),
+                alias: None,
+            });
+        }
+        for dev in devices {
+            dev.add_to(&mut d.devices);
+        }
+        Ok(d)
+    }
+}

@@ -1,0 +1,566 @@
+//! The instance actor's request, reply and error types (one request enum in, one reply and one
+//! error enum out).
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+use vireo_xml::metadata::Flavor;
+
+use crate::events::WaitError;
+use crate::libvirt::LibvirtError;
+use crate::lifecycle::{InstanceState, Request};
+use crate::network::{Deallocation, NetworkError, PortRequest};
+use crate::plug::PlugError;
+use crate::predict::{ExpectedEvent, PredictError, Timing};
+use crate::vif::{NetworkInfo, PortId, Vif};
+use crate::vif_config::VifConfigError;
+
+use super::record::{BootSource, RecordError};
+
+/// How the instance gets its network.
+#[derive(Debug, Clone, PartialEq)]
+pub enum NetworkRequest {
+    /// The caller allocated the ports already; this is their `network_info`.
+    Allocated(NetworkInfo),
+    /// vireo allocates: a port per request, bound to this host.
+    Allocate(Vec<PortRequest>),
+}
+
+/// Build an instance here.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SpawnArgs {
+    /// The libvirt domain name.
+    pub name: String,
+    /// The flavor.
+    pub flavor: Flavor,
+    /// What the guest boots.
+    pub boot: BootSource,
+    /// The ports.
+    pub network: NetworkRequest,
+    /// Start it (true) or leave it defined and stopped once built (false).
+    pub power_on: bool,
+}
+
+/// Tear an instance down.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct DestroyArgs {
+    /// Also release its networking (delete the ports vireo created, unbind user ports).
+    pub deallocate_network: bool,
+}
+
+/// How to reboot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RebootKind {
+    /// ACPI reboot, falling back to hard when the guest does not react.
+    Soft,
+    /// Destroy and recreate the domain.
+    Hard,
+}
+
+/// A migration (resize, cold or live migration) as both hosts know it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Migration {
+    /// Migration id.
+    pub id: Uuid,
+    /// The host the instance leaves.
+    pub source_host: String,
+    /// The host the instance goes to.
+    pub dest_host: String,
+}
+
+impl Migration {
+    /// Source and destination are the same host.
+    pub fn same_host(&self) -> bool {
+        self.source_host == self.dest_host
+    }
+}
+
+/// Start a resize (or cold migration when the flavor is unchanged) on the source.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ResizeArgs {
+    /// The migration.
+    pub migration: Migration,
+    /// The new flavor.
+    pub new_flavor: Flavor,
+}
+
+/// What the destination of a resize needs to build the instance.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Handover {
+    /// The libvirt domain name.
+    pub name: String,
+    /// The flavor to build with.
+    pub flavor: Flavor,
+    /// The flavor the instance had before the resize.
+    pub old_flavor: Flavor,
+    /// What the guest boots.
+    pub boot: BootSource,
+    /// Nova-format `network_info`.
+    pub network_info: serde_json::Value,
+    /// The instance was running before and must run after.
+    pub power_on: bool,
+}
+
+/// Live-migrate to another host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LiveMigrateArgs {
+    /// The migration.
+    pub migration: Migration,
+    /// Disks are on shared block storage.
+    pub shared_block_storage: bool,
+    /// The instance directory is shared between the hosts.
+    pub shared_instance_path: bool,
+}
+
+impl LiveMigrateArgs {
+    /// Nova's rollback clean-up flags: (`do_cleanup`, `destroy_disks`) for the destination.
+    pub fn cleanup_flags(&self) -> (bool, bool) {
+        match (self.shared_block_storage, self.shared_instance_path) {
+            (false, false) => (true, true),
+            (true, false) => (true, false),
+            (false, true) | (true, true) => (false, false),
+        }
+    }
+}
+
+/// Everything an instance actor can be asked to do.
+#[derive(Debug, Clone)]
+pub enum InstanceRequest {
+    /// Build here.
+    Spawn(Box<SpawnArgs>),
+    /// Tear down (idempotent).
+    Destroy(DestroyArgs),
+    /// Graceful shutdown within the timeout, then hard.
+    PowerOff {
+        /// How long the guest gets to shut down (None: the configured default).
+        timeout: Option<Duration>,
+    },
+    /// Start.
+    PowerOn,
+    /// Reboot.
+    Reboot(RebootKind),
+    /// Pause the vCPUs.
+    Pause,
+    /// Resume the vCPUs.
+    Unpause,
+    /// Save to disk.
+    Suspend,
+    /// Restore from disk.
+    Resume,
+    /// Source: start a resize (same host: the whole resize).
+    Resize(Box<ResizeArgs>),
+    /// Destination: build the resized instance here.
+    FinishResize {
+        /// The migration.
+        migration: Migration,
+        /// What to build.
+        handover: Box<Handover>,
+    },
+    /// Destination (where the resized instance runs): confirm.
+    ConfirmResize,
+    /// Source: the resize was confirmed; remove the old instance.
+    ConfirmResizeSource,
+    /// Destination (where the resized instance runs): revert.
+    RevertResize,
+    /// Source: bring the instance back after the destination removed its copy.
+    FinishRevertResize,
+    /// Source: live-migrate.
+    LiveMigrate(Box<LiveMigrateArgs>),
+    /// Destination: pre-wire the devices before a live migration.
+    PreLiveMigration {
+        /// The migration.
+        migration: Migration,
+        /// The instance as the source knows it.
+        handover: Box<Handover>,
+    },
+    /// Destination: the migration succeeded, take over.
+    PostLiveMigrationAtDestination {
+        /// The migration.
+        migration: Migration,
+    },
+    /// Destination: the migration failed; remove what was prepared.
+    RollbackLiveMigrationAtDestination {
+        /// The instance's network_info (the destination may have lost its own record).
+        handover: Box<Handover>,
+        /// Remove the instance directory.
+        do_cleanup: bool,
+        /// Remove the disks.
+        destroy_disks: bool,
+    },
+    /// Hot-plug an interface.
+    AttachInterface(Box<Vif>),
+    /// Hot-unplug an interface.
+    DetachInterface(PortId),
+    /// Release everything after a failed build so it can be rescheduled.
+    CleanupForReschedule,
+    /// Finish or roll back an operation that was in flight when the agent stopped.
+    Recover(Box<vireo_xml::metadata::InFlightOperation>),
+}
+
+impl InstanceRequest {
+    /// The lifecycle request this is.
+    pub fn kind(&self) -> Request {
+        match self {
+            InstanceRequest::Spawn(_) => Request::Spawn,
+            InstanceRequest::Destroy(_) => Request::Destroy,
+            InstanceRequest::PowerOff { .. } => Request::PowerOff,
+            InstanceRequest::PowerOn => Request::PowerOn,
+            InstanceRequest::Reboot(RebootKind::Soft) => Request::RebootSoft,
+            InstanceRequest::Reboot(RebootKind::Hard) => Request::RebootHard,
+            InstanceRequest::Pause => Request::Pause,
+            InstanceRequest::Unpause => Request::Unpause,
+            InstanceRequest::Suspend => Request::Suspend,
+            InstanceRequest::Resume => Request::Resume,
+            InstanceRequest::Resize(_) => Request::Resize,
+            InstanceRequest::FinishResize { .. } => Request::FinishResize,
+            InstanceRequest::ConfirmResize => Request::ConfirmResize,
+            InstanceRequest::ConfirmResizeSource => Request::ConfirmResizeSource,
+            InstanceRequest::RevertResize => Request::RevertResize,
+            InstanceRequest::FinishRevertResize => Request::FinishRevertResize,
+            InstanceRequest::LiveMigrate(_) => Request::LiveMigrate,
+            InstanceRequest::PreLiveMigration { .. } => Request::PreLiveMigration,
+            InstanceRequest::PostLiveMigrationAtDestination { .. } => {
+                Request::PostLiveMigrationAtDestination
+            }
+            InstanceRequest::RollbackLiveMigrationAtDestination { .. } => {
+                Request::RollbackLiveMigrationAtDestination
+            }
+            InstanceRequest::AttachInterface(_) => Request::AttachInterface,
+            InstanceRequest::DetachInterface(_) => Request::DetachInterface,
+            InstanceRequest::CleanupForReschedule => Request::CleanupForReschedule,
+            InstanceRequest::Recover(_) => Request::Recover,
+        }
+    }
+}
+
+/// Which part of an operation a step's time counts toward.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum StepKind {
+    /// libvirt calls.
+    Libvirt,
+    /// VIF plugging and unplugging.
+    Plug,
+    /// Network-service calls.
+    Network,
+    /// Waiting for network events.
+    EventWait,
+    /// Calls to the other host of a migration.
+    Peer,
+}
+
+/// One step of an operation, for the timeline.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Step {
+    /// What it did.
+    pub name: String,
+    /// Which clock it counts toward.
+    pub kind: StepKind,
+    /// How long it took.
+    pub took: Duration,
+    /// Offset from the operation's start.
+    pub at: Duration,
+    /// It failed (the operation then rolled back or stopped).
+    pub failed: bool,
+}
+
+/// One event wait of an operation.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct WaitReport {
+    /// Which prediction it covered.
+    pub timing: Timing,
+    /// What it waited for.
+    pub expected: Vec<ExpectedEvent>,
+    /// How long the wait took (registration to release).
+    pub took: Duration,
+    /// The wait was satisfied completely.
+    pub complete: bool,
+    /// Ports that never reported (non-fatal waits) or that failed.
+    pub missing: Vec<PortId>,
+    /// How it ended, in words.
+    pub outcome: String,
+}
+
+/// What one operation did.
+#[derive(Debug, Clone, PartialEq, Serialize, Default)]
+pub struct OpReport {
+    /// The operation id.
+    pub op_id: u64,
+    /// The request.
+    pub request: String,
+    /// Wall time.
+    pub took: Duration,
+    /// The steps in order.
+    pub steps: Vec<Step>,
+    /// The event waits in order.
+    pub waits: Vec<WaitReport>,
+    /// What networking was released (spawn failures, destroy with deallocation).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub released: Option<Released>,
+}
+
+impl OpReport {
+    /// Total time of the steps of one kind.
+    pub fn total(&self, kind: StepKind) -> Duration {
+        self.steps
+            .iter()
+            .filter(|s| s.kind == kind)
+            .map(|s| s.took)
+            .sum()
+    }
+}
+
+/// Networking released by vireo.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Default)]
+pub struct Released {
+    /// Ports deleted.
+    pub deleted: Vec<PortId>,
+    /// User ports unbound.
+    pub unbound: Vec<PortId>,
+    /// Ports that were already gone.
+    pub already_gone: Vec<PortId>,
+}
+
+impl From<Deallocation> for Released {
+    fn from(d: Deallocation) -> Self {
+        Released {
+            deleted: d.deleted,
+            unbound: d.unbound,
+            already_gone: d.already_gone,
+        }
+    }
+}
+
+/// The power state libvirt reports, simplified.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PowerState {
+    /// No domain.
+    NoDomain,
+    /// Running.
+    Running,
+    /// Paused.
+    Paused,
+    /// Shut off (or crashed).
+    Shutoff,
+    /// Suspended to disk / PM-suspended.
+    Suspended,
+    /// libvirt cannot tell.
+    Unknown,
+}
+
+/// What an operation in progress is doing, for `show`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Progress {
+    /// The operation id.
+    pub op_id: u64,
+    /// The request.
+    pub request: String,
+    /// The current phase.
+    pub phase: String,
+    /// Time since it started.
+    pub elapsed: Duration,
+    /// Events it is waiting for right now.
+    pub waiting_for: Vec<ExpectedEvent>,
+}
+
+/// A VIF as `show` reports it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct VifView {
+    /// The port.
+    pub port: PortId,
+    /// Its MAC.
+    pub mac: String,
+    /// vif_type.
+    pub vif_type: String,
+    /// vnic_type.
+    pub vnic_type: String,
+    /// OVS hybrid plug.
+    pub hybrid: bool,
+    /// The host device.
+    pub device: String,
+}
+
+/// What `show` reports about one instance.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct InstanceView {
+    /// The instance.
+    pub uuid: Uuid,
+    /// This host.
+    pub host: String,
+    /// The domain name.
+    pub name: Option<String>,
+    /// Lifecycle state.
+    pub state: InstanceState,
+    /// Power state (as last read).
+    pub power: PowerState,
+    /// Flavor name.
+    pub flavor: Option<String>,
+    /// VIFs.
+    pub vifs: Vec<VifView>,
+    /// The operation in progress.
+    pub operation: Option<Progress>,
+    /// The last operation's report.
+    pub last_operation: Option<OpReport>,
+}
+
+/// What went wrong with a request to an instance actor.
+#[derive(Debug, thiserror::Error)]
+pub enum InstanceError {
+    /// Another operation runs on the instance.
+    #[error("operation {running} in progress")]
+    Busy {
+        /// The running operation.
+        running: Request,
+    },
+    /// The request is not allowed in the instance's state.
+    #[error("{request} is not allowed while {state}")]
+    IllegalState {
+        /// The state.
+        state: InstanceState,
+        /// The request.
+        request: Request,
+    },
+    /// The instance is not on this host.
+    #[error("instance {0} not found on this host")]
+    NotFound(Uuid),
+    /// The request is malformed.
+    #[error("invalid request: {0}")]
+    Invalid(String),
+    /// A libvirt call failed.
+    #[error("libvirt {step} failed")]
+    Libvirt {
+        /// The step.
+        step: &'static str,
+        /// Why.
+        #[source]
+        source: LibvirtError,
+    },
+    /// Plugging or unplugging failed.
+    #[error("{step} failed")]
+    Plug {
+        /// The step.
+        step: &'static str,
+        /// Why.
+        #[source]
+        source: PlugError,
+    },
+    /// A network-service call failed.
+    #[error("network {step} failed")]
+    Network {
+        /// The step.
+        step: &'static str,
+        /// Why.
+        #[source]
+        source: NetworkError,
+    },
+    /// An event wait failed (fatal).
+    #[error("waiting for {timing} events failed")]
+    EventWait {
+        /// Which wait.
+        timing: &'static str,
+        /// Why.
+        #[source]
+        source: WaitError,
+    },
+    /// The event model cannot handle a VIF.
+    #[error("event prediction failed")]
+    Predict(#[source] PredictError),
+    /// A VIF has no libvirt device.
+    #[error("device configuration failed")]
+    VifConfig(#[source] VifConfigError),
+    /// The instance record or domain XML could not be built or read.
+    #[error("instance record")]
+    Record(#[source] RecordError),
+    /// The other host of a migration failed.
+    #[error("host {host} failed {step}")]
+    Peer {
+        /// The host.
+        host: String,
+        /// What it was asked.
+        step: &'static str,
+        /// Why.
+        #[source]
+        source: Box<InstanceError>,
+    },
+    /// The other host of a migration is not known.
+    #[error("unknown host {0}")]
+    UnknownHost(String),
+    /// The build failed; everything it created here was removed and its networking released.
+    #[error("build failed and was cleaned up (reschedulable: {reschedule})")]
+    BuildFailed {
+        /// Another host may try.
+        reschedule: bool,
+        /// What networking was released.
+        released: Released,
+        /// The failure.
+        #[source]
+        cause: Box<InstanceError>,
+    },
+    /// The operation failed and was rolled back; the instance is as before.
+    #[error("{request} failed and was rolled back")]
+    RolledBack {
+        /// The request.
+        request: Request,
+        /// The failure.
+        #[source]
+        cause: Box<InstanceError>,
+    },
+    /// The operation failed, and so did part of its rollback: the instance is in `error`.
+    #[error("{request} failed; rollback incomplete: {rollback}")]
+    RollbackFailed {
+        /// The request.
+        request: Request,
+        /// What of the rollback failed.
+        rollback: String,
+        /// The original failure.
+        #[source]
+        cause: Box<InstanceError>,
+    },
+    /// The operation was cancelled (destroy or shutdown).
+    #[error("operation cancelled")]
+    Cancelled,
+    /// The actor is gone (host shutting down).
+    #[error("instance actor unavailable")]
+    Unavailable,
+}
+
+impl InstanceError {
+    /// A stable, machine-readable code for APIs.
+    pub fn code(&self) -> &'static str {
+        match self {
+            InstanceError::Busy { .. } => "busy",
+            InstanceError::IllegalState { .. } => "illegal-state",
+            InstanceError::NotFound(_) => "not-found",
+            InstanceError::Invalid(_) => "invalid",
+            InstanceError::Libvirt { .. } => "libvirt",
+            InstanceError::Plug { .. } => "plug",
+            InstanceError::Network { .. } => "network",
+            InstanceError::EventWait { .. } => "event-wait",
+            InstanceError::Predict(_) => "unsupported-vif",
+            InstanceError::VifConfig(_) => "unsupported-vif",
+            InstanceError::Record(_) => "record",
+            InstanceError::Peer { .. } => "peer",
+            InstanceError::UnknownHost(_) => "unknown-host",
+            InstanceError::BuildFailed { .. } => "build-failed",
+            InstanceError::RolledBack { .. } => "rolled-back",
+            InstanceError::RollbackFailed { .. } => "rollback-failed",
+            InstanceError::Cancelled => "cancelled",
+            InstanceError::Unavailable => "unavailable",
+        }
+    }
+}
+
+/// A successful reply.
+#[derive(Debug, Clone)]
+pub enum InstanceReply {
+    /// The operation completed.
+    Done {
+        /// The state it left the instance in.
+        state: InstanceState,
+        /// What it did.
+        report: OpReport,
+    },
+}

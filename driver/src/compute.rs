@@ -1,0 +1,580 @@
+//! The API a compute agent loads: [`ComputeDriver`], and [`load_driver`] to pick a
+//! hypervisor layer by name.
+//!
+//! The one driver is `libvirt` ([`LibvirtDriver`]): every call becomes a request to the
+//! instance's actor on this host (one operation at a time per instance, instances in
+//! parallel). Operations return when they are done — completed, or failed and rolled back —
+//! with a report of what they did and how long each part took.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::sync::oneshot;
+use tracing::info;
+use uuid::Uuid;
+use vireo_actors::events::{EventConfig, EventStats, EventsHandle};
+use vireo_actors::external::ExternalEvent;
+use vireo_actors::host::{HostHandle, RecoveryReport};
+use vireo_actors::instance::{
+    DestroyArgs, HostDeps, InstanceConfig, InstanceError, InstanceReply, InstanceRequest,
+    InstanceView, LiveMigrateArgs, OpReport, Peers, RebootKind, ResizeArgs, SpawnArgs,
+};
+use vireo_actors::libvirt::{Libvirt, LibvirtConfig, LibvirtError, LibvirtHandle};
+use vireo_actors::network::NetworkApi;
+use vireo_actors::plug::{RecordingPlugger, VifPlugger};
+use vireo_actors::runtime::{ActorSystem, RuntimeError};
+use vireo_actors::vif::{PortId, Vif};
+
+use crate::network::embedded::{EmbeddedConfig, EmbeddedNetwork};
+use crate::network::neutron::{NeutronClient, NeutronConfig};
+use crate::plug::{HostPlugger, PlugConfig};
+
+/// The hypervisor layer of one compute host.
+///
+/// Every operation names its instance by uuid. Operations on one instance run one at a time
+/// (a second one while the first runs is refused with [`InstanceError::Busy`], except destroy,
+/// which cancels the running one's event waits and runs next); operations on different
+/// instances run concurrently. A failed operation has rolled back what it did; the error
+/// says so ([`InstanceError::RolledBack`], [`InstanceError::BuildFailed`], ...).
+#[async_trait]
+pub trait ComputeDriver: Send + Sync + std::fmt::Debug {
+    /// The driver's name (`libvirt`).
+    fn name(&self) -> &str;
+
+    /// This host's name, as the network service knows it.
+    fn host(&self) -> &str;
+
+    /// Build and start an instance. On any failure everything it created here is removed
+    /// and its networking released (ports vireo created deleted, user ports unbound) before
+    /// [`InstanceError::BuildFailed`] says whether the build may be rescheduled.
+    async fn spawn(&self, uuid: Uuid, args: SpawnArgs) -> Result<OpReport, InstanceError>;
+
+    /// Destroy the domain, unplug its VIFs, undefine it; with `deallocate_network`, release
+    /// its networking. Idempotent.
+    async fn destroy(&self, uuid: Uuid, args: DestroyArgs) -> Result<OpReport, InstanceError>;
+
+    /// Graceful shutdown within `timeout` (None: the configured default), then hard.
+    async fn power_off(
+        &self,
+        uuid: Uuid,
+        timeout: Option<Duration>,
+    ) -> Result<OpReport, InstanceError>;
+
+    /// Start a stopped instance, waiting for the network events the model predicts.
+    async fn power_on(&self, uuid: Uuid) -> Result<OpReport, InstanceError>;
+
+    /// Reboot (soft falls back to hard; hard waits only for the predicted events).
+    async fn reboot(&self, uuid: Uuid, kind: RebootKind) -> Result<OpReport, InstanceError>;
+
+    /// Pause the vCPUs.
+    async fn pause(&self, uuid: Uuid) -> Result<OpReport, InstanceError>;
+
+    /// Resume the vCPUs.
+    async fn unpause(&self, uuid: Uuid) -> Result<OpReport, InstanceError>;
+
+    /// Save the guest to disk.
+    async fn suspend(&self, uuid: Uuid) -> Result<OpReport, InstanceError>;
+
+    /// Restore a suspended guest.
+    async fn resume(&self, uuid: Uuid) -> Result<OpReport, InstanceError>;
+
+    /// Resize (or cold-migrate) from this host; the destination finishes it and it waits
+    /// there for confirm or revert. Same host: all of it here.
+    async fn resize(&self, uuid: Uuid, args: ResizeArgs) -> Result<OpReport, InstanceError>;
+
+    /// On the host the resized instance runs on: confirm (the source cleans up).
+    async fn confirm_resize(&self, uuid: Uuid) -> Result<OpReport, InstanceError>;
+
+    /// On the host the resized instance runs on: revert (the instance goes back to the
+    /// source, waiting for exactly the events that will come — bind-time ones included).
+    async fn revert_resize(&self, uuid: Uuid) -> Result<OpReport, InstanceError>;
+
+    /// Live-migrate from this host. On failure the migration is rolled back from here:
+    /// `migrating_to` cleared and destination bindings deleted whatever the storage, then
+    /// the destination removes what it prepared.
+    async fn live_migrate(
+        &self,
+        uuid: Uuid,
+        args: LiveMigrateArgs,
+    ) -> Result<OpReport, InstanceError>;
+
+    /// Hot-plug an interface (its port bound to this host).
+    async fn attach_interface(&self, uuid: Uuid, vif: Vif) -> Result<OpReport, InstanceError>;
+
+    /// Hot-unplug an interface.
+    async fn detach_interface(&self, uuid: Uuid, port: PortId) -> Result<OpReport, InstanceError>;
+
+    /// Remove a failed build's remains and release its networking so it can be rescheduled.
+    async fn cleanup_for_reschedule(&self, uuid: Uuid) -> Result<OpReport, InstanceError>;
+
+    /// A request from another host's flow (finish-resize, pre-live-migration, ...).
+    async fn peer_request(
+        &self,
+        uuid: Uuid,
+        request: InstanceRequest,
+    ) -> Result<InstanceReply, InstanceError>;
+
+    /// One instance: state, power, VIFs, the operation in progress and the events it waits
+    /// for.
+    async fn show(&self, uuid: Uuid) -> Result<InstanceView, InstanceError>;
+
+    /// Every instance on this host.
+    async fn list(&self) -> Vec<InstanceView>;
+
+    /// Is the instance on this host (for the external events API's 404)?
+    async fn knows(&self, uuid: Uuid) -> bool;
+
+    /// Hand over external events (one POST's worth, in order). Never blocks.
+    fn external_events(&self, events: Vec<ExternalEvent>);
+
+    /// The network-event actor's counters.
+    async fn event_stats(&self) -> Option<EventStats>;
+
+    /// libvirt reconnects so far.
+    fn libvirt_generation(&self) -> Option<u64>;
+
+    /// Stop: running operations' waits fail (they roll back), actors stop; at most
+    /// `timeout`.
+    async fn shutdown(&self, timeout: Duration);
+}
+
+/// Why a driver could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum DriverError {
+    /// No driver has that name.
+    #[error("unknown driver {0:?} (known: libvirt)")]
+    UnknownDriver(String),
+    /// The actor thread could not start.
+    #[error("start the actor system")]
+    Runtime(#[source] RuntimeError),
+    /// libvirt could not be opened.
+    #[error("open libvirt")]
+    Libvirt(#[source] LibvirtError),
+    /// The host plugger could not start.
+    #[error("start VIF plugging")]
+    Plugging(#[source] crate::plug::StartError),
+    /// The network service could not be set up.
+    #[error("set up the network service: {0}")]
+    Network(String),
+    /// Rebuilding the instances from libvirt failed.
+    #[error("recover instances from libvirt")]
+    Recovery(#[source] InstanceError),
+    /// The actor system stopped while the driver was being built.
+    #[error("the actor system stopped during start-up")]
+    StartUp,
+}
+
+/// How VIFs are plugged.
+#[derive(Debug, Clone)]
+pub enum PluggingConfig {
+    /// On this host's kernel and Open vSwitch.
+    Host(PlugConfig),
+    /// Recorded only: the `test:///` tier, where libvirt's test driver creates no devices.
+    Recording,
+}
+
+/// Which network service.
+#[derive(Debug, Clone)]
+pub enum NetworkConfig {
+    /// The in-process service (the default when no Neutron is configured).
+    Embedded(EmbeddedConfig),
+    /// A Neutron endpoint.
+    Neutron(NeutronConfig),
+}
+
+/// Everything [`load_driver`] needs.
+#[derive(Debug, Clone)]
+pub struct DriverConfig {
+    /// This host's name.
+    pub host: String,
+    /// The libvirt connection.
+    pub libvirt: LibvirtConfig,
+    /// Instance settings (timeouts, forms, domain type).
+    pub instances: InstanceConfig,
+    /// The network-event actor's limits.
+    pub events: EventConfig,
+    /// VIF plugging.
+    pub plugging: PluggingConfig,
+    /// The network service.
+    pub network: NetworkConfig,
+    /// The URI other hosts live-migrate to (None: this host takes no live migrations).
+    pub migration_uri: Option<String>,
+}
+
+/// Load the driver called `name`.
+pub async fn load_driver(
+    name: &str,
+    config: &DriverConfig,
+) -> Result<Box<dyn ComputeDriver>, DriverError> {
+    match name {
+        "libvirt" => Ok(Box::new(
+            LibvirtDriver::builder(config.clone()).build().await?,
+        )),
+        other => Err(DriverError::UnknownDriver(other.to_owned())),
+    }
+}
+
+/// A network service several hosts of one process share (the embedded one, or any).
+#[derive(Debug, Clone)]
+pub enum SharedNetwork {
+    /// The embedded service: each host attaches its wiring to it.
+    Embedded(Arc<EmbeddedNetwork>),
+    /// Any other implementation.
+    Api(Arc<dyn NetworkApi>),
+}
+
+/// Assembles a [`LibvirtDriver`], optionally sharing parts with other hosts of the same
+/// process (the demo's two hosts; tests).
+#[derive(Debug)]
+pub struct DriverBuilder {
+    config: DriverConfig,
+    system: Option<Arc<ActorSystem>>,
+    events: Option<EventsHandle>,
+    peers: Option<Arc<Peers>>,
+    network: Option<SharedNetwork>,
+    plugger: Option<Arc<dyn VifPlugger>>,
+}
+
+impl DriverBuilder {
+    /// Share an actor system.
+    pub fn system(mut self, system: Arc<ActorSystem>) -> Self {
+        self.system = Some(system);
+        self
+    }
+
+    /// Share a network-event actor.
+    pub fn events(mut self, events: EventsHandle) -> Self {
+        self.events = Some(events);
+        self
+    }
+
+    /// Share the directory of hosts.
+    pub fn peers(mut self, peers: Arc<Peers>) -> Self {
+        self.peers = Some(peers);
+        self
+    }
+
+    /// Share a network service.
+    pub fn network(mut self, network: SharedNetwork) -> Self {
+        self.network = Some(network);
+        self
+    }
+
+    /// Use this plugger.
+    pub fn plugger(mut self, plugger: Arc<dyn VifPlugger>) -> Self {
+        self.plugger = Some(plugger);
+        self
+    }
+
+    /// Start everything, recover the instances libvirt has, and return the driver.
+    pub async fn build(self) -> Result<LibvirtDriver, DriverError> {
+        let DriverBuilder {
+            config,
+            system,
+            events,
+            peers,
+            network,
+            plugger,
+        } = self;
+        let (system, owns_system) = match system {
+            Some(s) => (s, false),
+            None => (
+                Arc::new(ActorSystem::start().map_err(DriverError::Runtime)?),
+                true,
+            ),
+        };
+        let (events, owns_events) = match events {
+            Some(e) => (e, false),
+            None => (system.start_events(config.events), true),
+        };
+        let plugger: Arc<dyn VifPlugger> = match (plugger, &config.plugging) {
+            (Some(p), _) => p,
+            (None, PluggingConfig::Recording) => Arc::new(RecordingPlugger::new()),
+            (None, PluggingConfig::Host(cfg)) => {
+                // The plugger's watcher tasks live on the actor thread, as long as the driver.
+                let cfg = cfg.clone();
+                let p = on_actor_thread(&system, move || HostPlugger::start(cfg))
+                    .await?
+                    .map_err(DriverError::Plugging)?;
+                Arc::new(p)
+            }
+        };
+        let network: Arc<dyn NetworkApi> = match (network, &config.network) {
+            (Some(SharedNetwork::Api(n)), _) => n,
+            (Some(SharedNetwork::Embedded(n)), _) => {
+                attach(&system, &n, &config.host, &plugger).await?;
+                n
+            }
+            (None, NetworkConfig::Embedded(cfg)) => {
+                let n = EmbeddedNetwork::new(cfg.clone(), Arc::new(events.clone()))
+                    .map_err(|e| DriverError::Network(e.to_string()))?;
+                attach(&system, &n, &config.host, &plugger).await?;
+                n
+            }
+            (None, NetworkConfig::Neutron(cfg)) => Arc::new(
+                NeutronClient::new(cfg.clone()).map_err(|e| DriverError::Network(e.to_string()))?,
+            ),
+        };
+        let libvirt = Libvirt::open(config.libvirt.clone())
+            .await
+            .map_err(DriverError::Libvirt)?;
+        let peers = peers.unwrap_or_else(Peers::new);
+        let deps = Arc::new(HostDeps {
+            host: config.host.clone(),
+            libvirt: libvirt.clone(),
+            events: events.clone(),
+            plugger: plugger.clone(),
+            network: network.clone(),
+            peers: peers.clone(),
+            config: config.instances.clone(),
+        });
+        let host = system.start_host(deps, config.migration_uri.clone());
+        peers.insert(Arc::new(host.clone()));
+        let recovery = host.recover().await.map_err(DriverError::Recovery)?;
+        info!(host = %config.host, recovered = recovery.instances.len(), "driver ready");
+        Ok(LibvirtDriver {
+            name: "libvirt".to_owned(),
+            host,
+            events,
+            libvirt,
+            network,
+            plugger,
+            peers,
+            recovery,
+            system,
+            owns_system,
+            owns_events,
+        })
+    }
+}
+
+/// Run `f` on the actor thread (where background tasks it spawns live on).
+pub(crate) async fn on_actor_thread<T: Send + 'static>(
+    system: &ActorSystem,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, DriverError> {
+    let (tx, rx) = oneshot::channel();
+    system.arbiter().spawn(async move {
+        let _ = tx.send(f());
+    });
+    rx.await.map_err(|_| DriverError::StartUp)
+}
+
+async fn attach(
+    system: &ActorSystem,
+    network: &Arc<EmbeddedNetwork>,
+    host: &str,
+    plugger: &Arc<dyn VifPlugger>,
+) -> Result<(), DriverError> {
+    let (n, h, w) = (network.clone(), host.to_owned(), plugger.wiring());
+    on_actor_thread(system, move || n.attach_host(&h, w))
+        .await?
+        .map_err(|e| DriverError::Network(e.to_string()))
+}
+
+/// The libvirt driver.
+#[derive(Debug)]
+pub struct LibvirtDriver {
+    name: String,
+    host: HostHandle,
+    events: EventsHandle,
+    libvirt: LibvirtHandle,
+    network: Arc<dyn NetworkApi>,
+    plugger: Arc<dyn VifPlugger>,
+    peers: Arc<Peers>,
+    recovery: RecoveryReport,
+    system: Arc<ActorSystem>,
+    owns_system: bool,
+    owns_events: bool,
+}
+
+impl LibvirtDriver {
+    /// Assemble a driver from its configuration.
+    pub fn builder(config: DriverConfig) -> DriverBuilder {
+        DriverBuilder {
+            config,
+            system: None,
+            events: None,
+            peers: None,
+            network: None,
+            plugger: None,
+        }
+    }
+
+    /// The host actor.
+    pub fn host_handle(&self) -> &HostHandle {
+        &self.host
+    }
+
+    /// The network-event actor.
+    pub fn events(&self) -> &EventsHandle {
+        &self.events
+    }
+
+    /// The libvirt connection.
+    pub fn libvirt(&self) -> &LibvirtHandle {
+        &self.libvirt
+    }
+
+    /// The network service.
+    pub fn network(&self) -> &Arc<dyn NetworkApi> {
+        &self.network
+    }
+
+    /// The plugger.
+    pub fn plugger(&self) -> &Arc<dyn VifPlugger> {
+        &self.plugger
+    }
+
+    /// The directory of hosts.
+    pub fn peers(&self) -> &Arc<Peers> {
+        &self.peers
+    }
+
+    /// What recovery found at start-up.
+    pub fn recovery(&self) -> &RecoveryReport {
+        &self.recovery
+    }
+
+    /// The actor system.
+    pub fn system(&self) -> &Arc<ActorSystem> {
+        &self.system
+    }
+
+    async fn op(&self, uuid: Uuid, request: InstanceRequest) -> Result<OpReport, InstanceError> {
+        match self.host.run(uuid, request).await? {
+            InstanceReply::Done { report, .. } => Ok(report),
+        }
+    }
+}
+
+#[async_trait]
+impl ComputeDriver for LibvirtDriver {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn host(&self) -> &str {
+        vireo_actors::instance::PeerHost::name(&self.host)
+    }
+
+    async fn spawn(&self, uuid: Uuid, args: SpawnArgs) -> Result<OpReport, InstanceError> {
+        self.op(uuid, InstanceRequest::Spawn(Box::new(args))).await
+    }
+
+    async fn destroy(&self, uuid: Uuid, args: DestroyArgs) -> Result<OpReport, InstanceError> {
+        self.op(uuid, InstanceRequest::Destroy(args)).await
+    }
+
+    async fn power_off(
+        &self,
+        uuid: Uuid,
+        timeout: Option<Duration>,
+    ) -> Result<OpReport, InstanceError> {
+        self.op(uuid, InstanceRequest::PowerOff { timeout }).await
+    }
+
+    async fn power_on(&self, uuid: Uuid) -> Result<OpReport, InstanceError> {
+        self.op(uuid, InstanceRequest::PowerOn).await
+    }
+
+    async fn reboot(&self, uuid: Uuid, kind: RebootKind) -> Result<OpReport, InstanceError> {
+        self.op(uuid, InstanceRequest::Reboot(kind)).await
+    }
+
+    async fn pause(&self, uuid: Uuid) -> Result<OpReport, InstanceError> {
+        self.op(uuid, InstanceRequest::Pause).await
+    }
+
+    async fn unpause(&self, uuid: Uuid) -> Result<OpReport, InstanceError> {
+        self.op(uuid, InstanceRequest::Unpause).await
+    }
+
+    async fn suspend(&self, uuid: Uuid) -> Result<OpReport, InstanceError> {
+        self.op(uuid, InstanceRequest::Suspend).await
+    }
+
+    async fn resume(&self, uuid: Uuid) -> Result<OpReport, InstanceError> {
+        self.op(uuid, InstanceRequest::Resume).await
+    }
+
+    async fn resize(&self, uuid: Uuid, args: ResizeArgs) -> Result<OpReport, InstanceError> {
+        self.op(uuid, InstanceRequest::Resize(Box::new(args))).await
+    }
+
+    async fn confirm_resize(&self, uuid: Uuid) -> Result<OpReport, InstanceError> {
+        self.op(uuid, InstanceRequest::ConfirmResize).await
+    }
+
+    async fn revert_resize(&self, uuid: Uuid) -> Result<OpReport, InstanceError> {
+        self.op(uuid, InstanceRequest::RevertResize).await
+    }
+
+    async fn live_migrate(
+        &self,
+        uuid: Uuid,
+        args: LiveMigrateArgs,
+    ) -> Result<OpReport, InstanceError> {
+        self.op(uuid, InstanceRequest::LiveMigrate(Box::new(args)))
+            .await
+    }
+
+    async fn attach_interface(&self, uuid: Uuid, vif: Vif) -> Result<OpReport, InstanceError> {
+        self.op(uuid, InstanceRequest::AttachInterface(Box::new(vif)))
+            .await
+    }
+
+    async fn detach_interface(&self, uuid: Uuid, port: PortId) -> Result<OpReport, InstanceError> {
+        self.op(uuid, InstanceRequest::DetachInterface(port)).await
+    }
+
+    async fn cleanup_for_reschedule(&self, uuid: Uuid) -> Result<OpReport, InstanceError> {
+        self.op(uuid, InstanceRequest::CleanupForReschedule).await
+    }
+
+    async fn peer_request(
+        &self,
+        uuid: Uuid,
+        request: InstanceRequest,
+    ) -> Result<InstanceReply, InstanceError> {
+        self.host.run(uuid, request).await
+    }
+
+    async fn show(&self, uuid: Uuid) -> Result<InstanceView, InstanceError> {
+        self.host.show(uuid).await
+    }
+
+    async fn list(&self) -> Vec<InstanceView> {
+        self.host.list().await
+    }
+
+    async fn knows(&self, uuid: Uuid) -> bool {
+        self.host.knows(uuid).await
+    }
+
+    fn external_events(&self, events: Vec<ExternalEvent>) {
+        self.events.deliver_batch(events);
+    }
+
+    async fn event_stats(&self) -> Option<EventStats> {
+        self.events.stats().await.ok()
+    }
+
+    fn libvirt_generation(&self) -> Option<u64> {
+        self.libvirt.generation()
+    }
+
+    async fn shutdown(&self, timeout: Duration) {
+        let work = async {
+            self.host.shutdown().await;
+            if self.owns_events {
+                let _ = self.events.shutdown().await;
+            }
+        };
+        if tokio::time::timeout(timeout, work).await.is_err() {
+            tracing::warn!(?timeout, "driver shutdown did not finish in time");
+        }
+        let _ = self.owns_system;
+    }
+}

@@ -1,0 +1,140 @@
+//! The embedded default: compute hosts on libvirt's test driver, in one process, sharing one
+//! actor system, one network-event actor, one embedded network service and one directory of
+//! hosts. `vireo demo` runs on it, and so do the `test:///` tier's tests.
+//!
+//! Each host has its own private `test:///<dir>/<host>.xml` connection (libvirt's test driver
+//! keeps private state per such connection) and a [`RecordingPlugger`]: the test driver
+//! creates no devices, so the plugger records what a host would wire and reports it to the
+//! embedded service, which follows Neutron's port-status rules.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use vireo_actors::events::{EventConfig, EventsHandle};
+use vireo_actors::instance::{InstanceConfig, Peers};
+use vireo_actors::libvirt::LibvirtConfig;
+use vireo_actors::plug::RecordingPlugger;
+use vireo_actors::runtime::ActorSystem;
+
+use crate::compute::{
+    DriverConfig, DriverError, LibvirtDriver, NetworkConfig, PluggingConfig, SharedNetwork,
+};
+use crate::network::embedded::{EmbeddedConfig, EmbeddedNetwork};
+
+/// What a local cloud is made of.
+#[derive(Debug, Clone)]
+pub struct LocalCloudConfig {
+    /// Host names (the first is "this" host of the demo).
+    pub hosts: Vec<String>,
+    /// Where the private test-driver files go.
+    pub dir: PathBuf,
+    /// The embedded network service.
+    pub network: EmbeddedConfig,
+    /// Instance settings of every host.
+    pub instances: InstanceConfig,
+    /// The network-event actor's limits.
+    pub events: EventConfig,
+}
+
+/// One host of a local cloud.
+#[derive(Debug)]
+pub struct LocalHost {
+    /// Its name.
+    pub name: String,
+    /// Its driver.
+    pub driver: Arc<LibvirtDriver>,
+    /// Its plugger (what it "wired").
+    pub plugger: Arc<RecordingPlugger>,
+    /// Its libvirt URI.
+    pub uri: String,
+}
+
+/// Compute hosts on libvirt's test driver in this process.
+#[derive(Debug)]
+pub struct LocalCloud {
+    /// The shared actor system.
+    pub system: Arc<ActorSystem>,
+    /// The shared network-event actor.
+    pub events: EventsHandle,
+    /// The shared network service.
+    pub network: Arc<EmbeddedNetwork>,
+    /// The directory of hosts.
+    pub peers: Arc<Peers>,
+    /// The hosts, in the configured order.
+    pub hosts: Vec<LocalHost>,
+}
+
+/// The `test:///` URI of a private test-driver file.
+pub fn test_uri(file: &Path) -> String {
+    format!("test://{}", file.display())
+}
+
+impl LocalCloud {
+    /// Write each host's test-driver file and start the hosts.
+    pub async fn start(cfg: LocalCloudConfig) -> Result<Self, DriverError> {
+        let system = Arc::new(ActorSystem::start().map_err(DriverError::Runtime)?);
+        let events = system.start_events(cfg.events);
+        let sink = Arc::new(events.clone());
+        let net_cfg = cfg.network.clone();
+        // The service's delivery task (when events are delayed) lives on the actor thread.
+        let network =
+            crate::compute::on_actor_thread(&system, move || EmbeddedNetwork::new(net_cfg, sink))
+                .await?
+                .map_err(|e| DriverError::Network(e.to_string()))?;
+        let peers = Peers::new();
+        std::fs::create_dir_all(&cfg.dir)
+            .map_err(|e| DriverError::Network(format!("create {}: {e}", cfg.dir.display())))?;
+        let mut hosts = Vec::with_capacity(cfg.hosts.len());
+        for name in &cfg.hosts {
+            let file = cfg.dir.join(format!("{name}.xml"));
+            std::fs::write(&file, "<node/>\n")
+                .map_err(|e| DriverError::Network(format!("write {}: {e}", file.display())))?;
+            let uri = test_uri(&file);
+            let plugger = Arc::new(RecordingPlugger::new());
+            let config = DriverConfig {
+                host: name.clone(),
+                libvirt: LibvirtConfig::for_uri(uri.clone()),
+                instances: cfg.instances.clone(),
+                events: cfg.events,
+                plugging: PluggingConfig::Recording,
+                network: NetworkConfig::Embedded(cfg.network.clone()),
+                migration_uri: Some(uri.clone()),
+            };
+            let driver = LibvirtDriver::builder(config)
+                .system(system.clone())
+                .events(events.clone())
+                .peers(peers.clone())
+                .network(SharedNetwork::Embedded(network.clone()))
+                .plugger(plugger.clone())
+                .build()
+                .await?;
+            hosts.push(LocalHost {
+                name: name.clone(),
+                driver: Arc::new(driver),
+                plugger,
+                uri,
+            });
+        }
+        Ok(LocalCloud {
+            system,
+            events,
+            network,
+            peers,
+            hosts,
+        })
+    }
+
+    /// A host by name.
+    pub fn host(&self, name: &str) -> Option<&LocalHost> {
+        self.hosts.iter().find(|h| h.name == name)
+    }
+
+    /// Stop every host and the event actor.
+    pub async fn shutdown(&self, timeout: std::time::Duration) {
+        use crate::compute::ComputeDriver;
+        for h in &self.hosts {
+            h.driver.shutdown(timeout).await;
+        }
+        let _ = self.events.shutdown().await;
+    }
+}

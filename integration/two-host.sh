@@ -1,0 +1,696 @@
+#!/usr/bin/env bash
+# integration/two-host.sh — a second hypervisor host ("host B") on this machine.
+#
+#   two-host.sh up       [--no-neutron]   start host B (idempotent)
+#   two-host.sh down                      remove everything `up` created
+#   two-host.sh status                    one line per part; exit 1 when a part is down
+#   two-host.sh exec CMD [ARG...]         run CMD inside host B's namespaces
+#   two-host.sh env                       print `export VIREO_HOSTB_...=` lines
+#   two-host.sh selftest [--events] [--no-boot] [--no-neutron] [--only PART,...]
+#                                         live migrations A -> B -> A (diskless, OVS, booted
+#                                         guest, Neutron port bindings), an offline move and
+#                                         back, a failing migration
+#
+# Host A is the machine's own libvirtd (qemu:///system), Open vSwitch and Neutron, which this
+# script never stops, restarts or reconfigures. Host B is a libvirtd + virtlogd, an Open vSwitch
+# (userspace datapath) and a neutron-openvswitch-agent that run inside their own network, mount
+# and UTS namespaces; B's network namespace is linked to the root namespace by a veth pair on
+# TEST-NET-2 (198.51.100.0/30: A = .1, B = .2). See integration/README.md, "Two hosts on one
+# machine". Runs as root on Debian 12 without systemd; needs integration/host-setup.sh up first.
+set -euo pipefail
+
+SELF=$(readlink -f "${BASH_SOURCE[0]}")
+SCRIPT_DIR=$(dirname "$SELF")
+TPL_DIR=$SCRIPT_DIR/setup/two-host
+
+STATE_DIR=${VIREO_STATE_DIR:-/var/lib/vireo-integration}
+HB_DIR=${VIREO_HB_DIR:-$STATE_DIR/hostb}
+HB_NAME=${VIREO_HOSTB_NAME:-vireo-hb}
+NETNS=vireo-hb
+NS_DIR=/run/vireo-hb # mount point of B's mount and UTS namespace files (a private bind mount)
+ADDR_A=${VIREO_HB_ADDR_A:-198.51.100.1}
+ADDR_B=${VIREO_HB_ADDR_B:-198.51.100.2}
+PREFIX=30
+VETH_A=vhb-a   # root namespace end of the management/migration link (ADDR_A)
+VETH_B=vhb-b   # host B end (ADDR_B)
+LINK_A=vhb-la  # guest data link: in A's vhb-br0 ...
+LINK_B=vhb-lb  # ... and in B's vhb-br0
+BRIDGE=vhb-br0 # the Linux bridge that exists on both hosts
+HB_UUID=${VIREO_HOSTB_UUID:-7669726f-6862-4000-8000-000000000002}
+LIBVIRT_PORT=16509
+RABBIT_PORT=5672
+MARKER=.vireo-hb-host-b
+PY=/usr/bin/python3
+
+A_NEUTRON_ENV=$STATE_DIR/neutron.env
+A_NEUTRON_CONF=$STATE_DIR/etc/neutron.conf
+
+# Host B's directories (bind-mounted over the standard paths inside B's mount namespace).
+LV=$HB_DIR/libvirt
+OVS=$HB_DIR/ovs
+RUN=$HB_DIR/run
+LOG=$HB_DIR/log
+NEU=$HB_DIR/neutron
+
+HB_URI=qemu+tcp://$ADDR_B/system
+HB_UNIX_URI="qemu+unix:///system?socket=$LV/run/libvirt-sock"
+HA_URI_FROM_B=qemu+tcp://$ADDR_A/system
+HA_UNIX_URI_FROM_B="qemu+unix:///system?socket=$HB_DIR/hosta-libvirt/libvirt-sock"
+B_OVSDB=unix:$OVS/run/db.sock
+
+# ---------------------------------------------------------------------------------------------
+# helpers
+
+log() { printf '[two-host %s] %s\n' "$(date +%T)" "$*" >&2; }
+die() {
+  log "ERROR: $*"
+  exit 1
+}
+now() { date +%s.%N; }
+elapsed() { awk -v s="$1" -v e="$(now)" 'BEGIN { printf "%.2f", e - s }'; }
+TIMINGS=()
+record() { # record LABEL START
+  local d
+  d=$(elapsed "$2")
+  TIMINGS+=("$1=${d}s")
+  log "$1 took ${d}s"
+}
+print_timings() {
+  local t
+  for t in "${TIMINGS[@]}"; do echo "TIMING $t"; done
+}
+
+# wait_for SECONDS DESCRIPTION CMD...: polls CMD every 0.2 s until it succeeds.
+wait_for() {
+  local timeout=$1 what=$2 start
+  shift 2
+  start=$(now)
+  while ! "$@" >/dev/null 2>&1; do
+    if awk -v s="$start" -v e="$(now)" -v t="$timeout" 'BEGIN { exit !(e - s > t) }'; then
+      log "timed out after ${timeout}s waiting for $what"
+      return 1
+    fi
+    sleep 0.2
+  done
+}
+
+# The network namespace inode of host B ("" when there is none).
+netns_id() { stat -L -c %i "/run/netns/$NETNS" 2>/dev/null || true; }
+ns_ready() {
+  [[ -e /run/netns/$NETNS ]] && mountpoint -q "$NS_DIR/mnt" 2>/dev/null &&
+    mountpoint -q "$NS_DIR/uts" 2>/dev/null
+}
+
+# in_b CMD...: runs CMD inside host B's mount, UTS and network namespaces. The inner half
+# (`__in-b`) refuses to run unless B's private /run/libvirt is mounted, so a command meant for
+# host B can never reach host A's daemons by accident.
+in_b() {
+  ns_ready || die "host B is not up (run: $0 up)"
+  nsenter --mount="$NS_DIR/mnt" --uts="$NS_DIR/uts" --net="/run/netns/$NETNS" -- \
+    "$SELF" __in-b "$@"
+}
+
+# pid_of NAME: the pid recorded in $RUN/NAME.pid, if that process runs.
+pid_of() {
+  local name=$1 pid
+  [[ -s $RUN/$name.pid ]] || return 1
+  pid=$(tr -dc 0-9 <"$RUN/$name.pid")
+  [[ -n $pid ]] && kill -0 "$pid" 2>/dev/null || return 1
+  echo "$pid"
+}
+alive_b() { # alive_b NAME: runs, and inside host B's network namespace
+  local pid want
+  pid=$(pid_of "$1") || return 1
+  want=$(netns_id)
+  [[ -n $want && $(stat -L -c %i "/proc/$pid/ns/net" 2>/dev/null) == "$want" ]]
+}
+alive_root() { # alive_root NAME: runs, is a socat, in the root network namespace
+  local pid
+  pid=$(pid_of "$1") || return 1
+  [[ $(stat -L -c %i "/proc/$pid/ns/net" 2>/dev/null) == $(stat -L -c %i "/proc/$$/ns/net") ]] &&
+    [[ $(tr '\0' ' ' <"/proc/$pid/cmdline") == socat* ]]
+}
+
+# stop_pid NAME TIMEOUT CHECK: TERM (then KILL) to the process recorded as NAME — and to its
+# process group when it leads one — but only while `CHECK NAME` (alive_b or alive_root) confirms
+# it is ours: a stale pid file never gets another process killed.
+stop_pid() {
+  local name=$1 timeout=$2 check=$3 pid i
+  if "$check" "$name"; then
+    pid=$(pid_of "$name")
+    log "stopping $name (pid $pid)"
+    if [[ $(ps -o pgid= -p "$pid" | tr -d ' ') == "$pid" ]]; then
+      kill -TERM -- "-$pid" 2>/dev/null || true
+    else
+      kill -TERM "$pid" 2>/dev/null || true
+    fi
+    for ((i = 0; i < timeout * 5; i++)); do
+      "$check" "$name" || break
+      sleep 0.2
+    done
+    if "$check" "$name"; then
+      log "$name did not stop: KILL"
+      kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null || true
+    fi
+  fi
+  rm -f "$RUN/$name.pid"
+}
+
+# Processes in host B's network or mount namespace (all of them started by this script or by
+# `exec`).
+pids_in_b() {
+  local net mnt p
+  net=$(netns_id)
+  mnt=$(stat -L -c %i "$NS_DIR/mnt" 2>/dev/null || true)
+  for p in /proc/[0-9]*; do
+    [[ -n $net && $(stat -L -c %i "$p/ns/net" 2>/dev/null) == "$net" ]] ||
+      [[ -n $mnt && $(stat -L -c %i "$p/ns/mnt" 2>/dev/null) == "$mnt" ]] || continue
+    echo "${p#/proc/}"
+  done
+}
+
+render() { # render TEMPLATE OUT: fills @VAR@ placeholders; records a changed file in CHANGED
+  sed -e "s|@HB_DIR@|$HB_DIR|g" -e "s|@HB_NAME@|$HB_NAME|g" -e "s|@HB_UUID@|$HB_UUID|g" \
+    -e "s|@ADDR_A@|$ADDR_A|g" -e "s|@ADDR_B@|$ADDR_B|g" -e "s|@LIBVIRT_PORT@|$LIBVIRT_PORT|g" \
+    -e "s|@RABBIT_PORT@|$RABBIT_PORT|g" -e "s|@FIREWALL_DRIVER@|${FIREWALL:-iptables_hybrid}|g" \
+    "$TPL_DIR/$1" >"$2.tmp"
+  if cmp -s "$2.tmp" "$2"; then
+    rm -f "$2.tmp"
+  else
+    [[ -e $2 ]] && CHANGED+=("$(basename "$2")")
+    mv "$2.tmp" "$2"
+  fi
+}
+CHANGED=()
+changed() {
+  local f c
+  for f in "$@"; do
+    for c in "${CHANGED[@]}"; do [[ $c == "$f" ]] && return 0; done
+  done
+  return 1
+}
+
+neutron_url() { sed -n 's/^VIREO_NEUTRON_URL=//p' "$A_NEUTRON_ENV" 2>/dev/null; }
+api() { # api METHOD PATH [JSON]
+  local args=(-sS -f --max-time 30 -X "$1" -H 'Content-Type: application/json'
+    -H 'X-Project-Id: vireo' -H 'X-Roles: admin')
+  [[ $# -ge 3 ]] && args+=(-d "$3")
+  curl "${args[@]}" "$(neutron_url)$2"
+}
+have_neutron() { [[ -s $A_NEUTRON_ENV && -s $A_NEUTRON_CONF ]] && api GET '/v2.0/networks?limit=1' >/dev/null 2>&1; }
+
+# agent_alive_b [SINCE]: the Open vSwitch agent of host B reports alive (started at or after
+# unix time SINCE).
+agent_alive_b() {
+  local out
+  out=$(api GET "/v2.0/agents?host=$HB_NAME&agent_type=Open+vSwitch+agent") || return 1
+  jq -e --argjson since "${1:-0}" '.agents | length > 0 and all(.alive
+      and ((.started_at | sub("\\.[0-9]+$"; "") | strptime("%Y-%m-%d %H:%M:%S") | mktime) >= $since))' \
+    <<<"$out" >/dev/null
+}
+
+# ---------------------------------------------------------------------------------------------
+# namespaces and links
+
+# Called (as `__ns-init`) inside the freshly unshared mount and UTS namespaces, already in B's
+# network namespace: the mounts that make host B's paths private.
+ns_init() {
+  hostname "$HB_NAME"
+  # sysfs of B's network namespace (libvirt and OVS read /sys/class/net).
+  mount -t sysfs -o nosuid,nodev,noexec sysfs /sys
+  # Host A's /run/libvirt, kept reachable under another path before B's copy hides it.
+  mount --bind /run/libvirt "$HB_DIR/hosta-libvirt"
+  local pair
+  for pair in "$LV/run:/run/libvirt" "$LV/lib:/var/lib/libvirt" "$LV/cache:/var/cache/libvirt" \
+    "$LV/log:/var/log/libvirt" "$LV/etc:/etc/libvirt" "$OVS/run:/run/openvswitch" \
+    "$OVS/etc:/etc/openvswitch" "$OVS/log:/var/log/openvswitch" "$OVS/lib:/var/lib/openvswitch" \
+    "$HB_DIR/hosts:/etc/hosts"; do
+    [[ -e ${pair#*:} ]] || continue # never create paths in the shared file system
+    mount --bind "${pair%%:*}" "${pair#*:}"
+  done
+  # The new mount namespace copied every mount of the root namespace, including the nsfs
+  # mounts under /run/netns of other network namespaces: drop the copies, or those namespaces
+  # would outlive their `ip netns delete` for as long as host B exists.
+  local mp
+  while read -r mp; do
+    umount -l "$mp" 2>/dev/null || true
+  done < <(awk '{ for (i = 7; i <= NF; i++) if ($i == "-") { if ($(i + 1) == "nsfs") print $5; break } }' \
+    /proc/self/mountinfo)
+}
+
+create_dirs() {
+  mkdir -p "$RUN" "$LOG" "$HB_DIR/hosta-libvirt" "$HB_DIR/guest" \
+    "$LV"/{run,lib,cache,log,etc} "$LV/etc/qemu/networks" "$LV/etc/qemu/autostart" \
+    "$LV/lib/qemu" "$LV/cache/qemu" "$LV/log/qemu" \
+    "$OVS"/{run,etc,log,lib} "$NEU"/{state,lock}
+  chmod 755 "$HB_DIR" "$LV/run" "$LV/lib" "$LV/log" "$LV/log/qemu" "$HB_DIR/guest"
+  chmod 711 "$LV/cache"
+  chown libvirt-qemu:libvirt-qemu "$LV/lib/qemu"
+  chmod 750 "$LV/lib/qemu"
+  touch "$LV/run/$MARKER"
+  # Seed B's QEMU capabilities cache with host A's (same binaries, same kernel and CPU; libvirt
+  # re-probes by itself when an entry does not match): saves B's libvirtd start ~5-8 s of probing.
+  mkdir -p "$LV/cache/qemu/capabilities"
+  if [[ -z $(ls -A "$LV/cache/qemu/capabilities") ]]; then
+    cp -p /var/cache/libvirt/qemu/capabilities/*.xml "$LV/cache/qemu/capabilities/" 2>/dev/null || true
+  fi
+  # B's /etc/hosts: the machine's, plus B's name on B's address.
+  { grep -v "[[:space:]]$HB_NAME\$" /etc/hosts || true; printf '%s\t%s\n' "$ADDR_B" "$HB_NAME"; } \
+    >"$HB_DIR/hosts.tmp"
+  # In place: B's /etc/hosts is a bind mount of this very inode.
+  cmp -s "$HB_DIR/hosts.tmp" "$HB_DIR/hosts" || cat "$HB_DIR/hosts.tmp" >"$HB_DIR/hosts"
+  rm -f "$HB_DIR/hosts.tmp"
+  chmod 644 "$HB_DIR/hosts"
+}
+
+create_namespaces() {
+  if ns_ready; then
+    in_b true || die "host B's namespaces exist but its mounts are missing: run '$0 down' first"
+    return
+  fi
+  # A half-made set (an earlier `up` was interrupted): start over.
+  umount "$NS_DIR/mnt" 2>/dev/null || true
+  umount "$NS_DIR/uts" 2>/dev/null || true
+  mkdir -p "$NS_DIR"
+  # Namespace files can only be bind-mounted below a mount with private propagation.
+  mountpoint -q "$NS_DIR" || mount --bind "$NS_DIR" "$NS_DIR"
+  mount --make-private "$NS_DIR"
+  touch "$NS_DIR/mnt" "$NS_DIR/uts"
+  [[ -e /run/netns/$NETNS ]] || ip netns add "$NETNS"
+  nsenter --net="/run/netns/$NETNS" -- unshare --mount="$NS_DIR/mnt" --uts="$NS_DIR/uts" \
+    --propagation private -- "$SELF" __ns-init
+  in_b true || die "host B's mounts did not come up"
+}
+
+create_links() {
+  if ! ip link show "$VETH_A" >/dev/null 2>&1; then
+    ip link add "$VETH_A" type veth peer name "$VETH_B" netns "$NETNS"
+  fi
+  ip addr replace "$ADDR_A/$PREFIX" dev "$VETH_A"
+  ip link set "$VETH_A" up
+  ip -n "$NETNS" link set lo up
+  ip -n "$NETNS" addr replace "$ADDR_B/$PREFIX" dev "$VETH_B"
+  ip -n "$NETNS" link set "$VETH_B" up
+  # The guest network: vhb-br0 on both hosts, joined by a second veth pair (a "switch").
+  ip link show "$BRIDGE" >/dev/null 2>&1 || ip link add "$BRIDGE" type bridge
+  ip -n "$NETNS" link show "$BRIDGE" >/dev/null 2>&1 || ip -n "$NETNS" link add "$BRIDGE" type bridge
+  if ! ip link show "$LINK_A" >/dev/null 2>&1; then
+    ip link add "$LINK_A" type veth peer name "$LINK_B" netns "$NETNS"
+  fi
+  ip link set "$LINK_A" master "$BRIDGE" up
+  ip -n "$NETNS" link set "$LINK_B" master "$BRIDGE" up
+  ip link set "$BRIDGE" up
+  ip -n "$NETNS" link set "$BRIDGE" up
+}
+
+# tcp_open ADDR PORT: something accepts TCP connections there.
+# shellcheck disable=SC2016 # $1/$2 expand in the inner bash
+tcp_open() { timeout 3 bash -c 'exec 3<>"/dev/tcp/$1/$2"' tcp_open "$1" "$2" 2>/dev/null; }
+
+# ---------------------------------------------------------------------------------------------
+# host B's daemons
+
+write_configs() {
+  render libvirtd.conf.in "$LV/etc/libvirtd.conf"
+  render qemu.conf.in "$LV/etc/qemu.conf"
+  render virtlogd.conf.in "$LV/etc/virtlogd.conf"
+  : >"$LV/etc/libvirt.conf"
+  chmod 600 "$LV/etc/qemu.conf"
+}
+
+libvirt_b_answers() { virsh -c "$HB_URI" version; }
+
+start_libvirt_b() {
+  local s
+  if alive_b libvirtd && changed libvirtd.conf qemu.conf; then
+    log "configuration changed: restarting host B's libvirtd"
+    stop_pid libvirtd 30 alive_b
+  fi
+  if ! alive_b virtlogd; then
+    s=$(now)
+    in_b virtlogd -d -p "$RUN/virtlogd.pid" -f /etc/libvirt/virtlogd.conf >>"$LOG/virtlogd.log" 2>&1
+    wait_for 10 "host B's virtlogd" alive_b virtlogd || die "host B's virtlogd did not start"
+    record hostb-virtlogd "$s"
+  fi
+  if ! alive_b libvirtd; then
+    s=$(now)
+    in_b libvirtd -d -l -p "$RUN/libvirtd.pid" -f /etc/libvirt/libvirtd.conf >>"$LOG/libvirtd.log" 2>&1
+    wait_for 60 "host B's libvirtd" libvirt_b_answers || {
+      tail -20 "$LV/log/libvirtd.log" >&2 || true
+      die "host B's libvirtd does not answer on $HB_URI"
+    }
+    record hostb-libvirtd "$s"
+  fi
+  # Host A as seen from B, for peer-to-peer migrations B -> A: a forwarder on A's side of the
+  # veth pair to A's unix socket, accepting connections from B's address only (a process in the
+  # root namespace cannot send from an address it does not have).
+  if ! alive_root fwd-libvirt; then
+    setsid socat "TCP-LISTEN:$LIBVIRT_PORT,bind=$ADDR_A,reuseaddr,fork,range=$ADDR_B/32" \
+      UNIX-CONNECT:/run/libvirt/libvirt-sock >>"$LOG/fwd-libvirt.log" 2>&1 </dev/null &
+    echo $! >"$RUN/fwd-libvirt.pid"
+  fi
+  wait_for 20 "host A from host B" in_b virsh -c "$HA_URI_FROM_B" version ||
+    die "host B cannot reach host A's libvirtd at $HA_URI_FROM_B"
+}
+
+ovs_b() { ovs-vsctl --db="$B_OVSDB" --timeout=10 "$@"; }
+
+start_ovs_b() {
+  local s
+  s=$(now)
+  if [[ ! -s $OVS/etc/conf.db ]]; then
+    ovsdb-tool create "$OVS/etc/conf.db" /usr/share/openvswitch/vswitch.ovsschema
+  fi
+  # Explicit paths everywhere (and OVS_RUNDIR for the bridges' management sockets), so nothing
+  # depends on the bind mounts; inside B the same files also appear under the standard paths,
+  # where libvirt's ovs-vsctl and the Neutron agent look.
+  local env=(env "OVS_RUNDIR=$OVS/run" "OVS_LOGDIR=$OVS/log" "OVS_DBDIR=$OVS/etc"
+    "OVS_SYSCONFDIR=$OVS/etc")
+  if ! alive_b ovsdb-server; then
+    in_b "${env[@]}" ovsdb-server "$OVS/etc/conf.db" --remote="punix:$OVS/run/db.sock" \
+      --remote=db:Open_vSwitch,Open_vSwitch,manager_options \
+      --pidfile="$RUN/ovsdb-server.pid" --unixctl="$OVS/run/ovsdb-server.ctl" \
+      --log-file="$OVS/log/ovsdb-server.log" -vconsole:off --no-chdir --detach \
+      >>"$LOG/ovsdb-server.out" 2>&1
+    wait_for 10 "host B's ovsdb-server" ovsdb-client list-dbs "$B_OVSDB" || die "host B's ovsdb-server does not answer"
+    ovs_b --no-wait init
+    ovs_b --no-wait set Open_vSwitch . external_ids:hostname="$HB_NAME" \
+      external_ids:system-id="$HB_NAME" external_ids:rundir="/var/run/openvswitch"
+  fi
+  if ! alive_b ovs-vswitchd; then
+    in_b "${env[@]}" ovs-vswitchd "unix:$OVS/run/db.sock" --pidfile="$RUN/ovs-vswitchd.pid" \
+      --unixctl="$OVS/run/ovs-vswitchd.ctl" --log-file="$OVS/log/ovs-vswitchd.log" \
+      -vconsole:off --no-chdir --detach >>"$LOG/ovs-vswitchd.out" 2>&1
+    wait_for 20 "host B's ovs-vswitchd" ovs-appctl -t "$OVS/run/ovs-vswitchd.ctl" version ||
+      die "host B's ovs-vswitchd did not start"
+  fi
+  local br
+  for br in br-int br-phys; do
+    ovs_b -- --may-exist add-br "$br" -- set Bridge "$br" datapath_type=netdev
+  done
+  record hostb-ovs "$s"
+}
+
+start_forwarder_rabbit() {
+  alive_root fwd-rabbit && return
+  setsid socat "TCP-LISTEN:$RABBIT_PORT,bind=$ADDR_A,reuseaddr,fork,range=$ADDR_B/32" \
+    "TCP:127.0.0.1:$RABBIT_PORT" >>"$LOG/fwd-rabbit.log" 2>&1 </dev/null &
+  echo $! >"$RUN/fwd-rabbit.pid"
+}
+
+start_agent_b() {
+  FIREWALL=$(cat "$STATE_DIR/firewall" 2>/dev/null || echo iptables_hybrid)
+  render neutron.conf.in "$NEU/neutron.conf"
+  render openvswitch_agent.ini.in "$NEU/openvswitch_agent.ini"
+  start_forwarder_rabbit
+  if alive_b neutron-ovs-agent && changed neutron.conf openvswitch_agent.ini; then
+    log "configuration changed: restarting host B's Open vSwitch agent"
+    stop_pid neutron-ovs-agent 10 alive_b
+  fi
+  alive_b neutron-ovs-agent && return
+  local s
+  s=$(now)
+  setsid nsenter --mount="$NS_DIR/mnt" --uts="$NS_DIR/uts" --net="/run/netns/$NETNS" -- \
+    "$SELF" __in-b neutron-openvswitch-agent --config-file "$NEU/neutron.conf" \
+    --config-file "$NEU/openvswitch_agent.ini" --log-file "$LOG/neutron-openvswitch-agent.log" \
+    >>"$LOG/neutron-ovs-agent.out" 2>&1 </dev/null &
+  echo $! >"$RUN/neutron-ovs-agent.pid"
+  wait_for 120 "host B's Open vSwitch agent to report alive" agent_alive_b "${s%.*}" || {
+    tail -30 "$LOG/neutron-openvswitch-agent.log" >&2 || true
+    die "host B's Open vSwitch agent did not report alive"
+  }
+  record hostb-neutron-agent "$s"
+  echo "$FIREWALL" >"$HB_DIR/firewall"
+}
+
+# ---------------------------------------------------------------------------------------------
+# down
+
+# Neutron keeps an agent row and a vxlan tunnel endpoint for host B; host A's agent keeps a
+# tunnel port to B's address in its br-tun. Remove all three (the endpoint and the tunnel port
+# the way neutron-server does when a host's tunnel address changes: delete the endpoint row,
+# then fan out tunnel_delete).
+neutron_forget_b() {
+  have_neutron || return 0
+  local id
+  for id in $(api GET "/v2.0/agents?host=$HB_NAME" | jq -r '.agents[].id'); do
+    log "deleting Neutron agent $id (host $HB_NAME)"
+    api DELETE "/v2.0/agents/$id" >/dev/null || true
+  done
+  "$PY" "$TPL_DIR/forget_tunnel_endpoint.py" --config-file "$A_NEUTRON_CONF" \
+    --host "$HB_NAME" --ip "$ADDR_B" >>"$LOG/forget-tunnel-endpoint.log" 2>&1 ||
+    log "could not remove the tunnel endpoint $ADDR_B (see $LOG/forget-tunnel-endpoint.log)"
+}
+
+cmd_down() {
+  local s pid
+  s=$(now)
+  # Domains on host B first (their QEMU processes would otherwise be killed below anyway).
+  if ns_ready && alive_b libvirtd; then
+    local dom
+    for dom in $(virsh -c "$HB_URI" list --all --name 2>/dev/null); do
+      log "removing host B's domain $dom"
+      virsh -c "$HB_URI" destroy "$dom" >/dev/null 2>&1 || true
+      virsh -c "$HB_URI" undefine --nvram "$dom" >/dev/null 2>&1 ||
+        virsh -c "$HB_URI" undefine "$dom" >/dev/null 2>&1 || true
+    done
+  fi
+  local had_agent=0
+  [[ -e $RUN/neutron-ovs-agent.pid ]] && had_agent=1
+  stop_pid neutron-ovs-agent 5 alive_b &
+  stop_pid libvirtd 30 alive_b &
+  stop_pid ovs-vswitchd 10 alive_b &
+  stop_pid fwd-libvirt 5 alive_root &
+  stop_pid fwd-rabbit 5 alive_root &
+  wait
+  stop_pid virtlogd 10 alive_b &
+  stop_pid ovsdb-server 10 alive_b &
+  wait
+  # Whatever else still runs in B's namespaces (QEMU, privsep helpers, `exec` leftovers).
+  local left
+  mapfile -t left < <(pids_in_b)
+  if ((${#left[@]})); then
+    log "killing ${#left[@]} process(es) left in host B: ${left[*]}"
+    kill -KILL "${left[@]}" 2>/dev/null || true
+    for pid in "${left[@]}"; do
+      while kill -0 "$pid" 2>/dev/null; do sleep 0.1; done
+    done
+  fi
+  if ((had_agent)) || [[ -e $NEU/neutron.conf ]]; then neutron_forget_b; fi
+  umount "$NS_DIR/mnt" 2>/dev/null || true
+  umount "$NS_DIR/uts" 2>/dev/null || true
+  if mountpoint -q "$NS_DIR" 2>/dev/null; then umount "$NS_DIR"; fi
+  rm -rf "$NS_DIR"
+  [[ -e /run/netns/$NETNS ]] && ip netns delete "$NETNS"
+  # Deleting the namespace takes B's ends of both veth pairs (and so A's ends) with it.
+  ip link del "$VETH_A" 2>/dev/null || true
+  ip link del "$LINK_A" 2>/dev/null || true
+  ip link del "$BRIDGE" 2>/dev/null || true
+  rm -rf "$HB_DIR"
+  record down "$s"
+  print_timings
+}
+
+# ---------------------------------------------------------------------------------------------
+# up, status, env
+
+check_host_a() {
+  local c
+  # The only package host B needs beyond integration/host-setup.sh's set: the forwarders.
+  if ! command -v socat >/dev/null; then
+    log "installing socat"
+    DEBIAN_FRONTEND=noninteractive apt-get -y -q install --no-install-recommends socat >/dev/null 2>&1 || {
+      apt-get -q update >/dev/null 2>&1
+      DEBIAN_FRONTEND=noninteractive apt-get -y -q install --no-install-recommends socat >/dev/null
+    } || die "could not install socat"
+  fi
+  for c in ip nsenter unshare mountpoint socat virsh libvirtd virtlogd ovsdb-server \
+    ovs-vswitchd ovs-vsctl ovsdb-tool jq curl; do
+    command -v "$c" >/dev/null || die "missing $c (run integration/host-setup.sh up; apt-get install socat)"
+  done
+  virsh -c qemu:///system version >/dev/null 2>&1 ||
+    die "host A's libvirtd (qemu:///system) does not answer: run integration/host-setup.sh up"
+}
+
+cmd_up() {
+  local s
+  s=$(now)
+  check_host_a
+  create_dirs
+  local t
+  t=$(now)
+  create_namespaces
+  create_links
+  record hostb-namespaces-links "$t"
+  write_configs
+  start_libvirt_b
+  start_ovs_b
+  if [[ $NO_NEUTRON == 0 ]]; then
+    if have_neutron; then
+      start_agent_b
+    else
+      log "no Neutron set-up on host A (integration/host-setup.sh up --with-neutron): host B runs no agent"
+    fi
+  fi
+  record up "$s"
+  print_timings
+  cmd_env
+}
+
+cmd_env() {
+  local agent=0
+  ns_ready && alive_b neutron-ovs-agent && agent=1
+  cat <<EOF
+export VIREO_HOSTB_NAME=$HB_NAME
+export VIREO_HOSTB_URI=$HB_URI
+export VIREO_HOSTB_UNIX_URI='$HB_UNIX_URI'
+export VIREO_HOSTB_ADDR=$ADDR_B
+export VIREO_HOSTB_MIGRATE_URI=tcp://$ADDR_B
+export VIREO_HOSTA_ADDR=$ADDR_A
+export VIREO_HOSTA_MIGRATE_URI=tcp://$ADDR_A
+export VIREO_HOSTA_URI_FROM_B=$HA_URI_FROM_B
+export VIREO_HOSTA_UNIX_URI_FROM_B='$HA_UNIX_URI_FROM_B'
+export VIREO_HOSTB_BRIDGE=$BRIDGE
+export VIREO_HOSTB_OVSDB=$B_OVSDB
+export VIREO_HOSTB_NETNS=$NETNS
+export VIREO_HOSTB_UUID=$HB_UUID
+export VIREO_HOSTB_NEUTRON_AGENT=$agent
+EOF
+}
+
+cmd_status() {
+  local bad=0
+  report() { printf '%-26s %-5s %s\n' "$1" "$2" "${3:-}"; }
+  if ns_ready && in_b true 2>/dev/null; then
+    report namespaces up "netns $NETNS, mount+uts $NS_DIR/{mnt,uts}, hostname $(in_b hostname)"
+  else
+    report namespaces DOWN
+    return 1
+  fi
+  if tcp_open "$ADDR_B" "$LIBVIRT_PORT"; then report link up "$VETH_A $ADDR_A <-> $VETH_B $ADDR_B (B's libvirtd reachable)"; else
+    report link DOWN
+    bad=1
+  fi
+  if ip link show "$BRIDGE" >/dev/null 2>&1 && ip -n "$NETNS" link show "$BRIDGE" >/dev/null 2>&1; then
+    report bridge up "$BRIDGE on A and B, joined by $LINK_A/$LINK_B"
+  else
+    report bridge DOWN
+    bad=1
+  fi
+  local n
+  for n in virtlogd libvirtd ovsdb-server ovs-vswitchd; do
+    if alive_b "$n"; then report "hostb $n" up "pid $(pid_of "$n")"; else
+      report "hostb $n" DOWN
+      bad=1
+    fi
+  done
+  if libvirt_b_answers >/dev/null 2>&1; then
+    report "hostb libvirt" up "$HB_URI, host uuid $(virsh -c "$HB_URI" capabilities | sed -n 's:.*<uuid>\(.*\)</uuid>.*:\1:p' | head -1), $(virsh -c "$HB_URI" list --name | grep -c . || true) running domain(s)"
+  else
+    report "hostb libvirt" DOWN "$HB_URI"
+    bad=1
+  fi
+  if alive_root fwd-libvirt; then report "hosta-from-b forwarder" up "$HA_URI_FROM_B"; else
+    report "hosta-from-b forwarder" DOWN
+    bad=1
+  fi
+  if ovs_b --timeout=2 br-exists br-int 2>/dev/null; then
+    report "hostb br-int" up "$B_OVSDB, datapath $(ovs_b get Bridge br-int datapath_type)"
+  else
+    report "hostb br-int" DOWN
+    bad=1
+  fi
+  if [[ -e $NEU/neutron.conf ]]; then
+    if alive_b neutron-ovs-agent && agent_alive_b 0 2>/dev/null; then
+      report "hostb neutron agent" up "host $HB_NAME, firewall $(cat "$HB_DIR/firewall" 2>/dev/null)"
+    else
+      report "hostb neutron agent" DOWN
+      bad=1
+    fi
+  else
+    report "hostb neutron agent" none "(no Neutron on host A, or up --no-neutron)"
+  fi
+  return $bad
+}
+
+usage() {
+  sed -n '2,14p' "$SELF" | sed 's/^# \{0,1\}//'
+  exit "${1:-2}"
+}
+
+# ---------------------------------------------------------------------------------------------
+# main
+
+[[ $# -ge 1 ]] || usage
+CMD=$1
+shift
+ARGS=("$@")
+case $CMD in
+__ns-init)
+  ns_init
+  exit 0
+  ;;
+__in-b)
+  [[ -e /run/libvirt/$MARKER && $(hostname) == "$HB_NAME" ]] ||
+    die "not inside host B's namespaces (no /run/libvirt/$MARKER)"
+  exec "$@"
+  ;;
+esac
+[[ $(id -u) == 0 ]] || die "run as root"
+
+NO_NEUTRON=0
+export SELFTEST_EVENTS=0 SELFTEST_BOOT=1 SELFTEST_ONLY=bridge,ovs,boot,neutron,cold,fail # selftest.sh
+case $CMD in
+up | selftest)
+  while [[ $# -gt 0 ]]; do
+    case $1 in
+    --no-neutron) NO_NEUTRON=1 ;;
+    --events) SELFTEST_EVENTS=1 ;;
+    --no-boot) SELFTEST_BOOT=0 ;;
+    --only)
+      SELFTEST_ONLY=${2:?--only needs a list of parts}
+      shift
+      ;;
+    -h | --help) usage 0 ;;
+    *) die "unknown option $1" ;;
+    esac
+    shift
+  done
+  ;;
+esac
+
+# One `up`/`down` at a time; selftests may run alongside each other but not alongside those.
+# This process holds the lock and runs the command as a child without the lock's descriptor (the
+# daemons `up` starts would otherwise inherit it and keep the lock forever).
+if [[ -z ${VIREO_HB_LOCKED:-} ]]; then
+  case $CMD in
+  up | down | selftest)
+    mkdir -p "$STATE_DIR"
+    exec 9>"$STATE_DIR/.two-host.lock"
+    mode=-x
+    [[ $CMD == selftest ]] && mode=-s
+    flock "$mode" -w 600 9 || die "timed out waiting for $STATE_DIR/.two-host.lock (another up/down/selftest)"
+    rc=0
+    VIREO_HB_LOCKED=1 "$SELF" "$CMD" "${ARGS[@]}" 9>&- || rc=$?
+    exit $rc
+    ;;
+  esac
+fi
+
+case $CMD in
+up) cmd_up ;;
+down) cmd_down ;;
+status) cmd_status ;;
+env) cmd_env ;;
+exec)
+  [[ $# -ge 1 ]] || die "usage: two-host.sh exec CMD [ARG...]"
+  in_b "$@"
+  ;;
+selftest)
+  # shellcheck source-path=SCRIPTDIR source=setup/two-host/selftest.sh
+  . "$TPL_DIR/selftest.sh"
+  cmd_selftest
+  ;;
+-h | --help | help) usage 0 ;;
+*) usage ;;
+esac
