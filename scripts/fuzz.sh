@@ -93,7 +93,7 @@ for t in "${TARGETS[@]}"; do
         -print_final_stats=1 \
         -artifact_prefix="$artifacts/" \
         >"$log" 2>&1 || rc=$?
-    execs=$(awk -F': *' '/^stat::number_of_executed_units/ {print $2}' "$log" | tail -n1)
+    execs=$(sed -n 's/^stat::number_of_executed_units: *\([0-9]*\).*/\1/p' "$log" | tail -n1)
     last=$(grep -E '(DONE|pulse|NEW|REDUCE|INITED) +cov:' "$log" | tail -n1 || true)
     cov=$(sed -n 's/.* cov: \([0-9]*\).*/\1/p' <<<"$last")
     ft=$(sed -n 's/.* ft: \([0-9]*\).*/\1/p' <<<"$last")

@@ -27,7 +27,9 @@ fuzz_target!(|data: &[u8]| {
             let raw: Value = serde_json::from_str(text).expect("accepted text is JSON");
             check(&e, &raw);
         }
+        // Nova's body: `events` only (`additionalProperties: false`).
         #[derive(serde::Deserialize)]
+        #[serde(deny_unknown_fields)]
         struct Body {
             events: Vec<ExternalEvent>,
         }

@@ -38,6 +38,7 @@ fn metadata() -> VireoMetadata {
             started_at: 1_764_000_000_000,
             data: json!({"old": HOSTILE}),
         }),
+        record: Some(json!({"state": "running", "note": HOSTILE})),
     }
 }
 
