@@ -9,18 +9,21 @@ use std::borrow::Cow;
 use std::collections::HashSet;
 use std::fmt;
 
+use serde::de::value::{MapAccessDeserializer, SeqAccessDeserializer};
 use serde::de::{Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
+use serde_json::Value;
 
 use super::{classify, table_cell, Operation, PredictError, Prediction, VifPrediction, Wiring};
 use crate::vif::{PortId, Problem, VifError, VifType, VnicType};
 
-/// A JSON scalar as prediction needs it, or the text of anything else.
+/// A JSON scalar as prediction needs it, or anything else (always an error for the fields
+/// read, kept whole so the error shows it as the full parser does).
 #[derive(Debug)]
 enum Scalar<'a> {
     Bool(bool),
     Str(Cow<'a, str>),
-    Other(String),
+    Other(Value),
 }
 
 impl<'de: 'a, 'a> Deserialize<'de> for Scalar<'a> {
@@ -41,21 +44,19 @@ impl<'de: 'a, 'a> Deserialize<'de> for Scalar<'a> {
                 Ok(Scalar::Str(Cow::Owned(v.to_owned())))
             }
             fn visit_i64<E>(self, v: i64) -> Result<Scalar<'a>, E> {
-                Ok(Scalar::Other(v.to_string()))
+                Ok(Scalar::Other(Value::from(v)))
             }
             fn visit_u64<E>(self, v: u64) -> Result<Scalar<'a>, E> {
-                Ok(Scalar::Other(v.to_string()))
+                Ok(Scalar::Other(Value::from(v)))
             }
             fn visit_f64<E>(self, v: f64) -> Result<Scalar<'a>, E> {
-                Ok(Scalar::Other(v.to_string()))
+                Ok(Scalar::Other(Value::from(v)))
             }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut a: A) -> Result<Scalar<'a>, A::Error> {
-                while a.next_element::<IgnoredAny>()?.is_some() {}
-                Ok(Scalar::Other("[...]".to_owned()))
+            fn visit_seq<A: SeqAccess<'de>>(self, a: A) -> Result<Scalar<'a>, A::Error> {
+                Value::deserialize(SeqAccessDeserializer::new(a)).map(Scalar::Other)
             }
-            fn visit_map<A: MapAccess<'de>>(self, mut a: A) -> Result<Scalar<'a>, A::Error> {
-                while a.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
-                Ok(Scalar::Other("{...}".to_owned()))
+            fn visit_map<A: MapAccess<'de>>(self, a: A) -> Result<Scalar<'a>, A::Error> {
+                Value::deserialize(MapAccessDeserializer::new(a)).map(Scalar::Other)
             }
         }
         d.deserialize_any(V(std::marker::PhantomData))
@@ -231,8 +232,12 @@ impl Ctx<'_> {
             Some(Scalar::Bool(b)) => Ok(*b),
             Some(Scalar::Str(s)) if s.eq_ignore_ascii_case("true") => Ok(true),
             Some(Scalar::Str(s)) if s.eq_ignore_ascii_case("false") => Ok(false),
-            Some(Scalar::Str(s)) => Err(self.err(field, Problem::NotBool(format!("{s:?}")))),
-            Some(Scalar::Other(t)) => Err(self.err(field, Problem::NotBool(t.clone()))),
+            // The value as JSON text, as the full parser shows it.
+            Some(Scalar::Str(s)) => Err(self.err(
+                field,
+                Problem::NotBool(Value::String(s.to_string()).to_string()),
+            )),
+            Some(Scalar::Other(v)) => Err(self.err(field, Problem::NotBool(v.to_string()))),
         }
     }
 }

@@ -586,3 +586,41 @@ fn predict_json_refuses_a_non_object_details_as_the_full_parser_does() {
         Err(PredictError::NetworkInfo(VifError::Json(_)))
     ));
 }
+
+// Found by actors/tests/prop_network_info.rs: a non-boolean list, object, float or a string
+// with characters Rust and JSON escape differently was shown differently by `predict_json`
+// (`[...]`, `1`, Rust escapes) and by the full parser (the JSON text).
+#[test]
+fn predict_json_shows_a_bad_boolean_as_the_full_parser_does() {
+    let w = Wiring::default();
+    for bad in [
+        json!([]),
+        json!({"a": [1]}),
+        json!(1.0),
+        json!("\u{1}\u{7f}x"),
+        json!(-0.5),
+    ] {
+        for path in ["active", "details.ovs_hybrid_plug"] {
+            let mut v = vif_json(1, "ovs", "normal", true, false);
+            match path {
+                "active" => v["active"] = bad.clone(),
+                _ => v["details"]["ovs_hybrid_plug"] = bad.clone(),
+            }
+            let text = Value::Array(vec![v]).to_string();
+            let want = full(&Operation::Spawn, &text, &w).unwrap_err();
+            assert_eq!(
+                want,
+                PredictError::NetworkInfo(VifError::Field {
+                    index: 0,
+                    port: port(1),
+                    field: path.into(),
+                    problem: Problem::NotBool(bad.to_string()),
+                })
+            );
+            assert_eq!(
+                predict_json(&Operation::Spawn, &text, &w).unwrap_err(),
+                want
+            );
+        }
+    }
+}
