@@ -93,6 +93,11 @@ for t in "${TARGETS[@]}"; do
         -print_final_stats=1 \
         -artifact_prefix="$artifacts/" \
         >"$log" 2>&1 || rc=$?
+    if [ ! -f "$log" ]; then
+        echo "fuzz.sh: $log is missing" >&2
+        : >"$log"
+        [ "$rc" != 0 ] || rc=1
+    fi
     execs=$(sed -n 's/^stat::number_of_executed_units: *\([0-9]*\).*/\1/p' "$log" | tail -n1)
     last=$(grep -E '(DONE|pulse|NEW|REDUCE|INITED) +cov:' "$log" | tail -n1 || true)
     cov=$(sed -n 's/.* cov: \([0-9]*\).*/\1/p' <<<"$last")
