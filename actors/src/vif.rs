@@ -13,6 +13,7 @@
 use std::collections::HashSet;
 use std::fmt;
 use std::str::FromStr;
+use std::sync::Arc;
 
 use serde::{Serialize, Serializer};
 use serde_json::{Map, Value};
@@ -322,6 +323,8 @@ pub struct VifDetails {
     pub physical_interface: Option<String>,
     /// macvtap mechanism driver: mode (`macvtap_mode`, e.g. `bridge`, `vepa`, `passthrough`).
     pub macvtap_mode: Option<String>,
+    /// macvtap mechanism driver: the lower device (`macvtap_source`).
+    pub macvtap_source: Option<String>,
     /// Whether Neutron's agent on this host is expected to report the port up
     /// (`connectivity`, informative).
     pub connectivity: Option<String>,
@@ -384,11 +387,19 @@ pub struct Vif {
     pub network: Network,
     /// `preserve_on_delete`: a user-supplied port, to be unbound rather than deleted.
     pub preserve_on_delete: bool,
-    /// The dict as received.
-    pub raw: Value,
+    /// The dict as received, as compact JSON text: shared by every copy of the VIF (an idle
+    /// instance actor keeps its `network_info`; a parsed `Value` would cost several times
+    /// the memory). [`Vif::raw_value`] gives it back as a value.
+    pub raw: Arc<str>,
 }
 
 impl Vif {
+    /// The dict as received.
+    pub fn raw_value(&self) -> Value {
+        // The text was written by serde_json from a value: it always parses.
+        serde_json::from_str(&self.raw).unwrap_or(Value::Null)
+    }
+
     /// The OVS bridge this VIF plugs into: `details.bridge_name`, else `network.bridge`,
     /// else `br-int`.
     pub fn ovs_bridge(&self) -> &str {
@@ -493,7 +504,7 @@ impl NetworkInfo {
 
     /// The `network_info` list as received (the raw dicts), for storing back.
     pub fn to_value(&self) -> Value {
-        Value::Array(self.vifs.iter().map(|v| v.raw.clone()).collect())
+        Value::Array(self.vifs.iter().map(Vif::raw_value).collect())
     }
 
     /// Find a VIF by port id.
@@ -689,6 +700,7 @@ impl Vif {
             physical_interface: opt_name("physical_interface", "details.physical_interface")?,
             macvtap_mode: opt_str(&r, d, "macvtap_mode", "details.macvtap_mode")?
                 .map(str::to_owned),
+            macvtap_source: opt_name("macvtap_source", "details.macvtap_source")?,
             connectivity: opt_str(&r, d, "connectivity", "details.connectivity")?
                 .map(str::to_owned),
         };
@@ -756,7 +768,7 @@ impl Vif {
             devname,
             network,
             preserve_on_delete,
-            raw: value.clone(),
+            raw: Arc::from(value.to_string()),
         })
     }
 }

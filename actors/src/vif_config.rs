@@ -242,8 +242,10 @@ pub fn interface_for(
             return Ok(DeviceConfig::Interface(i));
         }
         (VifType::Macvtap, VnicType::Normal) => {
-            let source = raw_detail(vif, "macvtap_source")
-                .map(str::to_owned)
+            let source = vif
+                .details
+                .macvtap_source
+                .clone()
                 .or_else(|| vif.details.physical_interface.clone())
                 .ok_or(missing("details.macvtap_source"))?;
             let mode_text = vif
@@ -356,11 +358,6 @@ fn vf(vif: &Vif, pci: PciAddress, vlan: Option<u16>) -> DeviceConfig {
             managed: true,
         })
     })
-}
-
-/// A string in `details` that [`crate::vif::VifDetails`] does not model.
-fn raw_detail<'a>(vif: &'a Vif, key: &str) -> Option<&'a str> {
-    vif.raw.get("details")?.get(key)?.as_str()
 }
 
 #[cfg(test)]

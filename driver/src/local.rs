@@ -8,9 +8,11 @@
 //! embedded service, which follows Neutron's port-status rules.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use vireo_actors::events::{EventConfig, EventsHandle};
+use vireo_actors::external::{EventSink, ExternalEvent};
 use vireo_actors::instance::{InstanceConfig, Peers};
 use vireo_actors::libvirt::LibvirtConfig;
 use vireo_actors::plug::RecordingPlugger;
@@ -20,6 +22,63 @@ use crate::compute::{
     DriverConfig, DriverError, LibvirtDriver, NetworkConfig, PluggingConfig, SharedNetwork,
 };
 use crate::network::embedded::{EmbeddedConfig, EmbeddedNetwork};
+
+/// How many events an [`EventLog`] keeps (the oldest are dropped first).
+pub const EVENT_LOG_CAPACITY: usize = 4096;
+
+/// The events the embedded service sent, with their time, forwarded to the network-event
+/// actor: what "arrived", for the demo's timeline and for tests that compare what was waited
+/// for with what was sent.
+#[derive(Debug)]
+pub struct EventLog {
+    inner: EventsHandle,
+    start: Instant,
+    log: Mutex<std::collections::VecDeque<(Instant, ExternalEvent)>>,
+}
+
+impl EventLog {
+    /// A log forwarding to `inner`.
+    pub fn new(inner: EventsHandle) -> Self {
+        EventLog {
+            inner,
+            start: Instant::now(),
+            log: Mutex::new(std::collections::VecDeque::new()),
+        }
+    }
+
+    /// Every event kept, with its time.
+    pub fn events(&self) -> Vec<(Instant, ExternalEvent)> {
+        self.log
+            .lock()
+            .map(|l| l.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// Events sent at or after `since`.
+    pub fn since(&self, since: Instant) -> Vec<(Instant, ExternalEvent)> {
+        self.events()
+            .into_iter()
+            .filter(|(t, _)| *t >= since)
+            .collect()
+    }
+
+    /// When the log started.
+    pub fn start(&self) -> Instant {
+        self.start
+    }
+}
+
+impl EventSink for EventLog {
+    fn deliver(&self, event: ExternalEvent) {
+        if let Ok(mut l) = self.log.lock() {
+            if l.len() == EVENT_LOG_CAPACITY {
+                l.pop_front();
+            }
+            l.push_back((Instant::now(), event.clone()));
+        }
+        self.inner.deliver(event);
+    }
+}
 
 /// What a local cloud is made of.
 #[derive(Debug, Clone)]
@@ -58,6 +117,8 @@ pub struct LocalCloud {
     pub events: EventsHandle,
     /// The shared network service.
     pub network: Arc<EmbeddedNetwork>,
+    /// What the network service sent.
+    pub event_log: Arc<EventLog>,
     /// The directory of hosts.
     pub peers: Arc<Peers>,
     /// The hosts, in the configured order.
@@ -74,7 +135,8 @@ impl LocalCloud {
     pub async fn start(cfg: LocalCloudConfig) -> Result<Self, DriverError> {
         let system = Arc::new(ActorSystem::start().map_err(DriverError::Runtime)?);
         let events = system.start_events(cfg.events);
-        let sink = Arc::new(events.clone());
+        let event_log = Arc::new(EventLog::new(events.clone()));
+        let sink: Arc<dyn EventSink> = event_log.clone();
         let net_cfg = cfg.network.clone();
         // The service's delivery task (when events are delayed) lives on the actor thread.
         let network =
@@ -119,6 +181,7 @@ impl LocalCloud {
             system,
             events,
             network,
+            event_log,
             peers,
             hosts,
         })

@@ -496,7 +496,7 @@ async fn allocate_list_by_device_id_and_deallocate() {
         assert_eq!(v.network.label.as_deref(), Some(f.name.as_str()));
         assert!(v.network.mtu.is_some());
         assert_eq!(
-            v.raw["network"]["subnets"][0]["ips"]
+            v.raw_value()["network"]["subnets"][0]["ips"]
                 .as_array()
                 .unwrap()
                 .len(),

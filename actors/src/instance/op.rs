@@ -257,7 +257,7 @@ impl OpCtx {
         let start = std::time::Instant::now();
         let r = self.deps.plugger.plug(&ctx, vif).await;
         self.step(
-            format!("plug {}", vif.id),
+            format!("plug {} ({})", short(&vif.id), vif.vif_type),
             StepKind::Plug,
             start,
             r.is_err(),
@@ -288,7 +288,7 @@ impl OpCtx {
         let start = std::time::Instant::now();
         let r = self.deps.plugger.unplug(&ctx, vif).await;
         self.step(
-            format!("unplug {}", vif.id),
+            format!("unplug {} ({})", short(&vif.id), vif.vif_type),
             StepKind::Plug,
             start,
             r.is_err(),
@@ -366,17 +366,22 @@ impl OpCtx {
     pub async fn start_paused(&mut self) -> Result<Started, InstanceError> {
         let lv = self.deps.libvirt.clone();
         let uuid = self.uuid;
-        match self.lv("start-paused", lv.start(uuid, true)).await {
-            Ok(()) => {}
-            Err(InstanceError::Libvirt {
-                source: LibvirtError::Unsupported { .. },
-                ..
-            }) => {
-                self.lv("start", lv.start(uuid, false)).await?;
+        let start = std::time::Instant::now();
+        match lv.start(uuid, true).await {
+            Ok(()) => self.step("start paused".to_owned(), StepKind::Libvirt, start, false),
+            Err(LibvirtError::Unsupported { .. }) => {
+                self.lv("start (driver has no START_PAUSED)", lv.start(uuid, false))
+                    .await?;
                 self.attached().await;
                 self.lv("suspend", lv.suspend(uuid)).await?;
             }
-            Err(e) => return Err(e),
+            Err(source) => {
+                self.step("start paused".to_owned(), StepKind::Libvirt, start, true);
+                return Err(InstanceError::Libvirt {
+                    step: "start paused",
+                    source,
+                });
+            }
         }
         self.attached().await;
         Ok(Started::Paused)
@@ -547,6 +552,10 @@ impl OpCtx {
             l.waiting_for.clear();
         }
     }
+}
+
+fn short(p: &PortId) -> String {
+    p.to_string().chars().take(8).collect()
 }
 
 /// The event wait's name in logs and errors.

@@ -1,0 +1,314 @@
+//! Instance actors under load, on libvirt's test driver.
+//!
+//! 1. Throughput: N instances spawned, hard-rebooted and destroyed concurrently through vireo
+//!    (actors, embedded network service, recording plugger; no event delay), against a plain
+//!    loop of the same libvirt calls on the same number of threads (4, vireo's worker count).
+//! 2. Memory per idle instance actor: RSS growth per actor, with a 4-VIF record.
+//!
+//! `cargo bench -p vireo --bench instances [-- N]` (default N = 100). A bench binary, not a
+//! timed test: it prints figures; it fails only if vireo itself fails.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use uuid::Uuid;
+use vireo::compute::ComputeDriver;
+use vireo::local::{LocalCloud, LocalCloudConfig};
+use vireo::network::embedded::{EmbeddedConfig, EmbeddedNetworkDef, Mechanism};
+use vireo_actors::events::{EventConfig, WaitPolicy};
+use vireo_actors::instance::{
+    BootSource, DestroyArgs, InstanceActor, InstanceConfig, InstanceRecord, NetworkRequest,
+    RebootKind, SpawnArgs,
+};
+use vireo_actors::lifecycle::InstanceState;
+use vireo_actors::network::PortRequest;
+use vireo_actors::vif::NetworkInfo;
+use vireo_xml::metadata::Flavor;
+
+const NET_A: &str = "be4c0000-0000-4000-8000-000000000001";
+const NET_B: &str = "be4c0000-0000-4000-8000-000000000002";
+
+fn rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+fn flavor() -> Flavor {
+    Flavor {
+        name: "m1.tiny".into(),
+        vcpus: 1,
+        memory_mb: 256,
+        root_gb: 1,
+        extra_specs: Default::default(),
+    }
+}
+
+async fn cloud(dir: &std::path::Path) -> LocalCloud {
+    let net = |id: &str, hybrid| EmbeddedNetworkDef {
+        id: id.into(),
+        name: id.into(),
+        mtu: Some(1450),
+        mechanism: Mechanism::Openvswitch,
+        ovs_hybrid_plug: hybrid,
+        bridge_name: None,
+        datapath_type: None,
+        physical_network: None,
+        vlan: None,
+    };
+    LocalCloud::start(LocalCloudConfig {
+        hosts: vec!["bench".into()],
+        dir: dir.to_owned(),
+        network: EmbeddedConfig {
+            networks: vec![net(NET_A, true), net(NET_B, false)],
+            ..EmbeddedConfig::default()
+        },
+        instances: InstanceConfig {
+            wait: WaitPolicy {
+                timeout: Duration::from_secs(60),
+                fatal: true,
+            },
+            ..InstanceConfig::default()
+        },
+        events: EventConfig::default(),
+    })
+    .await
+    .unwrap()
+}
+
+async fn vireo_run(n: usize) -> Duration {
+    let dir = tempfile::tempdir().unwrap();
+    let c = cloud(dir.path()).await;
+    let d = c.hosts[0].driver.clone();
+    let ids: Vec<Uuid> = (0..n).map(|_| Uuid::new_v4()).collect();
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for (i, id) in ids.iter().copied().enumerate() {
+        let d = d.clone();
+        tasks.push(tokio::spawn(async move {
+            d.spawn(
+                id,
+                SpawnArgs {
+                    name: format!("bench-{i}"),
+                    flavor: flavor(),
+                    boot: BootSource::None,
+                    network: NetworkRequest::Allocate(vec![
+                        PortRequest::Network {
+                            network_id: NET_A.into(),
+                        },
+                        PortRequest::Network {
+                            network_id: NET_B.into(),
+                        },
+                    ]),
+                    power_on: true,
+                },
+            )
+            .await
+            .unwrap();
+            d.reboot(id, RebootKind::Hard).await.unwrap();
+            d.destroy(
+                id,
+                DestroyArgs {
+                    deallocate_network: true,
+                },
+            )
+            .await
+            .unwrap();
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let took = start.elapsed();
+    c.shutdown(Duration::from_secs(5)).await;
+    took
+}
+
+/// The libvirt calls vireo makes for spawn + hard reboot + destroy of one instance, made
+/// directly: define, start (START_PAUSED refused by the test driver), start, suspend, resume,
+/// is-active, set-metadata (spawn); is-active, set-metadata, info, destroy, start, start,
+/// suspend, resume, is-active, set-metadata (hard reboot); info, destroy, undefine (destroy).
+fn plain_lifecycle(conn: &virt::connect::Connect, xml: &str, meta: &str) {
+    use virt::domain::Domain;
+    use virt::sys;
+    let d = conn
+        .define_domain_xml_flags(xml, sys::VIR_DOMAIN_DEFINE_VALIDATE)
+        .unwrap();
+    let set_meta = |d: &Domain| {
+        let _ = d.is_active();
+        d.set_metadata(
+            sys::VIR_DOMAIN_METADATA_ELEMENT as i32,
+            Some(meta),
+            Some("vireo"),
+            Some(vireo_xml::metadata::NAMESPACE_URI),
+            sys::VIR_DOMAIN_AFFECT_LIVE | sys::VIR_DOMAIN_AFFECT_CONFIG,
+        )
+        .unwrap();
+    };
+    let boot = |d: &Domain| {
+        let _ = d.create_with_flags(sys::VIR_DOMAIN_START_PAUSED);
+        d.create_with_flags(0).unwrap();
+        d.suspend().unwrap();
+        d.resume().unwrap();
+    };
+    boot(&d);
+    set_meta(&d);
+    set_meta(&d);
+    let _ = d.info().unwrap();
+    d.destroy().unwrap();
+    boot(&d);
+    set_meta(&d);
+    let _ = d.info().unwrap();
+    d.destroy().unwrap();
+    d.undefine().unwrap();
+}
+
+fn plain_run(n: usize, threads: usize) -> Duration {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("plain.xml");
+    std::fs::write(&file, "<node/>\n").unwrap();
+    let uri = format!("test://{}", file.display());
+    let conn = Arc::new(virt::connect::Connect::open(Some(&uri)).unwrap());
+    let meta = "<instance><uuid>00000000-0000-4000-8000-000000000000</uuid></instance>";
+    let start = Instant::now();
+    let per = n.div_ceil(threads);
+    std::thread::scope(|s| {
+        for t in 0..threads {
+            let conn = conn.clone();
+            s.spawn(move || {
+                for i in (t * per)..((t + 1) * per).min(n) {
+                    let xml = format!(
+                        "<domain type='kvm'><name>plain-{i}</name><memory unit='MiB'>256</memory>\
+                         <vcpu>1</vcpu><os><type arch='x86_64'>hvm</type></os><devices>\
+                         <interface type='bridge'><mac address='fa:16:3e:00:{:02x}:{:02x}'/>\
+                         <source bridge='qbr{i:08}'/><target dev='tap{i:08}a'/><model type='virtio'/></interface>\
+                         <interface type='bridge'><mac address='fa:16:3e:01:{:02x}:{:02x}'/>\
+                         <source bridge='br-int'/><virtualport type='openvswitch'/>\
+                         <target dev='tap{i:08}b'/><model type='virtio'/></interface></devices></domain>",
+                        i / 256,
+                        i % 256,
+                        i / 256,
+                        i % 256
+                    );
+                    plain_lifecycle(&conn, &xml, meta);
+                }
+            });
+        }
+    });
+    start.elapsed()
+}
+
+async fn idle_actor_memory(count: usize) -> (u64, usize) {
+    let dir = tempfile::tempdir().unwrap();
+    let c = cloud(dir.path()).await;
+    let driver = c.hosts[0].driver.clone();
+    let deps = Arc::new(vireo_actors::instance::HostDeps {
+        host: "bench".into(),
+        libvirt: driver.libvirt().clone(),
+        events: driver.events().clone(),
+        plugger: driver.plugger().clone(),
+        network: driver.network().clone(),
+        peers: driver.peers().clone(),
+        config: InstanceConfig::default(),
+    });
+    let gone = driver.host_handle().addr().clone().recipient();
+    let vif = |n: u8| {
+        serde_json::json!({
+            "id": format!("be4c0000-0000-4000-8000-0000000000{n:02x}"),
+            "address": format!("fa:16:3e:00:00:{n:02x}"),
+            "type": "ovs", "vnic_type": "normal", "active": true,
+            "details": {"ovs_hybrid_plug": true, "port_filter": true, "datapath_type": "system"},
+            "network": {"id": NET_A, "bridge": "br-int", "label": "private",
+                        "meta": {"mtu": 1450, "injected": false}, "subnets": []},
+            "devname": format!("tapbe4c0000-{n:02x}"), "profile": {}, "preserve_on_delete": false
+        })
+    };
+    let ni = NetworkInfo::from_value(&serde_json::json!([vif(1), vif(2), vif(3), vif(4)])).unwrap();
+    let op_ids = Arc::new(AtomicU64::new(0));
+    let system = c.system.clone();
+    let before = rss_kib();
+    let mut addrs = Vec::with_capacity(count);
+    for _ in 0..count {
+        let uuid = Uuid::new_v4();
+        let record = InstanceRecord {
+            uuid,
+            name: format!("idle-{uuid}"),
+            flavor: flavor(),
+            boot: BootSource::None,
+            network_info: ni.clone(),
+            state: InstanceState::Running,
+            resize: None,
+        };
+        let (deps, gone, op_ids) = (deps.clone(), gone.clone(), op_ids.clone());
+        let addr = actix::Actor::start_in_arbiter(system.arbiter(), move |_| {
+            InstanceActor::new(
+                uuid,
+                deps,
+                gone,
+                op_ids,
+                InstanceState::Running,
+                Some(record),
+                vireo_actors::instance::PowerState::Running,
+            )
+        });
+        addrs.push(addr);
+    }
+    // Let every actor start.
+    for a in &addrs {
+        let _ = a.send(vireo_actors::instance::actor::Show).await;
+    }
+    let after = rss_kib();
+    let per = (after.saturating_sub(before)) * 1024 / count as u64;
+    drop(addrs);
+    c.shutdown(Duration::from_secs(5)).await;
+    (per, std::mem::size_of::<InstanceActor>())
+}
+
+fn main() {
+    let n: usize = std::env::args()
+        .skip(1)
+        .find_map(|a| a.parse().ok())
+        .unwrap_or(100);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    vireo_actors::libvirt::init_event_loop().unwrap();
+    // Warm up both paths once.
+    rt.block_on(vireo_run(4));
+    plain_run(4, 4);
+    let mut ratios = Vec::new();
+    for round in 0..3 {
+        let v = rt.block_on(vireo_run(n));
+        let p = plain_run(n, 4);
+        let vireo_rate = n as f64 / v.as_secs_f64();
+        let plain_rate = n as f64 / p.as_secs_f64();
+        ratios.push(vireo_rate / plain_rate);
+        println!(
+            "round {round}: {n} instances spawn+hard reboot+destroy: vireo {:.0} ms ({vireo_rate:.0}/s), \
+             plain loop on 4 threads {:.0} ms ({plain_rate:.0}/s), vireo/plain throughput {:.2}",
+            v.as_secs_f64() * 1000.0,
+            p.as_secs_f64() * 1000.0,
+            vireo_rate / plain_rate
+        );
+    }
+    ratios.sort_by(|a, b| a.total_cmp(b));
+    println!(
+        "median vireo/plain throughput ratio: {:.2} (target >= 0.80)",
+        ratios[1]
+    );
+    let (per, size) = rt.block_on(idle_actor_memory(10_000));
+    println!(
+        "idle instance actor with a 4-VIF record: {per} bytes RSS each over 10,000 actors \
+         (struct {size} bytes; target <= 16384)"
+    );
+}
