@@ -229,6 +229,7 @@ const STRING_FIELDS: &[&str] = &[
     "details.vhostuser_mode",
     "details.physical_interface",
     "details.macvtap_mode",
+    "details.macvtap_source",
     "details.connectivity",
     "profile.pci_slot",
     "profile.physical_network",
@@ -252,6 +253,7 @@ const NAME_FIELDS: &[&str] = &[
     "devname",
     "details.bridge_name",
     "details.physical_interface",
+    "details.macvtap_source",
     "network.bridge",
 ];
 
@@ -481,7 +483,7 @@ proptest! {
         prop_assert_eq!(ni.vifs.len(), vifs.len());
         for (i, (v, (raw, want))) in ni.vifs.iter().zip(&vifs).enumerate() {
             prop_assert_eq!(v.index, i);
-            prop_assert_eq!(&v.raw, raw);
+            prop_assert_eq!(&v.raw_value(), raw);
             prop_assert_eq!(v.id.to_string(), raw["id"].as_str().unwrap().to_lowercase());
             prop_assert_eq!(
                 v.address.to_string(),

@@ -31,6 +31,7 @@ const FIELDS: &[&str] = &[
     "details.vhostuser_ovs_plug",
     "details.physical_interface",
     "details.macvtap_mode",
+    "details.macvtap_source",
     "details.connectivity",
     "profile",
     "profile.pci_slot",
@@ -66,6 +67,7 @@ fn check_accepted(ni: &NetworkInfo, doc: &Value) {
             v.devname.as_deref(),
             v.details.bridge_name.as_deref(),
             v.details.physical_interface.as_deref(),
+            v.details.macvtap_source.as_deref(),
             v.network.bridge.as_deref(),
         ]
         .into_iter()
