@@ -328,3 +328,21 @@ fn a_sample_of_hostile_domains_passes_the_schema() {
         virt_xml_validate(&xml).unwrap_or_else(|e| panic!("{e}"));
     }
 }
+
+/// Found by the `metadata_xml` fuzz target (fuzz/): a float in the stored `network_info` came
+/// back 1 ULP off (serde_json's default float parsing; the workspace enables
+/// `float_roundtrip`).
+#[test]
+fn floats_in_metadata_json_round_trip_exactly() {
+    let mut m = metadata();
+    for f in [
+        1.777_777_777_777_777_7e39,
+        6.666_666_666_66e103,
+        5e-324,
+        0.1 + 0.2,
+    ] {
+        m.network_info = json!([{"x": f}]);
+        let back = VireoMetadata::from_xml(&m.to_xml().unwrap()).unwrap();
+        assert_eq!(back.network_info[0]["x"].as_f64(), Some(f));
+    }
+}
