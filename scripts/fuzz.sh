@@ -13,7 +13,8 @@
 # Usage: scripts/fuzz.sh [--seconds N] [--target NAME]... [--max-len BYTES] [--rss-mb MB]
 #                        [--no-install]
 #   --seconds N   fuzzing time per target (default 30: 8 targets fit in ~4.5 minutes on a
-#                 2-core machine once built; the first build takes ~6 minutes)
+#                 2-core machine once built; the first build takes ~6 minutes); 0 replays the
+#                 seeds, the regression inputs and the working corpus once, without fuzzing
 #   --target NAME run only this target (repeatable); default: every target
 #   --no-install  do not install cargo-fuzz (fail if it is not there)
 set -euo pipefail
@@ -82,11 +83,17 @@ for t in "${TARGETS[@]}"; do
     dirs=("$work" "$FUZZ/corpus/$t")
     [ -d "$FUZZ/regressions/$t" ] && dirs+=("$FUZZ/regressions/$t")
     log="$FUZZ/artifacts/$t.log"
-    echo "== fuzzing $t for ${SECONDS_PER_TARGET} s"
+    if [ "$SECONDS_PER_TARGET" = 0 ]; then
+        echo "== replaying the corpora of $t"
+        budget=(-runs=0)
+    else
+        echo "== fuzzing $t for ${SECONDS_PER_TARGET} s"
+        budget=(-max_total_time="$SECONDS_PER_TARGET")
+    fi
     rc=0
     "$BIN/$t" "${dirs[@]}" \
         -dict="$(dict_for "$t")" \
-        -max_total_time="$SECONDS_PER_TARGET" \
+        "${budget[@]}" \
         -max_len="$MAX_LEN" \
         -rss_limit_mb="$RSS_MB" \
         -timeout=10 \
