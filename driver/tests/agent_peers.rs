@@ -1033,3 +1033,94 @@ async fn the_peer_endpoint_needs_the_api_token_and_takes_only_peer_requests() {
     h1.delete(running).await;
     c.stop().await;
 }
+
+/// Post `network-vif-plugged` for every port `node`'s instance waits for now, once it
+/// waits for `n` of them.
+async fn release_waits(node: &Node, target: &Node, uuid: Uuid, n: usize) {
+    let deadline = Instant::now() + WITHIN;
+    let tags: Vec<String> = loop {
+        let (_, v) = node.show(uuid).await;
+        let tags: Vec<String> = v["operation"]["waiting_for"]
+            .as_array()
+            .map(|w| {
+                w.iter()
+                    .map(|e| e["tag"].as_str().unwrap().to_owned())
+                    .collect()
+            })
+            .unwrap_or_default();
+        if tags.len() == n {
+            break tags;
+        }
+        assert!(Instant::now() < deadline, "never waited for {n}: {v}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    let events: Vec<Value> = tags
+        .iter()
+        .map(|t| json!({"name": "network-vif-plugged", "server_uuid": uuid, "tag": t}))
+        .collect();
+    let (s, v) = target
+        .post(
+            "/v2.1/os-server-external-events",
+            &json!({ "events": events }),
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+}
+
+#[actix_rt::test]
+async fn a_peer_request_in_flight_at_shutdown_is_rolled_back_and_answered() {
+    // Events go nowhere: the test posts them. h2 will wait for a plug event no one sends.
+    let mut c = Cloud::pair(None).await;
+    let uuid = Uuid::new_v4();
+    let (accepted, port) = create_waiting(&c.nodes[0], uuid).await;
+    let (s, _) = c.nodes[0]
+        .post(
+            "/v2.1/os-server-external-events",
+            &json!({"events": [{"name": "network-vif-plugged", "server_uuid": uuid,
+                                "tag": port}]}),
+        )
+        .await;
+    assert_eq!(s, 200);
+    assert_eq!(c.nodes[0].wait_op(&accepted).await["state"], "succeeded");
+
+    // h2 builds the resized copy and waits for its plug event.
+    let (s, resize) = c.nodes[0]
+        .post(
+            &format!("/v1/instances/{uuid}/action"),
+            &json!({"action": "resize", "flavor": flavor("m1.small", 2, 256),
+                    "dest_host": "h2"}),
+        )
+        .await;
+    assert_eq!(s, 202, "{resize}");
+    let deadline = Instant::now() + WITHIN;
+    loop {
+        let (_, v) = c.nodes[1].show(uuid).await;
+        if v["operation"]["waiting_for"]
+            .as_array()
+            .is_some_and(|w| w.len() == 1)
+        {
+            break;
+        }
+        assert!(Instant::now() < deadline, "h2 never waited: {v}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // h2 shuts down: its driver stops while the server drains, so the finish-resize fails
+    // its wait, rolls back on h2, and h2 still answers h1 (not a dropped connection).
+    c.nodes[1].stop().await;
+    // h1 brings the instance back: its hybrid port's binding moves back (bind time).
+    release_waits(&c.nodes[0], &c.nodes[0], uuid, 1).await;
+    let op = c.nodes[0].wait_op(&resize).await;
+    assert_eq!(op["state"], "failed", "{op}");
+    assert_eq!(op["error"]["code"], "rolled-back", "{op}");
+    let msg = op["error"]["message"].as_str().unwrap();
+    assert!(msg.contains("host h2 answered"), "{msg}");
+    assert!(!msg.contains("answered unavailable"), "{msg}");
+    let (_, v) = c.nodes[0].show(uuid).await;
+    assert_eq!(v["state"], "running", "{v}");
+    assert_eq!(v["flavor"], "m1.tiny");
+    assert!(c.nodes[1].plugger.plugged().is_empty());
+    c.assert_bound_only(&[port.parse().unwrap()], "h1").await;
+
+    c.nodes[0].delete(uuid).await;
+    c.stop().await;
+}
