@@ -484,17 +484,23 @@ impl Hold {
 pub struct FaultyNetwork {
     inner: Arc<EmbeddedNetwork>,
     faults: Mutex<Vec<NetFault>>,
-    down: std::sync::atomic::AtomicBool,
+    /// Shared by the seams of every host of a cloud: the service is down for all of them.
+    down: Arc<std::sync::atomic::AtomicBool>,
     calls: Mutex<Vec<NetCall>>,
     holds: Mutex<Vec<(NetCall, usize, Arc<Hold>)>>,
 }
 
 impl FaultyNetwork {
     pub fn new(inner: Arc<EmbeddedNetwork>) -> Self {
+        Self::sharing(inner, Arc::default())
+    }
+
+    /// A seam whose "down" state is `down` (shared with other hosts' seams).
+    pub fn sharing(inner: Arc<EmbeddedNetwork>, down: Arc<std::sync::atomic::AtomicBool>) -> Self {
         FaultyNetwork {
             inner,
             faults: Mutex::default(),
-            down: Default::default(),
+            down,
             calls: Mutex::default(),
             holds: Mutex::default(),
         }
@@ -521,7 +527,8 @@ impl FaultyNetwork {
         h
     }
 
-    /// The service goes down (every call fails to connect) or comes back.
+    /// The service goes down (every call of every host sharing the state fails to connect)
+    /// or comes back.
     pub fn set_down(&self, down: bool) {
         self.down.store(down, std::sync::atomic::Ordering::SeqCst);
     }
@@ -1135,6 +1142,7 @@ pub struct TestCloud {
     pub spec: Spec,
     pub dir: Arc<TempDir>,
     files: usize,
+    net_down: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// What survives an agent crash: the network service, the host devices (the pluggers) and
@@ -1147,6 +1155,7 @@ pub struct Remains {
     pub spec: Spec,
     pub dir: Arc<TempDir>,
     files: usize,
+    net_down: Arc<std::sync::atomic::AtomicBool>,
 }
 
 pub async fn on_thread<T: Send + 'static>(
@@ -1210,6 +1219,7 @@ impl TestCloud {
             spec: spec.clone(),
             dir: Arc::new(tempfile::tempdir().unwrap()),
             files: 0,
+            net_down: Arc::default(),
         };
         let nodes = spec.hosts.iter().map(|h| (h.clone(), None)).collect();
         Self::restart_on(system, remains, nodes).await
@@ -1244,6 +1254,7 @@ impl TestCloud {
             spec: remains.spec,
             dir: remains.dir,
             files: remains.files,
+            net_down: remains.net_down,
         };
         let mut pluggers = remains.pluggers;
         for (name, domains) in nodes {
@@ -1273,7 +1284,10 @@ impl TestCloud {
         on_thread(&self.system, move || n.attach_host(&h, w))
             .await
             .unwrap();
-        let net = Arc::new(FaultyNetwork::new(self.network.clone()));
+        let net = Arc::new(FaultyNetwork::sharing(
+            self.network.clone(),
+            self.net_down.clone(),
+        ));
         let libvirt = match remote {
             // A daemon that dies or freezes is noticed within ~2 s and reconnected to fast.
             Some(_) => LibvirtConfig {
@@ -1341,6 +1355,7 @@ impl TestCloud {
             spec,
             dir,
             files,
+            net_down,
         } = self;
         let pluggers = hosts
             .iter()
@@ -1362,6 +1377,7 @@ impl TestCloud {
             spec,
             dir,
             files,
+            net_down,
         }
     }
 
@@ -1578,6 +1594,32 @@ pub async fn silent_port(
         .await
         .unwrap();
     (p, vif)
+}
+
+/// An unbound user port keeps no binding for another host. (The service shows bindings of
+/// compute ports only: the port is made one for the look.)
+pub async fn assert_no_inactive_binding(c: &TestCloud, p: PortId) {
+    let Ok(port) = c.network.get_port(p).await else {
+        return;
+    };
+    let owner = |o: &str| PortUpdate {
+        device_owner: Some(o.to_owned()),
+        ..PortUpdate::default()
+    };
+    c.network
+        .update_port(p, &owner("compute:nova"))
+        .await
+        .unwrap();
+    let bindings = c.network.show_bindings(p).await.unwrap();
+    c.network
+        .update_port(p, &owner(&port.device_owner))
+        .await
+        .unwrap();
+    let inactive: Vec<_> = bindings
+        .iter()
+        .filter(|b| b.status == vireo_actors::network::BindingStatus::Inactive)
+        .collect();
+    assert!(inactive.is_empty(), "user port {p} keeps {inactive:?}");
 }
 
 /// Leak check: no domain on any host, nothing plugged, no instance actor, no port left but
