@@ -14,7 +14,7 @@ use tracing::{info, warn};
 use crate::events::WaitPolicy;
 use crate::lifecycle::{InstanceState, Request};
 use crate::network::{
-    MigrationHosts, NetworkError, NewBinding, PortStatus, PortUpdate, MIGRATING_TO,
+    BindingStatus, MigrationHosts, NetworkError, NewBinding, PortStatus, PortUpdate, MIGRATING_TO,
 };
 use crate::predict::{predict, ExpectedEvent, Operation, Prediction, Timing};
 use crate::vif::{NetworkInfo, PortId, Vif};
@@ -291,7 +291,12 @@ pub(crate) async fn destroy(
     }
     if args.deallocate_network {
         if let Some(r) = &record {
-            match release_network(op, &r.network_info).await {
+            let released = match clear_migration_leftovers(op, &r.network_info).await {
+                Ok(()) => release_network(op, &r.network_info).await,
+                // Unbinding now would hide what is left: keep the ports for a retry.
+                Err(e) => Err(e),
+            };
+            match released {
                 Ok(released) => op.report.released = Some(released),
                 Err(e) => errors.push(e),
             }
@@ -304,6 +309,53 @@ pub(crate) async fn destroy(
         let first = errors.remove(0);
         Finished::err(InstanceState::Error, record, first)
     }
+}
+
+/// A live migration whose rollback could not reach the network service leaves
+/// `migrating_to` and inactive bindings for the destination on the ports. The release
+/// deletes the ports vireo created, bindings and all, and only unbinds user-supplied ones:
+/// take those marks off them first.
+async fn clear_migration_leftovers(op: &mut OpCtx, ni: &NetworkInfo) -> Result<(), InstanceError> {
+    let net = op.deps.network.clone();
+    for vif in ni.vifs.iter().filter(|v| v.preserve_on_delete) {
+        let bindings = match op.net("show bindings", net.show_bindings(vif.id)).await {
+            Ok(b) => b,
+            // Gone, or no longer bound to an instance (released already): nothing of ours.
+            Err(InstanceError::Network { source, .. })
+                if matches!(source, NetworkError::PortNotFound { .. })
+                    || source.http_status() == Some(400) =>
+            {
+                continue
+            }
+            Err(e) => return Err(e),
+        };
+        for b in &bindings {
+            match b.status {
+                BindingStatus::Inactive => {
+                    op.net(
+                        "delete leftover binding",
+                        net.delete_binding(vif.id, &b.host),
+                    )
+                    .await?;
+                }
+                BindingStatus::Active if b.profile.contains_key(MIGRATING_TO) => {
+                    let mut profile = b.profile.clone();
+                    profile.remove(MIGRATING_TO);
+                    let update = PortUpdate {
+                        profile: Some(profile),
+                        ..PortUpdate::default()
+                    };
+                    op.net(
+                        "clear leftover migrating_to",
+                        net.update_port(vif.id, &update),
+                    )
+                    .await?;
+                }
+                BindingStatus::Active => {}
+            }
+        }
+    }
+    Ok(())
 }
 
 // ----------------------------------------------------------------------------------------
