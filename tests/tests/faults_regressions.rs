@@ -92,3 +92,66 @@ async fn destroy_removes_what_a_failed_migration_rollback_left_on_a_user_port() 
     c.assert_clean(&[user]).await;
     c.delete_ports(&[user]).await;
 }
+
+/// The source of a resize keeps the OVS hybrid devices wired, so a cross-host revert waits
+/// for that port's event at bind time. If the devices went meanwhile (removed outside vireo,
+/// a host reboot), no event comes at bind time: the revert waited the whole plug timeout for
+/// it and failed. It must wait for it once it plugged the devices again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn revert_whose_kept_devices_went_waits_for_them_at_plug_time() {
+    use std::time::Duration;
+    use vireo_actors::instance::ResizeArgs;
+    use vireo_actors::plug::{DomainForm, PlugContext, VifPlugger};
+    use vireo_actors::predict::Timing;
+    let c = spec(&["h1", "h2"])
+        .timeout(Duration::from_secs(5))
+        .start()
+        .await;
+    let (h1, h2) = (c.host("h1"), c.host("h2"));
+    let id = uuid();
+    h1.driver
+        .spawn(
+            id,
+            spawn_args("vm-reg-rv", vec![on(NET_HYBRID), on(NET_NATIVE)]),
+        )
+        .await
+        .unwrap();
+    let hybrid = ports_by_network(&c, &h1.driver.show(id).await.unwrap()).await[NET_HYBRID];
+    h1.driver
+        .resize(
+            id,
+            ResizeArgs {
+                migration: Migration {
+                    id: uuid(),
+                    source_host: "h1".into(),
+                    dest_host: "h2".into(),
+                },
+                new_flavor: flavor("m1.small", 2, 512),
+            },
+        )
+        .await
+        .unwrap();
+    // The hybrid devices kept on h1 go.
+    let vif = network_info(&*c.network, &[hybrid]).await.vifs.remove(0);
+    let ctx = PlugContext {
+        instance_uuid: id,
+        instance_name: "vm-reg-rv".into(),
+        form: DomainForm::LibvirtManaged,
+    };
+    h1.plugger.unplug(&ctx, &vif).await.unwrap();
+
+    let report = h2.driver.revert_resize(id).await.unwrap();
+    let _ = report;
+    let view = h1.driver.show(id).await.unwrap();
+    assert_eq!(view.state, InstanceState::Running);
+    let back = view.last_operation.unwrap();
+    assert!(waited(&back, Timing::BindTime).is_empty(), "{back:#?}");
+    assert!(
+        waited(&back, Timing::PlugTime).contains(&hybrid),
+        "{back:#?}"
+    );
+    assert!(back.waits.iter().all(|w| w.complete), "{back:#?}");
+    assert!(h1.plugger.plugged().contains(&hybrid));
+    c.destroy_everywhere(id).await;
+    c.assert_clean(&[]).await;
+}

@@ -945,20 +945,30 @@ async fn bring_back(op: &mut OpCtx, record: InstanceRecord) -> Finished {
                 away.insert(vif.id);
             }
         }
-        let bind_events: Vec<ExpectedEvent> = prediction
-            .bind_time_events()
-            .into_iter()
-            .filter(|e| away.contains(&e.tag))
-            .collect();
+        // An agent-served port reports at bind time only while its devices are still wired
+        // here (kept through the resize); one whose devices went meanwhile (removed outside
+        // vireo, a host reboot) reports once they are plugged again.
+        let wired: BTreeSet<PortId> = op.deps.plugger.wiring().wired().into_iter().collect();
+        let mut bind_events = Vec::new();
+        let mut plug_events = prediction.plug_time_events();
+        for v in prediction
+            .vifs
+            .iter()
+            .filter(|v| v.timing == Timing::BindTime && away.contains(&v.port))
+        {
+            if v.kind.agent_served() && !wired.contains(&v.port) {
+                plug_events.push(ExpectedEvent::plugged(v.port));
+            } else {
+                bind_events.push(ExpectedEvent::plugged(v.port));
+            }
+        }
         let pol = policy(op);
         let bind = op.expect(Timing::BindTime, bind_events, pol).await?;
         op.phase("bind ports back");
         bind_ports_here(op, &record.network_info).await?;
         op.phase("wait for bind-time events");
         op.wait(bind).await?;
-        let plug = op
-            .expect(Timing::PlugTime, prediction.plug_time_events(), pol)
-            .await?;
+        let plug = op.expect(Timing::PlugTime, plug_events, pol).await?;
         op.phase("plug");
         op.plug_all(&record).await?;
         op.phase("start paused");
