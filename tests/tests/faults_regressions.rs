@@ -155,3 +155,64 @@ async fn revert_whose_kept_devices_went_waits_for_them_at_plug_time() {
     c.destroy_everywhere(id).await;
     c.assert_clean(&[]).await;
 }
+
+/// A same-host resize that fails to plug rolls back to the old definition and starts the
+/// guest again: with the devices it needs. When the failed plug was one of devices that had
+/// gone (removed outside vireo), the rollback started the guest without them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn same_host_resize_rollback_starts_the_guest_with_its_devices() {
+    use vireo_actors::instance::ResizeArgs;
+    use vireo_actors::plug::{DomainForm, PlugContext, PlugStep, VifPlugger};
+    let c = spec(&["h1"]).start().await;
+    let h1 = c.host("h1");
+    let id = uuid();
+    h1.driver
+        .spawn(
+            id,
+            spawn_args("vm-reg-rs", vec![on(NET_HYBRID), on(NET_NATIVE)]),
+        )
+        .await
+        .unwrap();
+    let hybrid = ports_by_network(&c, &h1.driver.show(id).await.unwrap()).await[NET_HYBRID];
+    let vif = network_info(&*c.network, &[hybrid]).await.vifs.remove(0);
+    let ctx = PlugContext {
+        instance_uuid: id,
+        instance_name: "vm-reg-rs".into(),
+        form: DomainForm::LibvirtManaged,
+    };
+    h1.plugger.unplug(&ctx, &vif).await.unwrap();
+    h1.plugger
+        .faults()
+        .fail_once(PlugStep::EnsureLinuxBridge, Some(hybrid));
+    let e = h1
+        .driver
+        .resize(
+            id,
+            ResizeArgs {
+                migration: Migration {
+                    id: uuid(),
+                    source_host: "h1".into(),
+                    dest_host: "h1".into(),
+                },
+                new_flavor: flavor("m1.small", 2, 512),
+            },
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(e, InstanceError::RolledBack { .. }),
+        "{}",
+        chain(&e)
+    );
+    let view = h1.driver.show(id).await.unwrap();
+    assert_eq!(view.state, InstanceState::Running);
+    assert_eq!(view.flavor.as_deref(), Some("m1.tiny"));
+    assert!(
+        h1.plugger.plugged().contains(&hybrid),
+        "started without its devices"
+    );
+    c.port_eventually(hybrid, vireo_actors::network::PortStatus::Active)
+        .await;
+    c.destroy_everywhere(id).await;
+    c.assert_clean(&[]).await;
+}

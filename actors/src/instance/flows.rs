@@ -1035,11 +1035,13 @@ async fn resize_same_host(
         Ok(()) => Finished::ok(InstanceState::ResizeTarget, Some(target)),
         Err(cause) => {
             op.cancel_waits().await;
-            // Back to the old definition, running again if it ran.
+            // Back to the old definition, running again if it ran (with its devices: a
+            // failed plug may have been of devices that had gone).
             let back = async {
                 op.destroy_domain().await?;
                 op.define(&record, None).await?;
                 if was_running {
+                    op.plug_all(&record).await?;
                     op.lv("start", op.deps.libvirt.clone().start(op.uuid, false))
                         .await?;
                     op.attached().await;
