@@ -580,8 +580,11 @@ pub async fn consistent(c: &TestCloud, s: &Subject, case: &str, at: &Place) {
                     );
                 }
             }
-            Some(S::Running | S::Stopped | S::ResizeSource | S::ResizeTarget) => {
-                for p in &ports {
+            Some(st @ (S::Running | S::Stopped | S::ResizeSource | S::ResizeTarget)) => {
+                // A stopped guest's host devices are made again by the boot that starts it
+                // (every boot plugs them all): they may be missing, as they were when a
+                // failed power-on found them gone. Extra ones may not be there.
+                for p in ports.iter().filter(|_| st != S::Stopped) {
                     assert!(
                         plugged.contains(p),
                         "{case}: {} misses the device of {p} ({:?})",
@@ -906,4 +909,229 @@ pub fn net_expect(op: Op, p: NetPoint, f: NetFailure) -> Expect {
         Op::Attach => rb(&[("h1", S::Running)]),
         _ => clean(op),
     }
+}
+
+// ----------------------------------------------------------------------------------------
+// Plugging faults
+
+use vireo_actors::plug::{CallOutcome, DomainForm, PlugContext, PlugKind, PlugOp};
+
+/// One plugger call of an operation: `op` of the subject's VIF at `vif` (0 OVS hybrid,
+/// 1 OVS native (the user port), 2 Linux bridge, 3 the attached OVS native port) on `host`;
+/// `done` when it changed something in a clean run (false: the devices were there already,
+/// or gone already).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PlugCall {
+    pub host: &'static str,
+    pub op: PlugOp,
+    pub vif: usize,
+    pub done: bool,
+}
+
+impl PlugCall {
+    /// The VIF kind at `vif`.
+    pub fn kind(&self) -> PlugKind {
+        match self.vif {
+            0 => PlugKind::OvsHybrid,
+            2 => PlugKind::LinuxBridge,
+            _ => PlugKind::OvsNative,
+        }
+    }
+
+    /// The host steps the call takes.
+    pub fn steps(&self) -> &'static [PlugStep] {
+        match self.op {
+            PlugOp::Plug => self.kind().plug_steps(DomainForm::LibvirtManaged),
+            PlugOp::Unplug => self.kind().unplug_steps(DomainForm::LibvirtManaged),
+        }
+    }
+}
+
+impl fmt::Display for PlugCall {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let op = match self.op {
+            PlugOp::Plug => "plug",
+            PlugOp::Unplug => "unplug",
+        };
+        write!(f, "{op} {} on {}", self.kind(), self.host)
+    }
+}
+
+fn calls(host: &'static str, op: PlugOp, done: bool, vifs: &[usize]) -> Vec<PlugCall> {
+    vifs.iter()
+        .map(|&vif| PlugCall {
+            host,
+            op,
+            vif,
+            done,
+        })
+        .collect()
+}
+
+/// Every plugger call the operation makes when nothing fails, in order per host (a clean
+/// run must record exactly these).
+pub fn plug_calls(op: Op) -> Vec<PlugCall> {
+    use PlugOp::{Plug, Unplug};
+    let all = [0, 1, 2];
+    match op {
+        Op::Spawn => calls("h1", Plug, true, &all),
+        // Plugging is idempotent: a re-plug of devices that are there changes nothing.
+        Op::HardReboot | Op::PowerOn | Op::ResizeSameHost => calls("h1", Plug, false, &all),
+        Op::Resize | Op::LiveMigration => calls("h2", Plug, true, &all),
+        Op::Confirm | Op::Destroy => calls("h1", Unplug, true, &all),
+        Op::Revert => {
+            let mut v = calls("h1", Plug, false, &all);
+            v.extend(calls("h2", Unplug, true, &all));
+            v
+        }
+        Op::RevertSameHost => {
+            let mut v = calls("h1", Unplug, true, &all);
+            v.extend(calls("h1", Plug, true, &all));
+            v
+        }
+        Op::Rollback => calls("h2", Unplug, true, &all),
+        // The failed build left nothing plugged.
+        Op::Reschedule => calls("h1", Unplug, false, &all),
+        Op::Attach => calls("h1", Plug, true, &[3]),
+        Op::Detach => calls("h1", Unplug, true, &[2]),
+        Op::SoftReboot | Op::PowerOff => Vec::new(),
+    }
+}
+
+/// What a clean run records (the live migration's row and its rollback's together).
+pub fn plug_recorded(op: Op) -> Vec<PlugCall> {
+    match op {
+        Op::LiveMigration | Op::Rollback => {
+            let mut v = plug_calls(Op::LiveMigration);
+            v.extend(plug_calls(Op::Rollback));
+            v
+        }
+        _ => plug_calls(op),
+    }
+}
+
+/// The plugging columns of the matrix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum PlugFamily {
+    /// Open vSwitch does not answer (the OVSDB transaction or the wait for its port).
+    OvsDown,
+    /// A device by the name exists and is not vireo's, or the kernel refuses the device.
+    NameTaken,
+    /// The devices are there already (plug), or gone already (unplug), or missing where a
+    /// re-plug expects them (removed outside vireo).
+    ExistsOrGone,
+}
+
+pub fn step_family(step: PlugStep) -> PlugFamily {
+    match step {
+        PlugStep::OvsTransact | PlugStep::OvsWait | PlugStep::DeleteOvsPort => PlugFamily::OvsDown,
+        _ => PlugFamily::NameTaken,
+    }
+}
+
+/// What a failure at a step of `call` ends in (the devices of a call that changed nothing in
+/// a clean run are removed outside vireo first, so that the steps run).
+pub fn plug_expect(op: Op, call: &PlugCall) -> Expect {
+    let rb = |at: &[(&'static str, InstanceState)]| Expect::new(Outcome::RolledBack, at);
+    let err = |at: &[(&'static str, InstanceState)]| Expect::new(Outcome::Error, at);
+    match (op, call.op) {
+        (Op::Spawn, _) => rb(&[]),
+        // The guest was down already: left down, devices plugged.
+        (Op::HardReboot, _) => err(&[("h1", S::Error)]),
+        (Op::PowerOn, _) => rb(&[("h1", S::Stopped)]),
+        (Op::Resize | Op::LiveMigration | Op::ResizeSameHost | Op::Attach, _) => {
+            rb(&[("h1", S::Running)])
+        }
+        (Op::Confirm, _) => err(&[("h1", S::Error), ("h2", S::ResizeTarget)]),
+        (Op::Revert, PlugOp::Plug) => err(&[("h1", S::Error)]),
+        (Op::Revert, PlugOp::Unplug) => err(&[("h1", S::ResizeSource), ("h2", S::Error)]),
+        (Op::RevertSameHost, _) => err(&[("h1", S::Error)]),
+        // The source rolls back whatever the destination could not remove; the destination
+        // keeps its record of what is left there (destroy removes it).
+        (Op::Rollback, _) => rb(&[("h1", S::Running), ("h2", S::Error)]),
+        // The device went from the guest; its host side and the record stay.
+        (Op::Detach, _) => err(&[("h1", S::Running)]),
+        (Op::Destroy | Op::Reschedule, _) => err(&[("h1", S::Error)]),
+        (Op::SoftReboot | Op::PowerOff, _) => clean(op),
+    }
+}
+
+/// The subject's port at VIF index `vif` (record order).
+pub async fn port_at(c: &TestCloud, s: &Subject, vif: usize) -> PortId {
+    if vif == 3 {
+        return s.extra.as_ref().unwrap().0;
+    }
+    for h in &c.hosts {
+        if let Ok(v) = h.driver.show(s.id).await {
+            return v.vifs[vif].port;
+        }
+    }
+    panic!("no host knows {}", s.id)
+}
+
+/// Take the devices of `port` away on `host` as if someone removed them outside vireo.
+pub async fn remove_devices(c: &TestCloud, host: &str, s: &Subject, port: PortId) {
+    let vif = network_info(&*c.network, &[port]).await.vifs.remove(0);
+    let ctx = PlugContext {
+        instance_uuid: s.id,
+        instance_name: s.name.clone(),
+        form: DomainForm::LibvirtManaged,
+    };
+    use vireo_actors::plug::VifPlugger;
+    c.host(host).plugger.unplug(&ctx, &vif).await.unwrap();
+}
+
+/// Make the devices of `port` exist on `host` already. An unbound (user) port is bound to
+/// `host` for the look at its VIF, then unbound again: the devices are there before the
+/// port is bound, as a leftover of someone else's would be.
+pub async fn make_devices(c: &TestCloud, host: &str, s: &Subject, port: PortId) {
+    let bound = !c.port(port).await.host_id.is_empty();
+    let at = |h: &str| PortUpdate {
+        host_id: Some(h.to_owned()),
+        ..PortUpdate::default()
+    };
+    if !bound {
+        c.network.update_port(port, &at(host)).await.unwrap();
+    }
+    let vif = network_info(&*c.network, &[port]).await.vifs.remove(0);
+    if !bound {
+        c.network.update_port(port, &at("")).await.unwrap();
+    }
+    let ctx = PlugContext {
+        instance_uuid: s.id,
+        instance_name: s.name.clone(),
+        form: DomainForm::LibvirtManaged,
+    };
+    use vireo_actors::plug::VifPlugger;
+    c.host(host).plugger.plug(&ctx, &vif).await.unwrap();
+}
+
+/// The plugger calls for instance `id` each host recorded from `marks` on, as [`PlugCall`]s
+/// (VIF index from the record `order`).
+pub fn plug_recording(c: &TestCloud, id: Uuid, marks: &[usize], order: &[PortId]) -> Vec<PlugCall> {
+    let mut out = Vec::new();
+    for (h, mark) in c.hosts.iter().zip(marks) {
+        let host: &'static str = if h.name == "h1" { "h1" } else { "h2" };
+        for call in h.plugger.calls().into_iter().skip(*mark) {
+            if call.instance_uuid != id {
+                continue;
+            }
+            let vif = order
+                .iter()
+                .position(|p| *p == call.port)
+                .unwrap_or(usize::MAX);
+            out.push(PlugCall {
+                host,
+                op: call.op,
+                vif,
+                done: call.outcome == CallOutcome::Done,
+            });
+        }
+    }
+    out
+}
+
+/// Where each host's recording is now.
+pub fn plug_marks(c: &TestCloud) -> Vec<usize> {
+    c.hosts.iter().map(|h| h.plugger.calls().len()).collect()
 }
