@@ -1135,3 +1135,100 @@ pub fn plug_recording(c: &TestCloud, id: Uuid, marks: &[usize], order: &[PortId]
 pub fn plug_marks(c: &TestCloud) -> Vec<usize> {
     c.hosts.iter().map(|h| h.plugger.calls().len()).collect()
 }
+
+// ----------------------------------------------------------------------------------------
+// Event faults
+
+/// The fatal waits of the event column: short, since every lost event costs one.
+pub const EVENT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The event columns: what happens to the subject's `network-vif-plugged` events on their
+/// way from the service to the actors, for the whole operation (its rollback included).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum EvFault {
+    /// Dropped.
+    Lost,
+    /// Kept back until the operation ended, then delivered.
+    Late,
+    /// A copy of each arrived before the operation began; the real ones are lost.
+    Early,
+    /// Delivered twice.
+    Duplicated,
+    /// Delivered with status `failed`.
+    Failed,
+    /// Delivered with the tag of a port the instance does not have.
+    WrongPort,
+}
+
+impl EvFault {
+    pub const ALL: [EvFault; 6] = [
+        EvFault::Lost,
+        EvFault::Late,
+        EvFault::Early,
+        EvFault::Duplicated,
+        EvFault::Failed,
+        EvFault::WrongPort,
+    ];
+
+    pub fn label(&self) -> &'static str {
+        match self {
+            EvFault::Lost => "lost",
+            EvFault::Late => "late",
+            EvFault::Early => "early",
+            EvFault::Duplicated => "duplicated",
+            EvFault::Failed => "failed",
+            EvFault::WrongPort => "wrong port",
+        }
+    }
+
+    /// The rule the service's sink applies during the operation.
+    pub fn rule(&self) -> EventFault {
+        match self {
+            EvFault::Lost | EvFault::Early => EventFault::Lost,
+            EvFault::Late => EventFault::Held,
+            EvFault::Duplicated => EventFault::Duplicated,
+            EvFault::Failed => EventFault::Failed,
+            EvFault::WrongPort => EventFault::WrongPort,
+        }
+    }
+}
+
+/// What an operation whose fatal wait fails ends in (every later wait of the operation, its
+/// rollback's included, gets no good event either).
+pub fn wait_failed(op: Op) -> Expect {
+    let rb = |at: &[(&'static str, InstanceState)]| Expect::new(Outcome::RolledBack, at);
+    let err = |at: &[(&'static str, InstanceState)]| Expect::new(Outcome::Error, at);
+    match op {
+        Op::Spawn => rb(&[]),
+        // The guest was down already: left down, flagged, recoverable by another boot.
+        Op::HardReboot => err(&[("h1", S::Error)]),
+        Op::PowerOn => rb(&[("h1", S::Stopped)]),
+        // The destination gives up; the source brings the instance back as a revert does,
+        // which waits for events too: it cannot either.
+        Op::Resize => err(&[("h1", S::Error)]),
+        // Back to the old definition on the same host: nothing to wait for.
+        Op::ResizeSameHost => rb(&[("h1", S::Running)]),
+        // The destination let go; the source cannot bring the guest back.
+        Op::Revert => err(&[("h1", S::Error)]),
+        Op::RevertSameHost => err(&[("h1", S::Error)]),
+        Op::Attach => rb(&[("h1", S::Running)]),
+        _ => clean(op),
+    }
+}
+
+/// What an event fault during the operation ends in. An operation without a fatal wait
+/// (live migration's waits only consume the events of its own profile updates) does not
+/// depend on the events: it ends as without the fault.
+pub fn event_expect(op: Op, f: EvFault) -> Expect {
+    if !op.fatal_wait() {
+        return clean(op);
+    }
+    match f {
+        // An event is an event, however often it comes.
+        EvFault::Duplicated => clean(op),
+        // An event that arrived before the operation began never counts for it.
+        EvFault::Lost | EvFault::Late | EvFault::Early | EvFault::Failed | EvFault::WrongPort => {
+            wait_failed(op)
+        }
+    }
+}

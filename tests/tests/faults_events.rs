@@ -1,0 +1,89 @@
+//! Events going wrong between the network service and the actors, for every operation:
+//! `network-vif-plugged` lost, late (after the deadline), early (a copy before the operation
+//! began, the real one lost), duplicated, `failed`, or for a port the instance does not have.
+//! The fault holds for the whole operation, its rollback included. Each operation first runs
+//! clean; then each fault is a case that must end as docs/FAULTS.md says, the instance
+//! consistent, then destroyed with no wait and no buffered event left.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+mod faults_support;
+
+use std::sync::Arc;
+
+use common::*;
+use faults_support::*;
+
+async fn event_matrix(op: Op) {
+    let c = Arc::new(spec(op.hosts()).timeout(EVENT_TIMEOUT).start().await);
+    let prefix = format!("ev-{}", op.test_name());
+
+    let s = setup(op, &c, &name(&prefix, 0), false).await;
+    let r = run(op, &c, &s).await;
+    check(&c, &s, "clean run", &clean(op), &r).await;
+    cleanup(&c, &s).await;
+
+    for (n, f) in EvFault::ALL.into_iter().enumerate() {
+        let case = format!("{op}: events {}", f.label());
+        let s = setup(op, &c, &name(&prefix, n + 1), false).await;
+        if f == EvFault::Early {
+            // Copies of every event the operation could wait for, before it begins.
+            let mut ports = all_ports(&s);
+            ports.extend(s.user.iter().copied());
+            for e in plugged_events(s.id, &ports) {
+                c.sink.inject(e);
+            }
+        }
+        let hits = c.sink.fault_hits();
+        c.sink.set_event_fault(Some(EventRule {
+            instance: s.id,
+            fault: f.rule(),
+        }));
+        let r = run(op, &c, &s).await;
+        c.sink.set_event_fault(None);
+        if op.wait_at().is_some() {
+            assert!(
+                c.sink.fault_hits() > hits,
+                "{case}: no event of the operation met the fault"
+            );
+        }
+        if f == EvFault::Late {
+            // The events come after all: nothing waits for them any more, and they change
+            // nothing.
+            assert!(
+                c.sink.release_held() > 0 || op.wait_at().is_none(),
+                "{case}"
+            );
+        }
+        check(&c, &s, &case, &event_expect(op, f), &r).await;
+        cleanup(&c, &s).await;
+    }
+}
+
+macro_rules! event_tests {
+    ($($name:ident => $op:expr),* $(,)?) => {$(
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $name() {
+            event_matrix($op).await;
+        }
+    )*};
+}
+
+event_tests! {
+    spawn => Op::Spawn,
+    hard_reboot => Op::HardReboot,
+    soft_reboot => Op::SoftReboot,
+    power_off => Op::PowerOff,
+    power_on => Op::PowerOn,
+    resize => Op::Resize,
+    resize_same_host => Op::ResizeSameHost,
+    confirm => Op::Confirm,
+    revert => Op::Revert,
+    revert_same_host => Op::RevertSameHost,
+    live_migration => Op::LiveMigration,
+    rollback => Op::Rollback,
+    reschedule => Op::Reschedule,
+    attach => Op::Attach,
+    detach => Op::Detach,
+    destroy => Op::Destroy,
+}
