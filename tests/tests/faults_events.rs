@@ -23,6 +23,7 @@ async fn event_matrix(op: Op) {
     check(&c, &s, "clean run", &clean(op), &r).await;
     cleanup(&c, &s).await;
 
+    let mut cases = 1;
     for (n, f) in EvFault::ALL.into_iter().enumerate() {
         let case = format!("{op}: events {}", f.label());
         let s = setup(op, &c, &name(&prefix, n + 1), false).await;
@@ -57,7 +58,13 @@ async fn event_matrix(op: Op) {
         }
         check(&c, &s, &case, &event_expect(op, f), &r).await;
         cleanup(&c, &s).await;
+        cases += 1;
     }
+    assert_eq!(
+        cases,
+        event_cases(op),
+        "{op}: the cases docs/FAULTS.md counts"
+    );
 }
 
 macro_rules! event_tests {

@@ -58,6 +58,11 @@ async fn network_matrix(op: Op) {
         service_down(&c, false);
         check(&c, &s, "service down throughout", &clean(op), &r).await;
         cleanup(&c, &s).await;
+        assert_eq!(
+            n + 1,
+            net_cases(op),
+            "{op}: the cases docs/FAULTS.md counts"
+        );
         return;
     }
     for p in points {
@@ -78,6 +83,11 @@ async fn network_matrix(op: Op) {
             cleanup(&c, &s).await;
         }
     }
+    assert_eq!(
+        n + 1,
+        net_cases(op),
+        "{op}: the cases docs/FAULTS.md counts"
+    );
 }
 
 macro_rules! network_tests {

@@ -93,12 +93,9 @@ async fn plug_matrix(op: Op) {
     );
     cleanup(&c, &s).await;
 
-    // Every step of every call fails once.
-    let mut cases = 0;
-    for call in plug_calls(op) {
-        if call.op == PlugOp::Unplug && !call.done {
-            continue; // nothing there to fail at
-        }
+    // Every step of every call fails once (an unplug that changes nothing has no step).
+    let mut cases = 1;
+    for call in plug_fault_calls(op) {
         for &step in call.steps() {
             n += 1;
             cases += 1;
@@ -117,11 +114,11 @@ async fn plug_matrix(op: Op) {
             cleanup(&c, &s).await;
         }
     }
-    eprintln!("{op}: {cases} plug-step cases");
 
     // The devices are there already (plug) / gone already or missing (unplug, re-plug).
     if !plug_calls(op).is_empty() {
         n += 1;
+        cases += 1;
         let case = format!("{op}: devices there already / gone already");
         let s = setup(op, &c, &name(&prefix, n), false).await;
         if op == Op::Rollback {
@@ -138,6 +135,11 @@ async fn plug_matrix(op: Op) {
             let r = task.await.unwrap();
             check(&c, &s, &case, &clean(op), &r).await;
             cleanup(&c, &s).await;
+            assert_eq!(
+                cases,
+                plug_cases(op),
+                "{op}: the cases docs/FAULTS.md counts"
+            );
             return;
         }
         let mut handled = std::collections::BTreeSet::new();
@@ -166,6 +168,11 @@ async fn plug_matrix(op: Op) {
         check(&c, &s, &case, &clean(op), &r).await;
         cleanup(&c, &s).await;
     }
+    assert_eq!(
+        cases,
+        plug_cases(op),
+        "{op}: the cases docs/FAULTS.md counts"
+    );
 }
 
 macro_rules! plug_tests {
