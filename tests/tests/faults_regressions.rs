@@ -216,3 +216,54 @@ async fn same_host_resize_rollback_starts_the_guest_with_its_devices() {
     c.destroy_everywhere(id).await;
     c.assert_clean(&[]).await;
 }
+
+/// An event that arrives after a spawn began counts for the wait it registers later
+/// (docs/EVENT_MODEL.md). The spawn made the instance known to the network-event actor only
+/// after it had read its ports: a `network-vif-plugged` that came meanwhile (the port went
+/// ACTIVE right after that read) was dropped as one for an unknown instance, and the build
+/// timed out waiting for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spawn_keeps_an_event_that_came_before_its_wait() {
+    use std::sync::Arc;
+    use std::time::Duration;
+    use vireo_actors::external::{EventName, EventStatus, ExternalEvent};
+    let c = Arc::new(spec(&["h1"]).timeout(Duration::from_secs(2)).start().await);
+    let h1 = c.host("h1");
+    let id = uuid();
+    // The service's own events are lost: only the early copies can satisfy the wait.
+    c.sink.set_event_fault(Some(EventRule {
+        instance: id,
+        fault: EventFault::Lost,
+    }));
+    let hold = h1.net.hold(NetCall::GetPort, 0);
+    let task = {
+        let c = c.clone();
+        tokio::spawn(async move {
+            c.host("h1")
+                .driver
+                .spawn(id, spawn_args("vm-reg-early", vec![on(NET_NATIVE)]))
+                .await
+        })
+    };
+    hold.reached("the spawn's first port read").await;
+    for p in c.network.list_instance_ports(id).await.unwrap() {
+        c.sink.inject(ExternalEvent {
+            name: EventName::NetworkVifPlugged,
+            server_uuid: id,
+            tag: Some(p.id.to_string()),
+            status: EventStatus::Completed,
+        });
+    }
+    hold.release();
+    let r = task.await.unwrap();
+    c.sink.set_event_fault(None);
+    if let Err(e) = &r {
+        panic!("{}", chain(e));
+    }
+    assert_eq!(
+        h1.driver.show(id).await.unwrap().state,
+        InstanceState::Running
+    );
+    c.destroy_everywhere(id).await;
+    c.assert_clean(&[]).await;
+}

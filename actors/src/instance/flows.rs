@@ -93,6 +93,10 @@ pub(crate) async fn spawn(op: &mut OpCtx, args: SpawnArgs) -> Finished {
         power_on,
     } = args;
     op.phase("network");
+    // Known to the network-event actor from the start: an event that comes from here on
+    // (a port going ACTIVE while its status is read below) is kept for the waits
+    // registered later, not dropped as one for an unknown instance.
+    op.deps.events.track(op.uuid);
     let host = op.deps.host.clone();
     let mut network_info = match network {
         NetworkRequest::Allocate(requests) => {
@@ -107,6 +111,7 @@ pub(crate) async fn spawn(op: &mut OpCtx, args: SpawnArgs) -> Finished {
                 Ok(ni) => ni,
                 // allocate_for_instance cleaned up after itself.
                 Err(cause) => {
+                    op.deps.events.forget(op.uuid);
                     return Finished::err(
                         InstanceState::Gone,
                         None,
@@ -115,7 +120,7 @@ pub(crate) async fn spawn(op: &mut OpCtx, args: SpawnArgs) -> Finished {
                             released: Released::default(),
                             cause: Box::new(cause),
                         },
-                    )
+                    );
                 }
             }
         }
@@ -209,7 +214,6 @@ async fn spawn_steps(
     power_on: bool,
 ) -> Result<InstanceState, InstanceError> {
     let prediction = predicted(op, &Operation::Spawn, &record.network_info.vifs)?;
-    op.deps.events.track(op.uuid);
     op.phase("define");
     let in_flight = op.in_flight("define", json!({}));
     op.define(record, Some(in_flight)).await?;
