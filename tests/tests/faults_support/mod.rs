@@ -1150,8 +1150,11 @@ pub enum EvFault {
     Lost,
     /// Kept back until the operation ended, then delivered.
     Late,
-    /// A copy of each arrived before the operation began; the real ones are lost.
+    /// A copy of each arrives after the operation began, before it registers its wait;
+    /// the real ones are lost.
     Early,
+    /// A copy of each arrived before the operation began; the real ones are lost.
+    Stale,
     /// Delivered twice.
     Duplicated,
     /// Delivered with status `failed`.
@@ -1161,10 +1164,11 @@ pub enum EvFault {
 }
 
 impl EvFault {
-    pub const ALL: [EvFault; 6] = [
+    pub const ALL: [EvFault; 7] = [
         EvFault::Lost,
         EvFault::Late,
         EvFault::Early,
+        EvFault::Stale,
         EvFault::Duplicated,
         EvFault::Failed,
         EvFault::WrongPort,
@@ -1175,6 +1179,7 @@ impl EvFault {
             EvFault::Lost => "lost",
             EvFault::Late => "late",
             EvFault::Early => "early",
+            EvFault::Stale => "stale",
             EvFault::Duplicated => "duplicated",
             EvFault::Failed => "failed",
             EvFault::WrongPort => "wrong port",
@@ -1184,7 +1189,7 @@ impl EvFault {
     /// The rule the service's sink applies during the operation.
     pub fn rule(&self) -> EventFault {
         match self {
-            EvFault::Lost | EvFault::Early => EventFault::Lost,
+            EvFault::Lost | EvFault::Early | EvFault::Stale => EventFault::Lost,
             EvFault::Late => EventFault::Held,
             EvFault::Duplicated => EventFault::Duplicated,
             EvFault::Failed => EventFault::Failed,
@@ -1224,12 +1229,34 @@ pub fn event_expect(op: Op, f: EvFault) -> Expect {
         return clean(op);
     }
     match f {
-        // An event is an event, however often it comes.
-        EvFault::Duplicated => clean(op),
+        // An event is an event, however often it comes; one that came after the operation
+        // began is kept for the wait it registers later.
+        EvFault::Duplicated | EvFault::Early => clean(op),
         // An event that arrived before the operation began never counts for it.
-        EvFault::Lost | EvFault::Late | EvFault::Early | EvFault::Failed | EvFault::WrongPort => {
+        EvFault::Lost | EvFault::Late | EvFault::Stale | EvFault::Failed | EvFault::WrongPort => {
             wait_failed(op)
         }
+    }
+}
+
+/// Where an operation is held after it began and before it registers its fatal wait: at a
+/// network call or at a libvirt call on a host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BeforeWait {
+    /// The first `get port` on the host (reading which ports are ACTIVE already).
+    GetPort(&'static str),
+    /// The first libvirt call on the host (saving the operation in flight, defining).
+    Libvirt(&'static str),
+}
+
+pub fn before_wait(op: Op) -> Option<BeforeWait> {
+    match op {
+        Op::Spawn | Op::Revert | Op::Attach => Some(BeforeWait::GetPort("h1")),
+        Op::HardReboot | Op::PowerOn | Op::ResizeSameHost | Op::RevertSameHost => {
+            Some(BeforeWait::Libvirt("h1"))
+        }
+        Op::Resize => Some(BeforeWait::Libvirt("h2")),
+        _ => None,
     }
 }
 
