@@ -85,6 +85,11 @@ async fn event_matrix(op: Op) {
             inject_copies(&c, &s).await;
         }
         let hits = c.sink.fault_hits();
+        if f == EvFault::LostThere {
+            let host = op.wait_at().map_or("h1", |(h, _)| h);
+            let nth = c.hosts.iter().position(|h| h.name == host);
+            c.sink.set_event_scope(nth);
+        }
         c.sink.set_event_fault(Some(EventRule {
             instance: s.id,
             fault: f.rule(),
@@ -108,6 +113,7 @@ async fn event_matrix(op: Op) {
             .await;
         }
         c.sink.set_event_fault(None);
+        c.sink.set_event_scope(None);
         if f == EvFault::Late {
             // The events come after all: nothing waits for them any more, and they change
             // nothing.

@@ -185,6 +185,9 @@ pub struct TeeSink {
     held: Mutex<Vec<ExternalEvent>>,
     /// Events the rule changed, dropped or kept back so far.
     hits: std::sync::atomic::AtomicUsize,
+    /// The rule acts on the events of this target only (the nth host's actor); the others
+    /// get them as sent. `None`: every target.
+    scope: Mutex<Option<usize>>,
 }
 
 /// What happens to the `network-vif-plugged` events of one instance on their way from the
@@ -261,6 +264,11 @@ impl TeeSink {
         *self.rule.lock().unwrap() = rule;
     }
 
+    /// Apply the rule to the events of the `nth` host's actor only (`None`: every host's).
+    pub fn set_event_scope(&self, nth: Option<usize>) {
+        *self.scope.lock().unwrap() = nth;
+    }
+
     /// How many events the rule acted on so far.
     pub fn fault_hits(&self) -> usize {
         self.hits.load(std::sync::atomic::Ordering::SeqCst)
@@ -329,8 +337,23 @@ impl EventSink for TeeSink {
             at: Instant::now(),
             event: event.clone(),
         });
-        for e in self.apply(event) {
-            self.to_targets(&e);
+        let scope = *self.scope.lock().unwrap();
+        let Some(nth) = scope else {
+            for e in self.apply(event) {
+                self.to_targets(&e);
+            }
+            return;
+        };
+        let faulted = self.apply(event.clone());
+        let targets = self.targets.lock().unwrap().clone();
+        for (i, t) in targets.iter().enumerate() {
+            if i == nth {
+                for e in &faulted {
+                    t.deliver(e.clone());
+                }
+            } else {
+                t.deliver(event.clone());
+            }
         }
     }
 }

@@ -709,6 +709,7 @@ pub fn lift_faults(c: &TestCloud) {
         h.gate.clear();
     }
     c.sink.set_event_fault(None);
+    c.sink.set_event_scope(None);
 }
 
 /// The service is down on every host's seam (it is one service).
@@ -1161,10 +1162,13 @@ pub enum EvFault {
     Failed,
     /// Delivered with the tag of a port the instance does not have.
     WrongPort,
+    /// Dropped on their way to the host where the operation waits (`Op::wait_at`) only;
+    /// its rollback on another host gets them.
+    LostThere,
 }
 
 impl EvFault {
-    pub const ALL: [EvFault; 7] = [
+    pub const ALL: [EvFault; 8] = [
         EvFault::Lost,
         EvFault::Late,
         EvFault::Early,
@@ -1172,6 +1176,7 @@ impl EvFault {
         EvFault::Duplicated,
         EvFault::Failed,
         EvFault::WrongPort,
+        EvFault::LostThere,
     ];
 
     pub fn label(&self) -> &'static str {
@@ -1183,13 +1188,16 @@ impl EvFault {
             EvFault::Duplicated => "duplicated",
             EvFault::Failed => "failed",
             EvFault::WrongPort => "wrong port",
+            EvFault::LostThere => "lost at the waiting host",
         }
     }
 
     /// The rule the service's sink applies during the operation.
     pub fn rule(&self) -> EventFault {
         match self {
-            EvFault::Lost | EvFault::Early | EvFault::Stale => EventFault::Lost,
+            EvFault::Lost | EvFault::Early | EvFault::Stale | EvFault::LostThere => {
+                EventFault::Lost
+            }
             EvFault::Late => EventFault::Held,
             EvFault::Duplicated => EventFault::Duplicated,
             EvFault::Failed => EventFault::Failed,
@@ -1236,6 +1244,12 @@ pub fn event_expect(op: Op, f: EvFault) -> Expect {
         EvFault::Lost | EvFault::Late | EvFault::Stale | EvFault::Failed | EvFault::WrongPort => {
             wait_failed(op)
         }
+        // The destination gives up; the source brings the instance back, with its events.
+        EvFault::LostThere if op == Op::Resize => {
+            Expect::new(Outcome::RolledBack, &[("h1", S::Running)])
+        }
+        // Every other operation waits and rolls back on one host.
+        EvFault::LostThere => wait_failed(op),
     }
 }
 
