@@ -14,7 +14,7 @@ use tracing::{info, warn};
 use crate::events::WaitPolicy;
 use crate::lifecycle::{InstanceState, Request};
 use crate::network::{
-    MigrationHosts, NetworkError, NewBinding, PortStatus, PortUpdate, MIGRATING_TO,
+    BindingStatus, MigrationHosts, NetworkError, NewBinding, PortStatus, PortUpdate, MIGRATING_TO,
 };
 use crate::predict::{predict, ExpectedEvent, Operation, Prediction, Timing};
 use crate::vif::{NetworkInfo, PortId, Vif};
@@ -93,6 +93,10 @@ pub(crate) async fn spawn(op: &mut OpCtx, args: SpawnArgs) -> Finished {
         power_on,
     } = args;
     op.phase("network");
+    // Known to the network-event actor from the start: an event that comes from here on
+    // (a port going ACTIVE while its status is read below) is kept for the waits
+    // registered later, not dropped as one for an unknown instance.
+    op.deps.events.track(op.uuid);
     let host = op.deps.host.clone();
     let mut network_info = match network {
         NetworkRequest::Allocate(requests) => {
@@ -107,6 +111,7 @@ pub(crate) async fn spawn(op: &mut OpCtx, args: SpawnArgs) -> Finished {
                 Ok(ni) => ni,
                 // allocate_for_instance cleaned up after itself.
                 Err(cause) => {
+                    op.deps.events.forget(op.uuid);
                     return Finished::err(
                         InstanceState::Gone,
                         None,
@@ -115,7 +120,7 @@ pub(crate) async fn spawn(op: &mut OpCtx, args: SpawnArgs) -> Finished {
                             released: Released::default(),
                             cause: Box::new(cause),
                         },
-                    )
+                    );
                 }
             }
         }
@@ -209,7 +214,6 @@ async fn spawn_steps(
     power_on: bool,
 ) -> Result<InstanceState, InstanceError> {
     let prediction = predicted(op, &Operation::Spawn, &record.network_info.vifs)?;
-    op.deps.events.track(op.uuid);
     op.phase("define");
     let in_flight = op.in_flight("define", json!({}));
     op.define(record, Some(in_flight)).await?;
@@ -291,7 +295,12 @@ pub(crate) async fn destroy(
     }
     if args.deallocate_network {
         if let Some(r) = &record {
-            match release_network(op, &r.network_info).await {
+            let released = match clear_migration_leftovers(op, &r.network_info).await {
+                Ok(()) => release_network(op, &r.network_info).await,
+                // Unbinding now would hide what is left: keep the ports for a retry.
+                Err(e) => Err(e),
+            };
+            match released {
                 Ok(released) => op.report.released = Some(released),
                 Err(e) => errors.push(e),
             }
@@ -304,6 +313,53 @@ pub(crate) async fn destroy(
         let first = errors.remove(0);
         Finished::err(InstanceState::Error, record, first)
     }
+}
+
+/// A live migration whose rollback could not reach the network service leaves
+/// `migrating_to` and inactive bindings for the destination on the ports. The release
+/// deletes the ports vireo created, bindings and all, and only unbinds user-supplied ones:
+/// take those marks off them first.
+async fn clear_migration_leftovers(op: &mut OpCtx, ni: &NetworkInfo) -> Result<(), InstanceError> {
+    let net = op.deps.network.clone();
+    for vif in ni.vifs.iter().filter(|v| v.preserve_on_delete) {
+        let bindings = match op.net("show bindings", net.show_bindings(vif.id)).await {
+            Ok(b) => b,
+            // Gone, or no longer bound to an instance (released already): nothing of ours.
+            Err(InstanceError::Network { source, .. })
+                if matches!(source, NetworkError::PortNotFound { .. })
+                    || source.http_status() == Some(400) =>
+            {
+                continue
+            }
+            Err(e) => return Err(e),
+        };
+        for b in &bindings {
+            match b.status {
+                BindingStatus::Inactive => {
+                    op.net(
+                        "delete leftover binding",
+                        net.delete_binding(vif.id, &b.host),
+                    )
+                    .await?;
+                }
+                BindingStatus::Active if b.profile.contains_key(MIGRATING_TO) => {
+                    let mut profile = b.profile.clone();
+                    profile.remove(MIGRATING_TO);
+                    let update = PortUpdate {
+                        profile: Some(profile),
+                        ..PortUpdate::default()
+                    };
+                    op.net(
+                        "clear leftover migrating_to",
+                        net.update_port(vif.id, &update),
+                    )
+                    .await?;
+                }
+                BindingStatus::Active => {}
+            }
+        }
+    }
+    Ok(())
 }
 
 // ----------------------------------------------------------------------------------------
@@ -893,20 +949,30 @@ async fn bring_back(op: &mut OpCtx, record: InstanceRecord) -> Finished {
                 away.insert(vif.id);
             }
         }
-        let bind_events: Vec<ExpectedEvent> = prediction
-            .bind_time_events()
-            .into_iter()
-            .filter(|e| away.contains(&e.tag))
-            .collect();
+        // An agent-served port reports at bind time only while its devices are still wired
+        // here (kept through the resize); one whose devices went meanwhile (removed outside
+        // vireo, a host reboot) reports once they are plugged again.
+        let wired: BTreeSet<PortId> = op.deps.plugger.wiring().wired().into_iter().collect();
+        let mut bind_events = Vec::new();
+        let mut plug_events = prediction.plug_time_events();
+        for v in prediction
+            .vifs
+            .iter()
+            .filter(|v| v.timing == Timing::BindTime && away.contains(&v.port))
+        {
+            if v.kind.agent_served() && !wired.contains(&v.port) {
+                plug_events.push(ExpectedEvent::plugged(v.port));
+            } else {
+                bind_events.push(ExpectedEvent::plugged(v.port));
+            }
+        }
         let pol = policy(op);
         let bind = op.expect(Timing::BindTime, bind_events, pol).await?;
         op.phase("bind ports back");
         bind_ports_here(op, &record.network_info).await?;
         op.phase("wait for bind-time events");
         op.wait(bind).await?;
-        let plug = op
-            .expect(Timing::PlugTime, prediction.plug_time_events(), pol)
-            .await?;
+        let plug = op.expect(Timing::PlugTime, plug_events, pol).await?;
         op.phase("plug");
         op.plug_all(&record).await?;
         op.phase("start paused");
@@ -973,11 +1039,13 @@ async fn resize_same_host(
         Ok(()) => Finished::ok(InstanceState::ResizeTarget, Some(target)),
         Err(cause) => {
             op.cancel_waits().await;
-            // Back to the old definition, running again if it ran.
+            // Back to the old definition, running again if it ran (with its devices: a
+            // failed plug may have been of devices that had gone).
             let back = async {
                 op.destroy_domain().await?;
                 op.define(&record, None).await?;
                 if was_running {
+                    op.plug_all(&record).await?;
                     op.lv("start", op.deps.libvirt.clone().start(op.uuid, false))
                         .await?;
                     op.attached().await;

@@ -179,6 +179,40 @@ pub struct Sent {
 pub struct TeeSink {
     log: Mutex<Vec<Sent>>,
     targets: Mutex<Vec<EventsHandle>>,
+    /// The event fault applied between the service and the actors, if any.
+    rule: Mutex<Option<EventRule>>,
+    /// Events a [`EventFault::Held`] rule kept back.
+    held: Mutex<Vec<ExternalEvent>>,
+    /// Events the rule changed, dropped or kept back so far.
+    hits: std::sync::atomic::AtomicUsize,
+    /// The rule acts on the events of this target only (the nth host's actor); the others
+    /// get them as sent. `None`: every target.
+    scope: Mutex<Option<usize>>,
+}
+
+/// What happens to the `network-vif-plugged` events of one instance on their way from the
+/// service to the actors (the seam of the event faults; every other event passes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventFault {
+    /// Dropped.
+    Lost,
+    /// Kept back until [`TeeSink::release_held`] (delivered late).
+    Held,
+    /// Delivered twice.
+    Duplicated,
+    /// Delivered with status `failed`.
+    Failed,
+    /// Delivered with the tag of a port the instance does not have.
+    WrongPort,
+    /// Delivered for another instance (`server_uuid` rewritten).
+    OtherInstance(Uuid),
+}
+
+/// An [`EventFault`] for one instance's `network-vif-plugged` events.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EventRule {
+    pub instance: Uuid,
+    pub fault: EventFault,
 }
 
 impl TeeSink {
@@ -224,20 +258,108 @@ impl TeeSink {
     }
 }
 
+impl TeeSink {
+    /// Apply `rule` to the events from now on (None: deliver as sent).
+    pub fn set_event_fault(&self, rule: Option<EventRule>) {
+        *self.rule.lock().unwrap() = rule;
+    }
+
+    /// Apply the rule to the events of the `nth` host's actor only (`None`: every host's).
+    pub fn set_event_scope(&self, nth: Option<usize>) {
+        *self.scope.lock().unwrap() = nth;
+    }
+
+    /// How many events the rule acted on so far.
+    pub fn fault_hits(&self) -> usize {
+        self.hits.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Deliver the events a [`EventFault::Held`] rule kept back (now late); how many.
+    pub fn release_held(&self) -> usize {
+        let held = std::mem::take(&mut *self.held.lock().unwrap());
+        let n = held.len();
+        for e in held {
+            self.to_targets(&e);
+        }
+        n
+    }
+
+    /// Deliver an event the service did not send (a stray, an early copy), logged too.
+    pub fn inject(&self, event: ExternalEvent) {
+        self.log.lock().unwrap().push(Sent {
+            at: Instant::now(),
+            event: event.clone(),
+        });
+        self.to_targets(&event);
+    }
+
+    fn to_targets(&self, event: &ExternalEvent) {
+        for t in self.targets.lock().unwrap().iter() {
+            t.deliver(event.clone());
+        }
+    }
+
+    /// What the rule makes of an event: the events to deliver now.
+    fn apply(&self, event: ExternalEvent) -> Vec<ExternalEvent> {
+        let rule = *self.rule.lock().unwrap();
+        let Some(rule) = rule.filter(|r| {
+            r.instance == event.server_uuid && event.name == EventName::NetworkVifPlugged
+        }) else {
+            return vec![event];
+        };
+        self.hits.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        match rule.fault {
+            EventFault::Lost => vec![],
+            EventFault::Held => {
+                self.held.lock().unwrap().push(event);
+                vec![]
+            }
+            EventFault::Duplicated => vec![event.clone(), event],
+            EventFault::Failed => vec![ExternalEvent {
+                status: EventStatus::Failed,
+                ..event
+            }],
+            EventFault::WrongPort => vec![ExternalEvent {
+                tag: Some(Uuid::new_v4().to_string()),
+                ..event
+            }],
+            EventFault::OtherInstance(other) => vec![ExternalEvent {
+                server_uuid: other,
+                ..event
+            }],
+        }
+    }
+}
+
 impl EventSink for TeeSink {
     fn deliver(&self, event: ExternalEvent) {
         self.log.lock().unwrap().push(Sent {
             at: Instant::now(),
             event: event.clone(),
         });
-        for t in self.targets.lock().unwrap().iter() {
-            t.deliver(event.clone());
+        let scope = *self.scope.lock().unwrap();
+        let Some(nth) = scope else {
+            for e in self.apply(event) {
+                self.to_targets(&e);
+            }
+            return;
+        };
+        let faulted = self.apply(event.clone());
+        let targets = self.targets.lock().unwrap().clone();
+        for (i, t) in targets.iter().enumerate() {
+            if i == nth {
+                for e in &faulted {
+                    t.deliver(e.clone());
+                }
+            } else {
+                t.deliver(event.clone());
+            }
         }
     }
 }
 
-/// Calls of [`FaultyNetwork`] a fault can be armed on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Calls of [`FaultyNetwork`] a fault can be armed on (every call of [`NetworkApi`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum NetCall {
     GetPort,
     UpdatePort,
@@ -247,12 +369,84 @@ pub enum NetCall {
     Allocate,
     Deallocate,
     SetupNetworks,
+    ListPorts,
+    GetNetwork,
+    CreatePort,
+    DeletePort,
+    ShowBindings,
+}
+
+impl NetCall {
+    /// The call's name in tables and messages.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            NetCall::GetPort => "get port",
+            NetCall::UpdatePort => "update port",
+            NetCall::CreateBinding => "create binding",
+            NetCall::ActivateBinding => "activate binding",
+            NetCall::DeleteBinding => "delete binding",
+            NetCall::Allocate => "allocate",
+            NetCall::Deallocate => "deallocate",
+            NetCall::SetupNetworks => "setup networks",
+            NetCall::ListPorts => "list ports",
+            NetCall::GetNetwork => "get network",
+            NetCall::CreatePort => "create port",
+            NetCall::DeletePort => "delete port",
+            NetCall::ShowBindings => "show bindings",
+        }
+    }
+
+    /// True for calls that change the service (a timeout may have applied them).
+    pub fn mutates(&self) -> bool {
+        !matches!(
+            self,
+            NetCall::GetPort | NetCall::ListPorts | NetCall::GetNetwork | NetCall::ShowBindings
+        )
+    }
+}
+
+/// How an armed [`FaultyNetwork`] call fails.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum NetFailure {
+    /// The service answers this HTTP status, mapped to the error the Neutron client gives
+    /// for it on that call (404 → `PortNotFound`/`BindingNotFound`/`NetworkNotFound`, 409 on
+    /// a binding → `BindingExists`/`BindingAlreadyActive`, otherwise the call's variant with
+    /// `Failure::Status`). Where the client reads the status as "already so" (404 on a
+    /// delete, 409 on creating or activating a binding) the service really is so: the
+    /// change is applied and the status is what a retry of a lost answer gets.
+    Status(u16),
+    /// No answer in time (`Failure::Timeout`). A change the call asked for was applied: the
+    /// answer, not the request, was lost.
+    Timeout,
+    /// The service is down (`Failure::Connect`): this call and every later one fail until
+    /// [`FaultyNetwork::set_down`]`(false)`.
+    Down,
+}
+
+impl NetFailure {
+    /// Every failure the matrix injects.
+    pub const ALL: [NetFailure; 5] = [
+        NetFailure::Status(500),
+        NetFailure::Status(409),
+        NetFailure::Status(404),
+        NetFailure::Timeout,
+        NetFailure::Down,
+    ];
+
+    pub fn label(&self) -> String {
+        match self {
+            NetFailure::Status(s) => s.to_string(),
+            NetFailure::Timeout => "timeout".into(),
+            NetFailure::Down => "down".into(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
 struct NetFault {
     call: NetCall,
     skip: usize,
+    failure: NetFailure,
 }
 
 /// The injected cause of a [`FaultyNetwork`] failure.
@@ -260,46 +454,158 @@ struct NetFault {
 #[error("injected network failure")]
 pub struct InjectedNetworkFailure;
 
-/// The embedded network service behind a fault seam: a call of a kind fails (HTTP 503, as a
-/// broken Neutron answers) after `skip` successful ones. Everything else goes through.
+/// A point an operation is held at until the test lets it go.
+#[derive(Debug)]
+pub struct Hold {
+    reached: tokio::sync::watch::Sender<bool>,
+    released: tokio::sync::watch::Sender<bool>,
+}
+
+impl Default for Hold {
+    fn default() -> Self {
+        Hold {
+            reached: tokio::sync::watch::channel(false).0,
+            released: tokio::sync::watch::channel(false).0,
+        }
+    }
+}
+
+impl Hold {
+    pub fn new() -> Arc<Hold> {
+        Arc::new(Hold::default())
+    }
+
+    /// Called by the seam: mark the hold reached and wait for the release.
+    pub async fn pass(&self) {
+        self.reached.send_replace(true);
+        let mut rx = self.released.subscribe();
+        let _ = rx.wait_for(|r| *r).await;
+    }
+
+    pub fn is_reached(&self) -> bool {
+        *self.reached.borrow()
+    }
+
+    /// Wait (10 s at most) until the operation is held here.
+    pub async fn reached(&self, what: &str) {
+        let mut rx = self.reached.subscribe();
+        tokio::time::timeout(Duration::from_secs(10), rx.wait_for(|r| *r))
+            .await
+            .unwrap_or_else(|_| panic!("the operation never reached {what}"))
+            .unwrap();
+    }
+
+    pub fn release(&self) {
+        self.released.send_replace(true);
+    }
+}
+
+/// The embedded network service behind a fault seam: an armed call fails after `skip`
+/// successful ones (see [`NetFailure`]); a held call waits for the test. Every call is
+/// recorded. Everything else goes through.
 #[derive(Debug)]
 pub struct FaultyNetwork {
     inner: Arc<EmbeddedNetwork>,
     faults: Mutex<Vec<NetFault>>,
+    /// Shared by the seams of every host of a cloud: the service is down for all of them.
+    down: Arc<std::sync::atomic::AtomicBool>,
+    calls: Mutex<Vec<NetCall>>,
+    holds: Mutex<Vec<(NetCall, usize, Arc<Hold>)>>,
 }
 
 impl FaultyNetwork {
     pub fn new(inner: Arc<EmbeddedNetwork>) -> Self {
+        Self::sharing(inner, Arc::default())
+    }
+
+    /// A seam whose "down" state is `down` (shared with other hosts' seams).
+    pub fn sharing(inner: Arc<EmbeddedNetwork>, down: Arc<std::sync::atomic::AtomicBool>) -> Self {
         FaultyNetwork {
             inner,
             faults: Mutex::default(),
+            down,
+            calls: Mutex::default(),
+            holds: Mutex::default(),
         }
     }
 
-    /// Fail the next call of `call` after `skip` successful ones (once).
+    /// Fail the next call of `call` after `skip` successful ones (once) with HTTP 503.
     pub fn fail(&self, call: NetCall, skip: usize) {
-        self.faults.lock().unwrap().push(NetFault { call, skip });
+        self.fail_with(call, skip, NetFailure::Status(503));
+    }
+
+    /// Fail the next call of `call` after `skip` successful ones with `failure`.
+    pub fn fail_with(&self, call: NetCall, skip: usize, failure: NetFailure) {
+        self.faults.lock().unwrap().push(NetFault {
+            call,
+            skip,
+            failure,
+        });
+    }
+
+    /// Hold the next call of `call` after `skip` others until the hold is released.
+    pub fn hold(&self, call: NetCall, skip: usize) -> Arc<Hold> {
+        let h = Hold::new();
+        self.holds.lock().unwrap().push((call, skip, h.clone()));
+        h
+    }
+
+    /// The service goes down (every call of every host sharing the state fails to connect)
+    /// or comes back.
+    pub fn set_down(&self, down: bool) {
+        self.down.store(down, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    pub fn is_down(&self) -> bool {
+        self.down.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     pub fn clear(&self) {
         self.faults.lock().unwrap().clear();
+        self.holds.lock().unwrap().clear();
+        self.set_down(false);
     }
 
     pub fn armed(&self) -> usize {
         self.faults.lock().unwrap().len()
     }
 
-    fn fires(&self, call: NetCall) -> bool {
-        let mut faults = self.faults.lock().unwrap();
-        let Some(i) = faults.iter().position(|f| f.call == call) else {
-            return false;
+    /// The calls made since the last [`FaultyNetwork::take_calls`], in order.
+    pub fn take_calls(&self) -> Vec<NetCall> {
+        std::mem::take(&mut *self.calls.lock().unwrap())
+    }
+
+    /// Record the call, pass a hold armed on it, and tell how it fails (if it does).
+    async fn enter(&self, call: NetCall) -> Option<NetFailure> {
+        self.calls.lock().unwrap().push(call);
+        let hold = {
+            let mut holds = self.holds.lock().unwrap();
+            match holds.iter().position(|(c, _, _)| *c == call) {
+                Some(i) if holds[i].1 == 0 => Some(holds.remove(i).2),
+                Some(i) => {
+                    holds[i].1 -= 1;
+                    None
+                }
+                None => None,
+            }
         };
+        if let Some(h) = hold {
+            h.pass().await;
+        }
+        if self.is_down() {
+            return Some(NetFailure::Down);
+        }
+        let mut faults = self.faults.lock().unwrap();
+        let i = faults.iter().position(|f| f.call == call)?;
         if faults[i].skip > 0 {
             faults[i].skip -= 1;
-            return false;
+            return None;
         }
-        faults.remove(i);
-        true
+        let f = faults.remove(i);
+        if f.failure == NetFailure::Down {
+            self.set_down(true);
+        }
+        Some(f.failure)
     }
 }
 
@@ -307,50 +613,136 @@ fn injected() -> Box<dyn std::error::Error + Send + Sync> {
     Box::new(InjectedNetworkFailure)
 }
 
-const F503: Failure = Failure::Status(503);
+/// The request failure a [`NetFailure`] is on the wire.
+fn wire(f: NetFailure) -> Failure {
+    match f {
+        NetFailure::Status(s) => Failure::Status(s),
+        NetFailure::Timeout => Failure::Timeout,
+        NetFailure::Down => Failure::Connect,
+    }
+}
+
+/// `Ok(())`: the call goes to the service as usual (the failure, if any, is the caller's to
+/// build after it). `Err`: fail now without touching the service.
+fn applied_first(call: NetCall, f: NetFailure) -> bool {
+    match f {
+        NetFailure::Timeout => call.mutates(),
+        NetFailure::Status(404) => matches!(
+            call,
+            NetCall::DeleteBinding | NetCall::DeletePort | NetCall::Deallocate
+        ),
+        NetFailure::Status(409) => {
+            matches!(call, NetCall::CreateBinding | NetCall::ActivateBinding)
+        }
+        _ => false,
+    }
+}
 
 #[async_trait]
 impl NetworkApi for FaultyNetwork {
     async fn list_instance_ports(&self, instance: Uuid) -> Result<Vec<Port>, NetworkError> {
+        if let Some(f) = self.enter(NetCall::ListPorts).await {
+            return Err(NetworkError::ListPorts {
+                instance,
+                failure: wire(f),
+                source: injected(),
+            });
+        }
         self.inner.list_instance_ports(instance).await
     }
 
     async fn get_port(&self, port: PortId) -> Result<Port, NetworkError> {
-        if self.fires(NetCall::GetPort) {
-            return Err(NetworkError::GetPort {
+        match self.enter(NetCall::GetPort).await {
+            None => self.inner.get_port(port).await,
+            Some(NetFailure::Status(404)) => Err(NetworkError::PortNotFound { port }),
+            Some(f) => Err(NetworkError::GetPort {
                 port,
-                failure: F503,
+                failure: wire(f),
                 source: injected(),
-            });
+            }),
         }
-        self.inner.get_port(port).await
     }
 
     async fn get_network(&self, network_id: &str) -> Result<NetworkSummary, NetworkError> {
-        self.inner.get_network(network_id).await
+        match self.enter(NetCall::GetNetwork).await {
+            None => self.inner.get_network(network_id).await,
+            Some(NetFailure::Status(404)) => Err(NetworkError::NetworkNotFound {
+                network: network_id.to_owned(),
+            }),
+            Some(f) => Err(NetworkError::GetNetwork {
+                network: network_id.to_owned(),
+                failure: wire(f),
+                source: injected(),
+            }),
+        }
     }
 
     async fn create_port(&self, network_id: &str) -> Result<Port, NetworkError> {
-        self.inner.create_port(network_id).await
+        match self.enter(NetCall::CreatePort).await {
+            None => self.inner.create_port(network_id).await,
+            Some(NetFailure::Status(404)) => Err(NetworkError::NetworkNotFound {
+                network: network_id.to_owned(),
+            }),
+            Some(f) => {
+                if applied_first(NetCall::CreatePort, f) {
+                    let _ = self.inner.create_port(network_id).await;
+                }
+                Err(NetworkError::CreatePort {
+                    network: network_id.to_owned(),
+                    failure: wire(f),
+                    source: injected(),
+                })
+            }
+        }
     }
 
     async fn update_port(&self, port: PortId, update: &PortUpdate) -> Result<Port, NetworkError> {
-        if self.fires(NetCall::UpdatePort) {
-            return Err(NetworkError::UpdatePort {
-                port,
-                failure: F503,
-                source: injected(),
-            });
+        match self.enter(NetCall::UpdatePort).await {
+            None => self.inner.update_port(port, update).await,
+            Some(NetFailure::Status(404)) => Err(NetworkError::PortNotFound { port }),
+            Some(f) => {
+                if applied_first(NetCall::UpdatePort, f) {
+                    let _ = self.inner.update_port(port, update).await;
+                }
+                Err(NetworkError::UpdatePort {
+                    port,
+                    failure: wire(f),
+                    source: injected(),
+                })
+            }
         }
-        self.inner.update_port(port, update).await
     }
 
     async fn delete_port(&self, port: PortId) -> Result<Removal, NetworkError> {
-        self.inner.delete_port(port).await
+        match self.enter(NetCall::DeletePort).await {
+            None => self.inner.delete_port(port).await,
+            Some(NetFailure::Status(404)) => {
+                let _ = self.inner.delete_port(port).await;
+                Ok(Removal::AlreadyGone)
+            }
+            Some(f) => {
+                if applied_first(NetCall::DeletePort, f) {
+                    let _ = self.inner.delete_port(port).await;
+                }
+                Err(NetworkError::DeletePort {
+                    port,
+                    failure: wire(f),
+                    source: injected(),
+                })
+            }
+        }
     }
 
     async fn show_bindings(&self, port: PortId) -> Result<Vec<PortBinding>, NetworkError> {
-        self.inner.show_bindings(port).await
+        match self.enter(NetCall::ShowBindings).await {
+            None => self.inner.show_bindings(port).await,
+            Some(NetFailure::Status(404)) => Err(NetworkError::PortNotFound { port }),
+            Some(f) => Err(NetworkError::ShowBindings {
+                port,
+                failure: wire(f),
+                source: injected(),
+            }),
+        }
     }
 
     async fn create_binding(
@@ -358,15 +750,27 @@ impl NetworkApi for FaultyNetwork {
         port: PortId,
         binding: &NewBinding,
     ) -> Result<PortBinding, NetworkError> {
-        if self.fires(NetCall::CreateBinding) {
-            return Err(NetworkError::CreateBinding {
-                port,
-                host: binding.host.clone(),
-                failure: F503,
-                source: injected(),
-            });
+        match self.enter(NetCall::CreateBinding).await {
+            None => self.inner.create_binding(port, binding).await,
+            Some(NetFailure::Status(404)) => Err(NetworkError::PortNotFound { port }),
+            Some(f) => {
+                if applied_first(NetCall::CreateBinding, f) {
+                    let _ = self.inner.create_binding(port, binding).await;
+                }
+                if f == NetFailure::Status(409) {
+                    return Err(NetworkError::BindingExists {
+                        port,
+                        host: binding.host.clone(),
+                    });
+                }
+                Err(NetworkError::CreateBinding {
+                    port,
+                    host: binding.host.clone(),
+                    failure: wire(f),
+                    source: injected(),
+                })
+            }
         }
-        self.inner.create_binding(port, binding).await
     }
 
     async fn activate_binding(
@@ -374,27 +778,51 @@ impl NetworkApi for FaultyNetwork {
         port: PortId,
         host: &str,
     ) -> Result<PortBinding, NetworkError> {
-        if self.fires(NetCall::ActivateBinding) {
-            return Err(NetworkError::ActivateBinding {
+        match self.enter(NetCall::ActivateBinding).await {
+            None => self.inner.activate_binding(port, host).await,
+            Some(NetFailure::Status(404)) => Err(NetworkError::BindingNotFound {
                 port,
                 host: host.to_owned(),
-                failure: F503,
-                source: injected(),
-            });
+            }),
+            Some(f) => {
+                if applied_first(NetCall::ActivateBinding, f) {
+                    let _ = self.inner.activate_binding(port, host).await;
+                }
+                if f == NetFailure::Status(409) {
+                    return Err(NetworkError::BindingAlreadyActive {
+                        port,
+                        host: host.to_owned(),
+                    });
+                }
+                Err(NetworkError::ActivateBinding {
+                    port,
+                    host: host.to_owned(),
+                    failure: wire(f),
+                    source: injected(),
+                })
+            }
         }
-        self.inner.activate_binding(port, host).await
     }
 
     async fn delete_binding(&self, port: PortId, host: &str) -> Result<Removal, NetworkError> {
-        if self.fires(NetCall::DeleteBinding) {
-            return Err(NetworkError::DeleteBinding {
-                port,
-                host: host.to_owned(),
-                failure: F503,
-                source: injected(),
-            });
+        match self.enter(NetCall::DeleteBinding).await {
+            None => self.inner.delete_binding(port, host).await,
+            Some(NetFailure::Status(404)) => {
+                let _ = self.inner.delete_binding(port, host).await;
+                Ok(Removal::AlreadyGone)
+            }
+            Some(f) => {
+                if applied_first(NetCall::DeleteBinding, f) {
+                    let _ = self.inner.delete_binding(port, host).await;
+                }
+                Err(NetworkError::DeleteBinding {
+                    port,
+                    host: host.to_owned(),
+                    failure: wire(f),
+                    source: injected(),
+                })
+            }
         }
-        self.inner.delete_binding(port, host).await
     }
 
     async fn allocate_for_instance(
@@ -403,16 +831,22 @@ impl NetworkApi for FaultyNetwork {
         host: &str,
         requests: &[PortRequest],
     ) -> Result<NetworkInfo, NetworkError> {
-        if self.fires(NetCall::Allocate) {
-            return Err(NetworkError::CreatePort {
+        match self.enter(NetCall::Allocate).await {
+            None => {
+                self.inner
+                    .allocate_for_instance(instance, host, requests)
+                    .await
+            }
+            // A composite call: the service's own clean-up of a failed allocation ran.
+            Some(NetFailure::Status(404)) => Err(NetworkError::NetworkNotFound {
                 network: "any".into(),
-                failure: F503,
+            }),
+            Some(f) => Err(NetworkError::CreatePort {
+                network: "any".into(),
+                failure: wire(f),
                 source: injected(),
-            });
+            }),
         }
-        self.inner
-            .allocate_for_instance(instance, host, requests)
-            .await
     }
 
     async fn deallocate_for_instance(
@@ -420,23 +854,42 @@ impl NetworkApi for FaultyNetwork {
         instance: Uuid,
         network_info: &NetworkInfo,
     ) -> Result<Deallocation, NetworkError> {
-        if self.fires(NetCall::Deallocate) {
-            return Err(NetworkError::Deallocate {
-                instance,
-                done: Box::default(),
-                failures: vec![NetworkError::DeletePort {
-                    port: network_info
-                        .vifs
-                        .first()
-                        .map_or(PortId(Uuid::nil()), |v| v.id),
-                    failure: F503,
-                    source: injected(),
-                }],
-            });
+        let port = network_info
+            .vifs
+            .first()
+            .map_or(PortId(Uuid::nil()), |v| v.id);
+        match self.enter(NetCall::Deallocate).await {
+            None => {
+                self.inner
+                    .deallocate_for_instance(instance, network_info)
+                    .await
+            }
+            // A 404 on a port is "already gone" to the client: the deallocation completes.
+            Some(NetFailure::Status(404)) => {
+                self.inner
+                    .deallocate_for_instance(instance, network_info)
+                    .await
+            }
+            Some(f) => {
+                let done = if applied_first(NetCall::Deallocate, f) {
+                    self.inner
+                        .deallocate_for_instance(instance, network_info)
+                        .await
+                        .unwrap_or_default()
+                } else {
+                    Deallocation::default()
+                };
+                Err(NetworkError::Deallocate {
+                    instance,
+                    done: Box::new(done),
+                    failures: vec![NetworkError::DeletePort {
+                        port,
+                        failure: wire(f),
+                        source: injected(),
+                    }],
+                })
+            }
         }
-        self.inner
-            .deallocate_for_instance(instance, network_info)
-            .await
     }
 
     async fn setup_networks_on_host(
@@ -446,16 +899,187 @@ impl NetworkApi for FaultyNetwork {
         teardown: bool,
         migration: Option<&MigrationHosts>,
     ) -> Result<Vec<HostSetupChange>, NetworkError> {
-        if self.fires(NetCall::SetupNetworks) {
-            return Err(NetworkError::SetupNetworksOnHost {
-                instance,
-                done: Vec::new(),
-                failures: Vec::new(),
-            });
+        match self.enter(NetCall::SetupNetworks).await {
+            None => {
+                self.inner
+                    .setup_networks_on_host(instance, host, teardown, migration)
+                    .await
+            }
+            // A 404 on a port is skipped by the client's flow: the setup completes.
+            Some(NetFailure::Status(404)) => {
+                self.inner
+                    .setup_networks_on_host(instance, host, teardown, migration)
+                    .await
+            }
+            Some(f) => {
+                let done = if applied_first(NetCall::SetupNetworks, f) {
+                    self.inner
+                        .setup_networks_on_host(instance, host, teardown, migration)
+                        .await
+                        .unwrap_or_default()
+                } else {
+                    Vec::new()
+                };
+                Err(NetworkError::SetupNetworksOnHost {
+                    instance,
+                    done,
+                    failures: vec![NetworkError::UpdatePort {
+                        port: PortId(Uuid::nil()),
+                        failure: wire(f),
+                        source: injected(),
+                    }],
+                })
+            }
         }
-        self.inner
-            .setup_networks_on_host(instance, host, teardown, migration)
-            .await
+    }
+}
+
+/// A plugger call a [`PlugGate`] can hold an operation at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum PlugPoint {
+    Plug,
+    Unplug,
+    /// libvirt made the domain's devices (it started).
+    Attached,
+    /// libvirt removed the domain's devices (it stopped).
+    Detached,
+}
+
+/// The pause seam of the plugger: holds an operation at a [`PlugPoint`].
+#[derive(Debug, Default)]
+pub struct PlugGate {
+    holds: Mutex<Vec<(PlugPoint, usize, Arc<Hold>)>>,
+}
+
+impl PlugGate {
+    /// Hold the operation at the next call of `point` after `skip` others.
+    pub fn hold(&self, point: PlugPoint, skip: usize) -> Arc<Hold> {
+        let h = Hold::new();
+        self.holds.lock().unwrap().push((point, skip, h.clone()));
+        h
+    }
+
+    pub fn clear(&self) {
+        self.holds.lock().unwrap().clear();
+    }
+
+    async fn pass(&self, point: PlugPoint) {
+        let hold = {
+            let mut holds = self.holds.lock().unwrap();
+            match holds.iter().position(|(p, _, _)| *p == point) {
+                Some(i) if holds[i].1 == 0 => Some(holds.remove(i).2),
+                Some(i) => {
+                    holds[i].1 -= 1;
+                    None
+                }
+                None => None,
+            }
+        };
+        if let Some(h) = hold {
+            h.pass().await;
+        }
+    }
+}
+
+/// The recording plugger behind a [`PlugGate`] (the hosts of a [`TestCloud`] use it).
+#[derive(Debug)]
+pub struct GatedPlugger {
+    inner: Arc<RecordingPlugger>,
+    gate: Arc<PlugGate>,
+}
+
+#[async_trait]
+impl VifPlugger for GatedPlugger {
+    async fn plug(
+        &self,
+        ctx: &vireo_actors::plug::PlugContext,
+        vif: &vireo_actors::vif::Vif,
+    ) -> Result<vireo_actors::plug::Plugged, vireo_actors::plug::PlugError> {
+        self.gate.pass(PlugPoint::Plug).await;
+        self.inner.plug(ctx, vif).await
+    }
+
+    async fn unplug(
+        &self,
+        ctx: &vireo_actors::plug::PlugContext,
+        vif: &vireo_actors::vif::Vif,
+    ) -> Result<(), vireo_actors::plug::PlugError> {
+        self.gate.pass(PlugPoint::Unplug).await;
+        self.inner.unplug(ctx, vif).await
+    }
+
+    fn wiring(&self) -> Arc<dyn vireo_actors::wiring::WiringSource> {
+        self.inner.wiring()
+    }
+
+    async fn devices_attached(&self, ports: &[PortId]) {
+        self.gate.pass(PlugPoint::Attached).await;
+        self.inner.devices_attached(ports).await
+    }
+
+    async fn devices_detached(&self, ports: &[PortId]) {
+        self.gate.pass(PlugPoint::Detached).await;
+        self.inner.devices_detached(ports).await
+    }
+}
+
+/// Every libvirt worker of a connection busy with a call that waits for the test: the next
+/// call an operation makes queues behind them (the operation is held there).
+#[derive(Debug)]
+pub struct LibvirtHold {
+    gate: Arc<(std::sync::Mutex<bool>, std::sync::Condvar)>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl LibvirtHold {
+    /// Occupy every worker of `lv`; returns once all of them are held.
+    pub async fn start(lv: &vireo_actors::libvirt::LibvirtHandle) -> LibvirtHold {
+        let gate = Arc::new((std::sync::Mutex::new(false), std::sync::Condvar::new()));
+        let entered = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let workers = lv.config().workers;
+        let mut tasks = Vec::new();
+        for _ in 0..workers {
+            let (lv, gate, entered) = (lv.clone(), gate.clone(), entered.clone());
+            tasks.push(tokio::spawn(async move {
+                let _ = lv
+                    .call_with_timeout("test hold", Duration::from_secs(120), move |_conn| {
+                        entered.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        let (lock, cv) = &*gate;
+                        let mut released = lock.lock().unwrap();
+                        while !*released {
+                            released = cv.wait(released).unwrap();
+                        }
+                        Ok(())
+                    })
+                    .await;
+            }));
+        }
+        eventually(Duration::from_secs(10), "every libvirt worker held", || {
+            let n = entered.load(std::sync::atomic::Ordering::SeqCst);
+            async move { (n == workers).then_some(()) }
+        })
+        .await;
+        LibvirtHold { gate, tasks }
+    }
+
+    /// Let the workers go; returns once they are free.
+    pub async fn release(mut self) {
+        self.open();
+        for t in std::mem::take(&mut self.tasks) {
+            let _ = t.await;
+        }
+    }
+
+    fn open(&self) {
+        let (lock, cv) = &*self.gate;
+        *lock.lock().unwrap() = true;
+        cv.notify_all();
+    }
+}
+
+impl Drop for LibvirtHold {
+    fn drop(&mut self) {
+        self.open();
     }
 }
 
@@ -465,6 +1089,9 @@ pub struct Spec {
     pub hosts: Vec<String>,
     pub instances: InstanceConfig,
     pub event_delay_ms: u64,
+    /// Hosts whose libvirt is a private libvirtd (the socket it listens on) instead of an
+    /// in-process `test:///` connection: the host's node file is read by that daemon.
+    pub remote: BTreeMap<String, PathBuf>,
 }
 
 /// Hosts `hosts`, fatal waits of 30 s (an operation that waits that long has failed), fast
@@ -484,10 +1111,17 @@ pub fn spec(hosts: &[&str]) -> Spec {
             ..InstanceConfig::default()
         },
         event_delay_ms: 0,
+        remote: BTreeMap::new(),
     }
 }
 
 impl Spec {
+    /// `host`'s libvirt is the private libvirtd listening on `socket`.
+    pub fn remote(mut self, host: &str, socket: PathBuf) -> Self {
+        self.remote.insert(host.to_owned(), socket);
+        self
+    }
+
     pub fn timeout(mut self, t: Duration) -> Self {
         self.instances.wait.timeout = t;
         self
@@ -511,6 +1145,10 @@ pub struct Host {
     pub plugger: Arc<RecordingPlugger>,
     pub net: Arc<FaultyNetwork>,
     pub uri: String,
+    /// The pause seam in front of the plugger.
+    pub gate: Arc<PlugGate>,
+    /// The test-driver node file the host's connection was opened on.
+    pub node_file: PathBuf,
 }
 
 /// Compute hosts on private `test:///` files sharing one actor system, one network-event
@@ -527,6 +1165,7 @@ pub struct TestCloud {
     pub spec: Spec,
     pub dir: Arc<TempDir>,
     files: usize,
+    net_down: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// What survives an agent crash: the network service, the host devices (the pluggers) and
@@ -539,6 +1178,7 @@ pub struct Remains {
     pub spec: Spec,
     pub dir: Arc<TempDir>,
     files: usize,
+    net_down: Arc<std::sync::atomic::AtomicBool>,
 }
 
 pub async fn on_thread<T: Send + 'static>(
@@ -602,6 +1242,7 @@ impl TestCloud {
             spec: spec.clone(),
             dir: Arc::new(tempfile::tempdir().unwrap()),
             files: 0,
+            net_down: Arc::default(),
         };
         let nodes = spec.hosts.iter().map(|h| (h.clone(), None)).collect();
         Self::restart_on(system, remains, nodes).await
@@ -636,6 +1277,7 @@ impl TestCloud {
             spec: remains.spec,
             dir: remains.dir,
             files: remains.files,
+            net_down: remains.net_down,
         };
         let mut pluggers = remains.pluggers;
         for (name, domains) in nodes {
@@ -656,15 +1298,38 @@ impl TestCloud {
         self.files += 1;
         let file: PathBuf = self.dir.path().join(format!("{name}-{}.xml", self.files));
         std::fs::write(&file, format!("<node>\n{}</node>\n", domains.unwrap_or(""))).unwrap();
-        let uri = test_uri(&file);
+        let remote = self.spec.remote.get(name).cloned();
+        let uri = match &remote {
+            Some(socket) => format!("test+unix://{}?socket={}", file.display(), socket.display()),
+            None => test_uri(&file),
+        };
         let (n, h, w) = (self.network.clone(), name.to_owned(), plugger.wiring());
         on_thread(&self.system, move || n.attach_host(&h, w))
             .await
             .unwrap();
-        let net = Arc::new(FaultyNetwork::new(self.network.clone()));
+        let net = Arc::new(FaultyNetwork::sharing(
+            self.network.clone(),
+            self.net_down.clone(),
+        ));
+        let libvirt = match remote {
+            // A daemon that dies or freezes is noticed within ~2 s and reconnected to fast.
+            Some(_) => LibvirtConfig {
+                keepalive: vireo_actors::libvirt::Keepalive {
+                    interval_s: 1,
+                    count: 1,
+                },
+                reconnect_min_ms: 50,
+                reconnect_max_ms: 200,
+                call_timeout_ms: 30_000,
+                join_timeout_ms: 500,
+                ..LibvirtConfig::for_uri(uri.clone())
+            },
+            None => LibvirtConfig::for_uri(uri.clone()),
+        };
+        let gate = Arc::new(PlugGate::default());
         let config = DriverConfig {
             host: name.to_owned(),
-            libvirt: LibvirtConfig::for_uri(uri.clone()),
+            libvirt,
             instances: self.spec.instances.clone(),
             events: EventConfig::default(),
             plugging: PluggingConfig::Recording,
@@ -678,7 +1343,10 @@ impl TestCloud {
             .events(events)
             .peers(self.peers.clone())
             .network(SharedNetwork::Api(net.clone()))
-            .plugger(plugger.clone())
+            .plugger(Arc::new(GatedPlugger {
+                inner: plugger.clone(),
+                gate: gate.clone(),
+            }))
             .build()
             .await
             .unwrap();
@@ -688,6 +1356,8 @@ impl TestCloud {
             plugger,
             net,
             uri,
+            gate,
+            node_file: file,
         });
     }
 
@@ -708,6 +1378,7 @@ impl TestCloud {
             spec,
             dir,
             files,
+            net_down,
         } = self;
         let pluggers = hosts
             .iter()
@@ -729,6 +1400,7 @@ impl TestCloud {
             spec,
             dir,
             files,
+            net_down,
         }
     }
 
@@ -763,6 +1435,15 @@ impl TestCloud {
             out.insert(h.name.clone(), xml);
         }
         out
+    }
+
+    /// Write `host`'s domains, as they are now, into its node file: what a new connection
+    /// (after a reconnect, or a restart of its private libvirtd) finds, as a real libvirtd
+    /// finds its domains again after a restart.
+    pub async fn persist_domains(&self, host: &str) {
+        let dump = self.dump_domains().await;
+        let h = self.host(host);
+        std::fs::write(&h.node_file, format!("<node>\n{}</node>\n", dump[host])).unwrap();
     }
 
     /// Stop every host and the event actor.
@@ -938,6 +1619,32 @@ pub async fn silent_port(
     (p, vif)
 }
 
+/// An unbound user port keeps no binding for another host. (The service shows bindings of
+/// compute ports only: the port is made one for the look.)
+pub async fn assert_no_inactive_binding(c: &TestCloud, p: PortId) {
+    let Ok(port) = c.network.get_port(p).await else {
+        return;
+    };
+    let owner = |o: &str| PortUpdate {
+        device_owner: Some(o.to_owned()),
+        ..PortUpdate::default()
+    };
+    c.network
+        .update_port(p, &owner("compute:nova"))
+        .await
+        .unwrap();
+    let bindings = c.network.show_bindings(p).await.unwrap();
+    c.network
+        .update_port(p, &owner(&port.device_owner))
+        .await
+        .unwrap();
+    let inactive: Vec<_> = bindings
+        .iter()
+        .filter(|b| b.status == vireo_actors::network::BindingStatus::Inactive)
+        .collect();
+    assert!(inactive.is_empty(), "user port {p} keeps {inactive:?}");
+}
+
 /// Leak check: no domain on any host, nothing plugged, no instance actor, no port left but
 /// `user_ports` and those unbound (no host, device id/owner, PCI keys, `migrating_to`),
 /// nothing wired, no pending wait.
@@ -987,12 +1694,18 @@ pub async fn leak_check(
                     .map(|(name, _, _)| (name.to_string(), p.id))
             })
             .collect();
-        if stats.waits_now == 0 && wired.is_empty() {
+        // Nothing of an instance is left once it is gone: no wait, no buffered event, no
+        // entry (the actor forgets an instance when it goes).
+        if stats.waits_now == 0
+            && stats.buffered_now == 0
+            && stats.instances_now == 0
+            && wired.is_empty()
+        {
             break;
         }
         assert!(
             Instant::now() < deadline,
-            "waits left: {stats:?}; still wired: {wired:?}"
+            "waits, buffered events or instances left: {stats:?}; still wired: {wired:?}"
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
