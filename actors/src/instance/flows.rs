@@ -1530,6 +1530,10 @@ pub(crate) async fn attach_interface(
     let mut with = record.clone();
     with.network_info.vifs.push(vif.clone());
     let mut attached = false;
+    let in_flight = op.in_flight(
+        "plug",
+        json!({ "vif": vif.raw_value(), "index": vif.index }),
+    );
     let r = async {
         let mut single = NetworkInfo {
             vifs: vec![vif.clone()],
@@ -1544,6 +1548,9 @@ pub(crate) async fn attach_interface(
         let plug = op
             .expect(Timing::PlugTime, prediction.plug_time_events(), pol)
             .await?;
+        // The interface is marked in flight before anything of it exists: an agent that
+        // dies before the attach finished has recovery take it away again.
+        op.save(&record, Some(in_flight.clone())).await?;
         op.phase("plug");
         op.plug(&with, &vif).await?;
         op.phase("attach");
@@ -1574,7 +1581,7 @@ pub(crate) async fn attach_interface(
                     .await?;
                 }
                 attached = true;
-                op.define(&with, None).await?;
+                op.define(&with, Some(in_flight.clone())).await?;
             }
             Err(e) => return Err(e),
         }
@@ -1602,6 +1609,8 @@ pub(crate) async fn attach_interface(
             }
             let form = op.form(&vif);
             let _ = op.unplug_as(&with, &vif, form).await;
+            // Nothing of the interface is left: neither is its in-flight mark.
+            let _ = op.save(&record, None).await;
             Finished::err(
                 from,
                 Some(record),
@@ -1731,6 +1740,13 @@ pub(crate) async fn recover(
 ) -> Finished {
     op.phase("recover");
     let mut failure = None;
+    let mut record = record;
+    if interrupted.kind == Request::AttachInterface.as_str() {
+        match undo_attach(op, &record, from, &interrupted.data).await {
+            Ok(without) => record = without,
+            Err(e) => failure = Some(e),
+        }
+    }
     if interrupted.kind == Request::LiveMigrate.as_str() {
         match serde_json::from_value::<Migration>(interrupted.data["migration"].clone()) {
             Ok(migration) => {
@@ -1781,4 +1797,36 @@ pub(crate) async fn recover(
             },
         ),
     }
+}
+
+/// An attach the agent died in: the interface's device is detached and its host side
+/// unplugged (each may or may not exist yet); returns the record without it.
+async fn undo_attach(
+    op: &mut OpCtx,
+    record: &InstanceRecord,
+    from: InstanceState,
+    data: &serde_json::Value,
+) -> Result<InstanceRecord, String> {
+    let index = data["index"]
+        .as_u64()
+        .and_then(|i| usize::try_from(i).ok())
+        .unwrap_or(record.network_info.vifs.len());
+    let vif = Vif::from_value(index, &data["vif"])
+        .map_err(|e| format!("interrupted attach without its interface: {e}"))?;
+    let mut without = record.clone();
+    without.network_info.vifs.retain(|v| v.id != vif.id);
+    for (i, v) in without.network_info.vifs.iter_mut().enumerate() {
+        v.index = i;
+    }
+    let mut with = without.clone();
+    with.network_info.vifs.push(vif.clone());
+    info!(instance = %op.uuid, port = %vif.id, "taking away an interface whose attach was interrupted");
+    let live = from != InstanceState::Stopped;
+    let detached = detach(op, &vif, live, &without).await;
+    let form = op.form(&vif);
+    let unplugged = op.unplug_as(&with, &vif, form).await;
+    detached
+        .and(unplugged)
+        .map(|()| without)
+        .map_err(|e| e.to_string())
 }
