@@ -1081,7 +1081,10 @@ async fn revert_same_host(
     back.flavor = resize.old_flavor.clone();
     back.resize = None;
     let r = async {
-        let in_flight = op.in_flight("revert", json!({ "migration": resize.migration }));
+        let in_flight = op.in_flight(
+            "revert",
+            json!({ "migration": resize.migration, "was_running": resize.was_running }),
+        );
         op.save(&record, Some(in_flight.clone())).await?;
         op.phase("remove the resized guest");
         op.destroy_domain().await?;
@@ -1739,6 +1742,9 @@ pub(crate) async fn recover(
     interrupted: vireo_xml::metadata::InFlightOperation,
 ) -> Finished {
     op.phase("recover");
+    if let Some(done) = recover_same_host(op, &record, &interrupted).await {
+        return done;
+    }
     let mut failure = None;
     let mut record = record;
     if interrupted.kind == Request::AttachInterface.as_str() {
@@ -1829,4 +1835,86 @@ async fn undo_attach(
         .and(unplugged)
         .map(|()| without)
         .map_err(|e| e.to_string())
+}
+
+/// A same-host resize or revert the agent died in, after it took the guest down: boot again
+/// from the definition libvirt has, devices plugged and the events awaited, running if the
+/// guest ran. Once a resize redefined the guest, that is the resized guest (the resize
+/// finishes: resize-target); before, the original one (as it was). A revert that redefined
+/// the guest has the original one (the revert finishes); one that did not still has the
+/// resize recorded and is done again by the actor (not here). None: not such an operation.
+async fn recover_same_host(
+    op: &mut OpCtx,
+    record: &InstanceRecord,
+    interrupted: &vireo_xml::metadata::InFlightOperation,
+) -> Option<Finished> {
+    let resize = interrupted.kind == Request::Resize.as_str();
+    let revert = interrupted.kind == Request::RevertResize.as_str();
+    let migration =
+        serde_json::from_value::<Migration>(interrupted.data["migration"].clone()).ok()?;
+    if !(resize || revert) || !migration.same_host() {
+        return None;
+    }
+    let target = record
+        .resize
+        .as_ref()
+        .filter(|r| r.role == ResizeRole::Target);
+    let (operation, run, state) = match target {
+        Some(r) if resize => (
+            Operation::FinishResize { same_host: true },
+            r.was_running,
+            InstanceState::ResizeTarget,
+        ),
+        // The revert's own recovery (RevertResize) runs for a record still resized.
+        Some(_) => return None,
+        None if resize => {
+            let run = record.state == InstanceState::Running;
+            (Operation::HardReboot, run, running_or_stopped(run))
+        }
+        None => {
+            let run = interrupted.data["was_running"].as_bool().unwrap_or(true);
+            (
+                Operation::RevertResize {
+                    source: migration.source_host.clone(),
+                    dest: migration.dest_host.clone(),
+                },
+                run,
+                running_or_stopped(run),
+            )
+        }
+    };
+    info!(instance = %op.uuid, kind = %interrupted.kind, %state, "booting an interrupted same-host resize or revert again");
+    let replug = matches!(operation, Operation::RevertResize { .. });
+    let r = async {
+        op.destroy_domain().await?;
+        if replug {
+            // As the revert does: every device plugged again for the original guest.
+            op.unplug_all(record).await?;
+        }
+        boot_with_events(op, record, operation, run).await?;
+        let mut done = record.clone();
+        done.state = state;
+        op.save(&done, None).await?;
+        Ok::<_, InstanceError>(done)
+    }
+    .await;
+    Some(match r {
+        Ok(done) => Finished::ok(state, Some(done)),
+        Err(e) => {
+            op.cancel_waits().await;
+            let _ = op.destroy_domain().await;
+            Finished::err(
+                InstanceState::Error,
+                Some(record.clone()),
+                InstanceError::RollbackFailed {
+                    request: Request::Recover,
+                    rollback: e.to_string(),
+                    cause: Box::new(InstanceError::Invalid(format!(
+                        "interrupted {} at {}",
+                        interrupted.kind, interrupted.phase
+                    ))),
+                },
+            )
+        }
+    })
 }
