@@ -1234,9 +1234,16 @@ pub(crate) async fn live_migrate(
             warn!(instance = %op.uuid, error = %cause, "live migration failed; rolling back");
             op.cancel_waits().await;
             let (do_cleanup, destroy_disks) = args.cleanup_flags();
-            let rollback =
-                rollback_live_migration(op, &record, &migration, h, do_cleanup, destroy_disks)
-                    .await;
+            let rollback = rollback_live_migration(
+                op,
+                &record,
+                &migration,
+                h,
+                do_cleanup,
+                destroy_disks,
+                std::time::Duration::ZERO,
+            )
+            .await;
             let state = settle_state(op, from).await;
             let state = if matches!(state, InstanceState::Running | InstanceState::Paused) {
                 state
@@ -1278,6 +1285,7 @@ async fn rollback_live_migration(
     h: Handover,
     do_cleanup: bool,
     destroy_disks: bool,
+    peer_wait: std::time::Duration,
 ) -> Result<(), String> {
     let mut failures = Vec::new();
     op.phase("roll back: network");
@@ -1299,21 +1307,38 @@ async fn rollback_live_migration(
         failures.push(format!("destination bindings: {e}"));
     }
     op.phase("roll back: destination");
-    if let Err(e) = op
-        .peer(
-            &migration.dest_host,
-            "rollback-live-migration-at-destination",
-            InstanceRequest::RollbackLiveMigrationAtDestination {
-                handover: Box::new(h),
-                do_cleanup,
-                destroy_disks,
-            },
-        )
-        .await
-    {
-        // The destination may be unreachable; what it holds is its own to clean (its
-        // devices carry the port ids) — the network side is done.
-        warn!(instance = %op.uuid, error = %e, "destination rollback failed");
+    // The destination is the only one to know what it prepared once its agent restarted
+    // (nothing of the instance is in its libvirt): one that is not back yet is waited for,
+    // up to `peer_wait`.
+    let deadline = tokio::time::Instant::now() + peer_wait;
+    loop {
+        let r = op
+            .peer(
+                &migration.dest_host,
+                "rollback-live-migration-at-destination",
+                InstanceRequest::RollbackLiveMigrationAtDestination {
+                    handover: Box::new(h.clone()),
+                    do_cleanup,
+                    destroy_disks,
+                },
+            )
+            .await;
+        match r {
+            Ok(_) => break,
+            Err(InstanceError::Peer { ref source, .. })
+                if matches!(
+                    **source,
+                    InstanceError::UnknownHost(_) | InstanceError::Unavailable
+                ) && tokio::time::Instant::now() < deadline =>
+            {
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+            Err(e) => {
+                // The destination may be unreachable; the network side is done.
+                warn!(instance = %op.uuid, error = %e, "destination rollback failed");
+                break;
+            }
+        }
     }
     if failures.is_empty() {
         Ok(())
@@ -1731,6 +1756,11 @@ pub(crate) async fn detach_interface(
 // ----------------------------------------------------------------------------------------
 // Recovery
 
+/// How long the recovery of an interrupted live migration waits for the destination's agent
+/// to be known: hosts served by one process (`vireo::local`) start one after the other, and
+/// the first one's recovery runs before the next is registered.
+const RECOVERY_PEER_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// An operation was in flight when the agent stopped and has no dedicated recovery: a live
 /// migration the guest never left for is rolled back (network clean-up from here, the
 /// destination told to remove what it prepared); anything else is reconciled — the state is
@@ -1757,8 +1787,17 @@ pub(crate) async fn recover(
         match serde_json::from_value::<Migration>(interrupted.data["migration"].clone()) {
             Ok(migration) => {
                 let h = handover(&record, &record.flavor, true);
-                if let Err(e) =
-                    rollback_live_migration(op, &record, &migration, h, true, true).await
+                // The destination's agent may be starting too: it is waited for, briefly.
+                if let Err(e) = rollback_live_migration(
+                    op,
+                    &record,
+                    &migration,
+                    h,
+                    true,
+                    true,
+                    RECOVERY_PEER_WAIT,
+                )
+                .await
                 {
                     failure = Some(e);
                 }
