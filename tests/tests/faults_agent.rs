@@ -46,6 +46,8 @@ pub enum Point {
     /// A live migration with the destination's bindings made and `migrating_to` set,
     /// before the guest moves.
     MidMigration,
+    /// A failed live migration's rollback, at its first network call.
+    InRollback,
 }
 
 impl fmt::Display for Point {
@@ -57,12 +59,16 @@ impl fmt::Display for Point {
             Point::AfterPlug => "with the interface plugged, before the device is attached",
             Point::EventWait => "while it waits for events",
             Point::MidMigration => "mid migration (bindings made, before the guest moves)",
+            Point::InRollback => "during the rollback",
         })
     }
 }
 
 /// The points of `op`.
 pub fn points(op: Op) -> Vec<Point> {
+    if op == Op::Rollback {
+        return vec![Point::InRollback];
+    }
     let mut v = vec![Point::FirstCall];
     if op == Op::Spawn {
         v.push(Point::BeforeDomain);
@@ -121,6 +127,7 @@ pub fn expect(op: Op, point: Point) -> Place {
             | Op::PowerOn
             | Op::Attach
             | Op::LiveMigration
+            | Op::Rollback
             | Op::Resize
             | Op::Revert
             | Op::RevertSameHost,
@@ -233,6 +240,13 @@ async fn case(c: TestCloud, op: Op, point: Point, n: usize) -> TestCloud {
                 p.starts_with("wait for")
             })
             .await;
+            domains = c.dump_domains().await;
+        }
+        Point::InRollback => {
+            // The rollback reads the ports first (see faults_support::net_points).
+            let hold = c.host(host).net.hold(NetCall::GetPort, 3);
+            task = start(op, &c, &s);
+            hold.reached("the rollback").await;
             domains = c.dump_domains().await;
         }
         Point::MidMigration => {
@@ -349,6 +363,11 @@ async fn live_migration() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rollback() {
+    agent_matrix(Op::Rollback).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reschedule() {
     agent_matrix(Op::Reschedule).await;
 }
@@ -401,6 +420,19 @@ async fn regression_a_same_host_resize_interrupted_after_redefine_finishes() {
 async fn regression_a_same_host_revert_interrupted_after_redefine_finishes() {
     let c = spec(&["h1"]).start().await;
     case(c, Op::RevertSameHost, Point::Plug, 0)
+        .await
+        .shutdown()
+        .await;
+}
+
+/// Both agents killed while a failed live migration rolled back, the destination's devices
+/// pre-wired: the source's recovery asked the destination to remove them before the
+/// destination's agent was back (unknown host: given up), and the restarted destination has
+/// nothing of the instance in libvirt: its devices stayed plugged. The source waits for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn regression_a_rollback_interrupted_after_the_destination_was_wired_unwires_it() {
+    let c = spec(&["h1", "h2"]).start().await;
+    case(c, Op::Rollback, Point::InRollback, 0)
         .await
         .shutdown()
         .await;

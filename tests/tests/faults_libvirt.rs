@@ -67,6 +67,9 @@ pub enum Point {
     FirstCall,
     /// While the operation waits for its events (held until the fault is in place).
     EventWait,
+    /// A failed live migration's rollback, at its first network call (held until the
+    /// fault is in place).
+    InRollback,
 }
 
 impl fmt::Display for Point {
@@ -74,6 +77,7 @@ impl fmt::Display for Point {
         f.write_str(match self {
             Point::FirstCall => "at its first libvirt call",
             Point::EventWait => "while it waits for events",
+            Point::InRollback => "during the rollback",
         })
     }
 }
@@ -82,7 +86,9 @@ impl fmt::Display for Point {
 pub fn fault_host(op: Op, point: Point) -> &'static str {
     match point {
         Point::EventWait => op.wait_at().map_or("h1", |(h, _)| h),
-        // Confirm and revert run on the destination, which goes first.
+        // The source rolls back.
+        Point::InRollback => "h1",
+        // A revert runs on the destination first; a confirm removes the source first.
         Point::FirstCall => match op {
             Op::Revert => "h2",
             _ => "h1",
@@ -91,8 +97,12 @@ pub fn fault_host(op: Op, point: Point) -> &'static str {
 }
 
 /// The points of `op`: every operation has a first libvirt call; those with a fatal event
-/// wait also fail during it.
+/// wait also fail during it; the rollback row is a live migration failing during its
+/// rollback.
 pub fn points(op: Op) -> Vec<Point> {
+    if op == Op::Rollback {
+        return vec![Point::InRollback];
+    }
     let mut v = vec![Point::FirstCall];
     if op.fatal_wait() {
         v.push(Point::EventWait);
@@ -123,7 +133,8 @@ pub fn expect(op: Op, fault: Fault, point: Point) -> Expect {
     match (op, point) {
         (Op::PowerOff | Op::Detach, _) => err(&[("h1", S::Running)]),
         (Op::PowerOn, _) => rb(&[("h1", S::Stopped)]),
-        (Op::Attach | Op::LiveMigration | Op::Rollback, _) => rb(&[("h1", S::Running)]),
+        (Op::Attach | Op::LiveMigration, _) => rb(&[("h1", S::Running)]),
+        (Op::Rollback, _) => rb(&[("h1", S::Running)]),
         (Op::Resize, Point::EventWait) => rb(&[("h1", S::Running)]),
         (Op::Confirm, _) => err(&[("h1", S::Error), ("h2", S::ResizeTarget)]),
         (Op::Revert, Point::FirstCall) => err(&[("h1", S::ResizeSource), ("h2", S::Error)]),
@@ -140,6 +151,12 @@ pub fn expect(op: Op, fault: Fault, point: Point) -> Expect {
             _,
         ) => err(&[("h1", S::Error)]),
     }
+}
+
+/// Where a case holds the operation until the fault is in place.
+enum Held {
+    Libvirt(LibvirtHold),
+    Net(Arc<Hold>),
 }
 
 /// A private libvirtd per host.
@@ -220,7 +237,16 @@ async fn case(
             // It runs until its first libvirt call on the host queues behind the hold (a
             // call queued after the fault fails the same way).
             tokio::time::sleep(Duration::from_millis(150)).await;
-            (task, Some(hold))
+            (task, Some(Held::Libvirt(hold)))
+        }
+        Point::InRollback => {
+            // The rollback reads the ports first (the live migration's calls before it: see
+            // faults_support::net_points).
+            let gate = c.host(host).net.hold(NetCall::GetPort, 3);
+            let task = start(op, c, &s);
+            gate.reached("the rollback").await;
+            c.persist_domains(host).await;
+            (task, Some(Held::Net(gate)))
         }
         Point::EventWait => {
             c.sink.set_event_fault(Some(EventRule {
@@ -259,8 +285,10 @@ async fn case(
         }
         Fault::Frozen => d.get(host).freeze().unwrap(),
     }
-    if let Some(hold) = hold {
-        hold.release().await;
+    match hold {
+        Some(Held::Libvirt(h)) => h.release().await,
+        Some(Held::Net(h)) => h.release(),
+        None => {}
     }
     c.sink.set_event_fault(None);
     c.sink.release_held();
@@ -356,6 +384,11 @@ async fn revert_same_host() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn live_migration() {
     libvirtd_matrix(Op::LiveMigration).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rollback() {
+    libvirtd_matrix(Op::Rollback).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
