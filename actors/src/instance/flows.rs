@@ -1633,7 +1633,7 @@ pub(crate) async fn attach_interface(
         Err(e) => {
             op.cancel_waits().await;
             if attached {
-                let _ = detach(op, &vif, from != InstanceState::Stopped, &record).await;
+                let _ = detach(op, &vif, from != InstanceState::Stopped, &record, None).await;
             }
             let form = op.form(&vif);
             let _ = op.unplug_as(&with, &vif, form).await;
@@ -1675,12 +1675,13 @@ fn no_device(r: &Result<(), InstanceError>) -> bool {
 }
 
 /// Detach the VIF's device; `without` is the record without it (the definition where the
-/// driver cannot change it through the device API).
+/// driver cannot change it through the device API, with `in_flight` kept in its metadata).
 async fn detach(
     op: &mut OpCtx,
     vif: &Vif,
     live: bool,
     without: &InstanceRecord,
+    in_flight: Option<vireo_xml::metadata::InFlightOperation>,
 ) -> Result<(), InstanceError> {
     let lv = op.deps.libvirt.clone();
     let alias = format!("{}{}", super::op::ALIAS_PREFIX, vif.id);
@@ -1710,7 +1711,7 @@ async fn detach(
                     r?;
                 }
             }
-            op.define(without, None).await?;
+            op.define(without, in_flight).await?;
         }
         Err(e) => return Err(e),
     }
@@ -1737,9 +1738,23 @@ pub(crate) async fn detach_interface(
     for (i, v) in without.network_info.vifs.iter_mut().enumerate() {
         v.index = i;
     }
+    // Marked in flight (with the interface) before the device goes: an agent that dies
+    // before the detach finished has recovery finish it.
+    let in_flight = op.in_flight(
+        "detach",
+        json!({ "vif": vif.raw_value(), "index": vif.index }),
+    );
     let r = async {
+        op.save(&record, Some(in_flight.clone())).await?;
         op.phase("detach");
-        detach(op, &vif, from != InstanceState::Stopped, &without).await?;
+        detach(
+            op,
+            &vif,
+            from != InstanceState::Stopped,
+            &without,
+            Some(in_flight),
+        )
+        .await?;
         op.phase("unplug");
         let form = op.form(&vif);
         op.unplug_as(&record, &vif, form).await?;
@@ -1777,8 +1792,11 @@ pub(crate) async fn recover(
     }
     let mut failure = None;
     let mut record = record;
-    if interrupted.kind == Request::AttachInterface.as_str() {
-        match undo_attach(op, &record, from, &interrupted.data).await {
+    // An attach is undone, a detach finished: either way the interface goes.
+    if interrupted.kind == Request::AttachInterface.as_str()
+        || interrupted.kind == Request::DetachInterface.as_str()
+    {
+        match take_interface_away(op, &record, from, &interrupted.data).await {
             Ok(without) => record = without,
             Err(e) => failure = Some(e),
         }
@@ -1844,9 +1862,9 @@ pub(crate) async fn recover(
     }
 }
 
-/// An attach the agent died in: the interface's device is detached and its host side
-/// unplugged (each may or may not exist yet); returns the record without it.
-async fn undo_attach(
+/// An attach or detach the agent died in: the interface's device is detached and its host
+/// side unplugged (each may or may not exist still); returns the record without it.
+async fn take_interface_away(
     op: &mut OpCtx,
     record: &InstanceRecord,
     from: InstanceState,
@@ -1857,7 +1875,7 @@ async fn undo_attach(
         .and_then(|i| usize::try_from(i).ok())
         .unwrap_or(record.network_info.vifs.len());
     let vif = Vif::from_value(index, &data["vif"])
-        .map_err(|e| format!("interrupted attach without its interface: {e}"))?;
+        .map_err(|e| format!("interrupted attach or detach without its interface: {e}"))?;
     let mut without = record.clone();
     without.network_info.vifs.retain(|v| v.id != vif.id);
     for (i, v) in without.network_info.vifs.iter_mut().enumerate() {
@@ -1865,9 +1883,9 @@ async fn undo_attach(
     }
     let mut with = without.clone();
     with.network_info.vifs.push(vif.clone());
-    info!(instance = %op.uuid, port = %vif.id, "taking away an interface whose attach was interrupted");
+    info!(instance = %op.uuid, port = %vif.id, "taking away an interface whose attach or detach was interrupted");
     let live = from != InstanceState::Stopped;
-    let detached = detach(op, &vif, live, &without).await;
+    let detached = detach(op, &vif, live, &without, None).await;
     let form = op.form(&vif);
     let unplugged = op.unplug_as(&with, &vif, form).await;
     detached
