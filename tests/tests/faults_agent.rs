@@ -41,6 +41,9 @@ pub enum Point {
     Plug,
     /// An attach's interface plugged on the host, its device not attached yet.
     AfterPlug,
+    /// At the operation's first unplug (a detach's device detached, a destroy's domain
+    /// stopped).
+    Unplug,
     /// While the operation waits for its events (held until the agent is dead).
     EventWait,
     /// A live migration with the destination's bindings made and `migrating_to` set,
@@ -57,6 +60,7 @@ impl fmt::Display for Point {
             Point::BeforeDomain => "after allocation, before the domain exists",
             Point::Plug => "at its first plug",
             Point::AfterPlug => "with the interface plugged, before the device is attached",
+            Point::Unplug => "at its first unplug",
             Point::EventWait => "while it waits for events",
             Point::MidMigration => "mid migration (bindings made, before the guest moves)",
             Point::InRollback => "during the rollback",
@@ -82,6 +86,9 @@ pub fn points(op: Op) -> Vec<Point> {
     }
     if op == Op::LiveMigration {
         v.push(Point::MidMigration);
+    }
+    if matches!(op, Op::Detach | Op::Destroy) {
+        v.push(Point::Unplug);
     }
     v
 }
@@ -110,7 +117,8 @@ pub fn point_host(op: Op, point: Point) -> &'static str {
 ///   the source, which runs it again (the same for a revert interrupted on the source).
 /// - Every other interrupted operation is settled from what libvirt has (`flows::recover`):
 ///   a live migration the guest never left for is rolled back; an attach that did not
-///   finish leaves the instance running without the new interface.
+///   finish is undone and a detach finished (the instance runs without the interface); a
+///   destroy that stopped the guest leaves it stopped (the caller destroys it again).
 /// - A same-host resize or revert interrupted after it took the guest down boots it again
 ///   from the definition libvirt has: the resized one (resize-target) once the resize
 ///   redefined it, the original one once the revert did.
@@ -120,6 +128,8 @@ pub fn expect(op: Op, point: Point) -> Place {
         // failed and whose domain is gone (the reschedule clean-up's subject).
         (Op::Spawn | Op::Reschedule, Point::FirstCall) | (Op::Spawn, _) => vec![],
         (_, Point::FirstCall) => started_at(op),
+        // The domain stopped, still defined: the caller's destroy (again) removes it.
+        (Op::Destroy, Point::Unplug) => vec![("h1", S::Stopped)],
         // A same-host resize interrupted once it redefined the guest finishes.
         (Op::ResizeSameHost, _) => vec![("h1", S::ResizeTarget)],
         (
@@ -212,6 +222,12 @@ async fn case(c: TestCloud, op: Op, point: Point, n: usize) -> TestCloud {
             let hold = c.host(host).gate.hold(PlugPoint::Plug, 0);
             task = start(op, &c, &s);
             hold.reached("the first plug").await;
+            domains = c.dump_domains().await;
+        }
+        Point::Unplug => {
+            let hold = c.host(host).gate.hold(PlugPoint::Unplug, 0);
+            task = start(op, &c, &s);
+            hold.reached("the first unplug").await;
             domains = c.dump_domains().await;
         }
         Point::AfterPlug => {
@@ -436,4 +452,13 @@ async fn regression_a_rollback_interrupted_after_the_destination_was_wired_unwir
         .await
         .shutdown()
         .await;
+}
+
+/// The agent killed mid-detach, the device detached and the interface not unplugged yet:
+/// the interface stayed plugged on the host, the instance's record without it. Recovery
+/// finishes the detach.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn regression_a_detach_interrupted_at_its_unplug_finishes() {
+    let c = spec(&["h1"]).start().await;
+    case(c, Op::Detach, Point::Unplug, 0).await.shutdown().await;
 }
