@@ -41,8 +41,8 @@ pub enum Point {
     Plug,
     /// An attach's interface plugged on the host, its device not attached yet.
     AfterPlug,
-    /// At the operation's first unplug (a detach's device detached, a destroy's domain
-    /// stopped).
+    /// At the operation's first unplug (a detach's device detached, a destroy's or a
+    /// confirm's or revert's old copy stopped).
     Unplug,
     /// While the operation waits for its events (held until the agent is dead).
     EventWait,
@@ -87,7 +87,10 @@ pub fn points(op: Op) -> Vec<Point> {
     if op == Op::LiveMigration {
         v.push(Point::MidMigration);
     }
-    if matches!(op, Op::Detach | Op::Destroy) {
+    if matches!(
+        op,
+        Op::Detach | Op::Destroy | Op::Confirm | Op::Revert | Op::Reschedule
+    ) {
         v.push(Point::Unplug);
     }
     v
@@ -126,7 +129,7 @@ pub fn expect(op: Op, point: Point) -> Place {
     match (op, point) {
         // No domain, so nothing in libvirt: a build that never defined one, a build that
         // failed and whose domain is gone (the reschedule clean-up's subject).
-        (Op::Spawn | Op::Reschedule, Point::FirstCall) | (Op::Spawn, _) => vec![],
+        (Op::Spawn | Op::Reschedule, _) => vec![],
         (_, Point::FirstCall) => started_at(op),
         // The domain stopped, still defined: the caller's destroy (again) removes it.
         (Op::Destroy, Point::Unplug) => vec![("h1", S::Stopped)],
@@ -155,7 +158,7 @@ pub fn expect(op: Op, point: Point) -> Place {
 pub fn caller_releases(op: Op, point: Point) -> bool {
     matches!(
         (op, point),
-        (Op::Spawn, Point::FirstCall | Point::BeforeDomain) | (Op::Reschedule, Point::FirstCall)
+        (Op::Spawn, Point::FirstCall | Point::BeforeDomain) | (Op::Reschedule, _)
     )
 }
 
