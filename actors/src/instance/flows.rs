@@ -1087,7 +1087,10 @@ async fn revert_same_host(
     back.flavor = resize.old_flavor.clone();
     back.resize = None;
     let r = async {
-        let in_flight = op.in_flight("revert", json!({ "migration": resize.migration }));
+        let in_flight = op.in_flight(
+            "revert",
+            json!({ "migration": resize.migration, "was_running": resize.was_running }),
+        );
         op.save(&record, Some(in_flight.clone())).await?;
         op.phase("remove the resized guest");
         op.destroy_domain().await?;
@@ -1237,9 +1240,16 @@ pub(crate) async fn live_migrate(
             warn!(instance = %op.uuid, error = %cause, "live migration failed; rolling back");
             op.cancel_waits().await;
             let (do_cleanup, destroy_disks) = args.cleanup_flags();
-            let rollback =
-                rollback_live_migration(op, &record, &migration, h, do_cleanup, destroy_disks)
-                    .await;
+            let rollback = rollback_live_migration(
+                op,
+                &record,
+                &migration,
+                h,
+                do_cleanup,
+                destroy_disks,
+                std::time::Duration::ZERO,
+            )
+            .await;
             let state = settle_state(op, from).await;
             let state = if matches!(state, InstanceState::Running | InstanceState::Paused) {
                 state
@@ -1281,6 +1291,7 @@ async fn rollback_live_migration(
     h: Handover,
     do_cleanup: bool,
     destroy_disks: bool,
+    peer_wait: std::time::Duration,
 ) -> Result<(), String> {
     let mut failures = Vec::new();
     op.phase("roll back: network");
@@ -1302,21 +1313,38 @@ async fn rollback_live_migration(
         failures.push(format!("destination bindings: {e}"));
     }
     op.phase("roll back: destination");
-    if let Err(e) = op
-        .peer(
-            &migration.dest_host,
-            "rollback-live-migration-at-destination",
-            InstanceRequest::RollbackLiveMigrationAtDestination {
-                handover: Box::new(h),
-                do_cleanup,
-                destroy_disks,
-            },
-        )
-        .await
-    {
-        // The destination may be unreachable; what it holds is its own to clean (its
-        // devices carry the port ids) — the network side is done.
-        warn!(instance = %op.uuid, error = %e, "destination rollback failed");
+    // The destination is the only one to know what it prepared once its agent restarted
+    // (nothing of the instance is in its libvirt): one that is not back yet is waited for,
+    // up to `peer_wait`.
+    let deadline = tokio::time::Instant::now() + peer_wait;
+    loop {
+        let r = op
+            .peer(
+                &migration.dest_host,
+                "rollback-live-migration-at-destination",
+                InstanceRequest::RollbackLiveMigrationAtDestination {
+                    handover: Box::new(h.clone()),
+                    do_cleanup,
+                    destroy_disks,
+                },
+            )
+            .await;
+        match r {
+            Ok(_) => break,
+            Err(InstanceError::Peer { ref source, .. })
+                if matches!(
+                    **source,
+                    InstanceError::UnknownHost(_) | InstanceError::Unavailable
+                ) && tokio::time::Instant::now() < deadline =>
+            {
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+            Err(e) => {
+                // The destination may be unreachable; the network side is done.
+                warn!(instance = %op.uuid, error = %e, "destination rollback failed");
+                break;
+            }
+        }
     }
     if failures.is_empty() {
         Ok(())
@@ -1536,6 +1564,10 @@ pub(crate) async fn attach_interface(
     let mut with = record.clone();
     with.network_info.vifs.push(vif.clone());
     let mut attached = false;
+    let in_flight = op.in_flight(
+        "plug",
+        json!({ "vif": vif.raw_value(), "index": vif.index }),
+    );
     let r = async {
         let mut single = NetworkInfo {
             vifs: vec![vif.clone()],
@@ -1550,6 +1582,9 @@ pub(crate) async fn attach_interface(
         let plug = op
             .expect(Timing::PlugTime, prediction.plug_time_events(), pol)
             .await?;
+        // The interface is marked in flight before anything of it exists: an agent that
+        // dies before the attach finished has recovery take it away again.
+        op.save(&record, Some(in_flight.clone())).await?;
         op.phase("plug");
         op.plug(&with, &vif).await?;
         op.phase("attach");
@@ -1580,7 +1615,7 @@ pub(crate) async fn attach_interface(
                     .await?;
                 }
                 attached = true;
-                op.define(&with, None).await?;
+                op.define(&with, Some(in_flight.clone())).await?;
             }
             Err(e) => return Err(e),
         }
@@ -1604,10 +1639,12 @@ pub(crate) async fn attach_interface(
         Err(e) => {
             op.cancel_waits().await;
             if attached {
-                let _ = detach(op, &vif, from != InstanceState::Stopped, &record).await;
+                let _ = detach(op, &vif, from != InstanceState::Stopped, &record, None).await;
             }
             let form = op.form(&vif);
             let _ = op.unplug_as(&with, &vif, form).await;
+            // Nothing of the interface is left: neither is its in-flight mark.
+            let _ = op.save(&record, None).await;
             Finished::err(
                 from,
                 Some(record),
@@ -1644,12 +1681,13 @@ fn no_device(r: &Result<(), InstanceError>) -> bool {
 }
 
 /// Detach the VIF's device; `without` is the record without it (the definition where the
-/// driver cannot change it through the device API).
+/// driver cannot change it through the device API, with `in_flight` kept in its metadata).
 async fn detach(
     op: &mut OpCtx,
     vif: &Vif,
     live: bool,
     without: &InstanceRecord,
+    in_flight: Option<vireo_xml::metadata::InFlightOperation>,
 ) -> Result<(), InstanceError> {
     let lv = op.deps.libvirt.clone();
     let alias = format!("{}{}", super::op::ALIAS_PREFIX, vif.id);
@@ -1679,7 +1717,7 @@ async fn detach(
                     r?;
                 }
             }
-            op.define(without, None).await?;
+            op.define(without, in_flight).await?;
         }
         Err(e) => return Err(e),
     }
@@ -1706,9 +1744,23 @@ pub(crate) async fn detach_interface(
     for (i, v) in without.network_info.vifs.iter_mut().enumerate() {
         v.index = i;
     }
+    // Marked in flight (with the interface) before the device goes: an agent that dies
+    // before the detach finished has recovery finish it.
+    let in_flight = op.in_flight(
+        "detach",
+        json!({ "vif": vif.raw_value(), "index": vif.index }),
+    );
     let r = async {
+        op.save(&record, Some(in_flight.clone())).await?;
         op.phase("detach");
-        detach(op, &vif, from != InstanceState::Stopped, &without).await?;
+        detach(
+            op,
+            &vif,
+            from != InstanceState::Stopped,
+            &without,
+            Some(in_flight),
+        )
+        .await?;
         op.phase("unplug");
         let form = op.form(&vif);
         op.unplug_as(&record, &vif, form).await?;
@@ -1725,6 +1777,11 @@ pub(crate) async fn detach_interface(
 // ----------------------------------------------------------------------------------------
 // Recovery
 
+/// How long the recovery of an interrupted live migration waits for the destination's agent
+/// to be known: hosts served by one process (`vireo::local`) start one after the other, and
+/// the first one's recovery runs before the next is registered.
+const RECOVERY_PEER_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// An operation was in flight when the agent stopped and has no dedicated recovery: a live
 /// migration the guest never left for is rolled back (network clean-up from here, the
 /// destination told to remove what it prepared); anything else is reconciled — the state is
@@ -1736,13 +1793,35 @@ pub(crate) async fn recover(
     interrupted: vireo_xml::metadata::InFlightOperation,
 ) -> Finished {
     op.phase("recover");
+    if let Some(done) = recover_same_host(op, &record, &interrupted).await {
+        return done;
+    }
     let mut failure = None;
+    let mut record = record;
+    // An attach is undone, a detach finished: either way the interface goes.
+    if interrupted.kind == Request::AttachInterface.as_str()
+        || interrupted.kind == Request::DetachInterface.as_str()
+    {
+        match take_interface_away(op, &record, from, &interrupted.data).await {
+            Ok(without) => record = without,
+            Err(e) => failure = Some(e),
+        }
+    }
     if interrupted.kind == Request::LiveMigrate.as_str() {
         match serde_json::from_value::<Migration>(interrupted.data["migration"].clone()) {
             Ok(migration) => {
                 let h = handover(&record, &record.flavor, true);
-                if let Err(e) =
-                    rollback_live_migration(op, &record, &migration, h, true, true).await
+                // The destination's agent may be starting too: it is waited for, briefly.
+                if let Err(e) = rollback_live_migration(
+                    op,
+                    &record,
+                    &migration,
+                    h,
+                    true,
+                    true,
+                    RECOVERY_PEER_WAIT,
+                )
+                .await
                 {
                     failure = Some(e);
                 }
@@ -1787,4 +1866,118 @@ pub(crate) async fn recover(
             },
         ),
     }
+}
+
+/// An attach or detach the agent died in: the interface's device is detached and its host
+/// side unplugged (each may or may not exist still); returns the record without it.
+async fn take_interface_away(
+    op: &mut OpCtx,
+    record: &InstanceRecord,
+    from: InstanceState,
+    data: &serde_json::Value,
+) -> Result<InstanceRecord, String> {
+    let index = data["index"]
+        .as_u64()
+        .and_then(|i| usize::try_from(i).ok())
+        .unwrap_or(record.network_info.vifs.len());
+    let vif = Vif::from_value(index, &data["vif"])
+        .map_err(|e| format!("interrupted attach or detach without its interface: {e}"))?;
+    let mut without = record.clone();
+    without.network_info.vifs.retain(|v| v.id != vif.id);
+    for (i, v) in without.network_info.vifs.iter_mut().enumerate() {
+        v.index = i;
+    }
+    let mut with = without.clone();
+    with.network_info.vifs.push(vif.clone());
+    info!(instance = %op.uuid, port = %vif.id, "taking away an interface whose attach or detach was interrupted");
+    let live = from != InstanceState::Stopped;
+    let detached = detach(op, &vif, live, &without, None).await;
+    let form = op.form(&vif);
+    let unplugged = op.unplug_as(&with, &vif, form).await;
+    detached
+        .and(unplugged)
+        .map(|()| without)
+        .map_err(|e| e.to_string())
+}
+
+/// A same-host resize or revert the agent died in, after it took the guest down: boot again
+/// from the definition libvirt has, devices plugged and the events awaited, running if the
+/// guest ran. Once a resize redefined the guest, that is the resized guest (the resize
+/// finishes: resize-target); before, the original one (as it was). A revert that redefined
+/// the guest has the original one (the revert finishes); one that did not still has the
+/// resize recorded and is done again by the actor (not here). None: not such an operation.
+async fn recover_same_host(
+    op: &mut OpCtx,
+    record: &InstanceRecord,
+    interrupted: &vireo_xml::metadata::InFlightOperation,
+) -> Option<Finished> {
+    let resize = interrupted.kind == Request::Resize.as_str();
+    let revert = interrupted.kind == Request::RevertResize.as_str();
+    let migration =
+        serde_json::from_value::<Migration>(interrupted.data["migration"].clone()).ok()?;
+    if !(resize || revert) || !migration.same_host() {
+        return None;
+    }
+    let target = record
+        .resize
+        .as_ref()
+        .filter(|r| r.role == ResizeRole::Target);
+    let (operation, run, state) = match target {
+        Some(r) if resize => (
+            Operation::FinishResize { same_host: true },
+            r.was_running,
+            InstanceState::ResizeTarget,
+        ),
+        // The revert's own recovery (RevertResize) runs for a record still resized.
+        Some(_) => return None,
+        None if resize => {
+            let run = record.state == InstanceState::Running;
+            (Operation::HardReboot, run, running_or_stopped(run))
+        }
+        None => {
+            let run = interrupted.data["was_running"].as_bool().unwrap_or(true);
+            (
+                Operation::RevertResize {
+                    source: migration.source_host.clone(),
+                    dest: migration.dest_host.clone(),
+                },
+                run,
+                running_or_stopped(run),
+            )
+        }
+    };
+    info!(instance = %op.uuid, kind = %interrupted.kind, %state, "booting an interrupted same-host resize or revert again");
+    let replug = matches!(operation, Operation::RevertResize { .. });
+    let r = async {
+        op.destroy_domain().await?;
+        if replug {
+            // As the revert does: every device plugged again for the original guest.
+            op.unplug_all(record).await?;
+        }
+        boot_with_events(op, record, operation, run).await?;
+        let mut done = record.clone();
+        done.state = state;
+        op.save(&done, None).await?;
+        Ok::<_, InstanceError>(done)
+    }
+    .await;
+    Some(match r {
+        Ok(done) => Finished::ok(state, Some(done)),
+        Err(e) => {
+            op.cancel_waits().await;
+            let _ = op.destroy_domain().await;
+            Finished::err(
+                InstanceState::Error,
+                Some(record.clone()),
+                InstanceError::RollbackFailed {
+                    request: Request::Recover,
+                    rollback: e.to_string(),
+                    cause: Box::new(InstanceError::Invalid(format!(
+                        "interrupted {} at {}",
+                        interrupted.kind, interrupted.phase
+                    ))),
+                },
+            )
+        }
+    })
 }
