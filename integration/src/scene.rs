@@ -109,6 +109,33 @@ pub fn flavor(name: &str, vcpus: u32, memory_mb: u64) -> Flavor {
     }
 }
 
+/// Bind a port to `host` for `instance` (what Nova does before it calls the driver) and
+/// return its `network_info` entry (`preserve_on_delete`: a user port).
+pub async fn bind_port(net: &dyn NetworkApi, port: PortId, host: &str, instance: Uuid) -> Vif {
+    let p = net
+        .update_port(
+            port,
+            &PortUpdate {
+                host_id: Some(host.into()),
+                device_id: Some(instance.to_string()),
+                device_owner: Some("compute:nova".into()),
+                ..PortUpdate::default()
+            },
+        )
+        .await
+        .unwrap_or_else(|e| panic!("bind {port}: {}", crate::chain(&e)));
+    assert!(p.is_bound(), "port {port} did not bind to {host}: {p:?}");
+    let n = net
+        .get_network(&p.network_id)
+        .await
+        .unwrap_or_else(|e| panic!("network of {port}: {}", crate::chain(&e)));
+    let dict = vireo::network::vif_dict(&p, &n, true);
+    NetworkInfo::from_value(&serde_json::Value::Array(vec![dict]))
+        .unwrap_or_else(|e| panic!("vif of {port}: {e}"))
+        .vifs
+        .remove(0)
+}
+
 /// One scenario.
 #[derive(Debug)]
 pub struct Scene<'r> {
@@ -125,7 +152,7 @@ pub struct Scene<'r> {
     /// Hosts, in start order.
     pub hosts: Vec<Host>,
     domains: usize,
-    guard: LeakGuard,
+    guard: std::sync::Mutex<LeakGuard>,
     _ports: PortCleanup,
 }
 
@@ -137,7 +164,7 @@ impl<'r> Scene<'r> {
         Scene {
             run,
             name: name.to_owned(),
-            guard: LeakGuard::new([format!("vit{id}")]),
+            guard: std::sync::Mutex::new(LeakGuard::new([format!("vit{id}")])),
             _ports: PortCleanup {
                 book: book.clone(),
                 url: run.env.neutron_url.clone(),
@@ -190,40 +217,43 @@ impl<'r> Scene<'r> {
     }
 
     /// Have the guard remove `f` (a fixture the scenario made) before it scans.
-    pub fn fixture(&mut self, f: Fixture) {
-        self.guard.fixture(f);
+    pub fn fixture(&self, f: Fixture) {
+        self.guard().fixture(f);
+    }
+
+    fn guard(&self) -> std::sync::MutexGuard<'_, LeakGuard> {
+        self.guard.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Also scan for names containing `fragment`.
-    pub fn watch(&mut self, fragment: impl Into<String>) {
-        self.guard.watch(fragment);
+    pub fn watch(&self, fragment: impl Into<String>) {
+        self.guard().watch(fragment);
     }
 
     /// Book the ports of `ni`: user ports (`preserve_on_delete`) or vireo's.
-    pub fn book_vifs(&mut self, ni: &NetworkInfo) {
+    pub fn book_vifs(&self, ni: &NetworkInfo) {
         for v in &ni.vifs {
             if v.preserve_on_delete {
                 self.book.user(v.id);
             } else {
                 self.book.vireo(v.id);
             }
-            self.guard.watch(v.id.prefix(11));
+            self.watch(v.id.prefix(11));
         }
     }
 
     /// A port the test creates on `network` through `net` (booked as the test's).
-    pub async fn user_port(&mut self, net: &dyn NetworkApi, network: &str) -> PortId {
+    pub async fn user_port(&self, net: &dyn NetworkApi, network: &str) -> PortId {
         let p = net
             .create_port(network)
             .await
             .unwrap_or_else(|e| panic!("create a port on {network}: {}", crate::chain(&e)));
         self.book.user(p.id);
-        self.guard.watch(p.id.prefix(11));
+        self.watch(p.id.prefix(11));
         p.id
     }
 
-    /// Bind a user port to `host` for `instance` (what Nova does before it calls the
-    /// driver) and return its `network_info` entry.
+    /// Bind a user port to `host` for `instance`; see [`bind_port`].
     pub async fn bind_user_port(
         &self,
         net: &dyn NetworkApi,
@@ -231,28 +261,7 @@ impl<'r> Scene<'r> {
         host: &str,
         instance: Uuid,
     ) -> Vif {
-        let p = net
-            .update_port(
-                port,
-                &PortUpdate {
-                    host_id: Some(host.into()),
-                    device_id: Some(instance.to_string()),
-                    device_owner: Some("compute:nova".into()),
-                    ..PortUpdate::default()
-                },
-            )
-            .await
-            .unwrap_or_else(|e| panic!("bind {port}: {}", crate::chain(&e)));
-        assert!(p.is_bound(), "port {port} did not bind to {host}: {p:?}");
-        let n = net
-            .get_network(&p.network_id)
-            .await
-            .unwrap_or_else(|e| panic!("network of {port}: {}", crate::chain(&e)));
-        let dict = vireo::network::vif_dict(&p, &n, true);
-        NetworkInfo::from_value(&serde_json::Value::Array(vec![dict]))
-            .unwrap_or_else(|e| panic!("vif of {port}: {e}"))
-            .vifs
-            .remove(0)
+        bind_port(net, port, host, instance).await
     }
 
     /// Spawn arguments for a diskless guest.
