@@ -197,6 +197,13 @@ impl InstanceRecord {
         }
         d.vcpus = self.flavor.vcpus;
         d.os.machine = settings.machine.clone();
+        if matches!(settings.domain_type, DomainType::Kvm | DomainType::Qemu) {
+            // Without ACPI QEMU has no PCI hot-plug on i440fx (interface attach fails with
+            // "Bus 'pci.0' does not support hotplugging") and the guest never sees the
+            // power button (graceful power off and soft reboot).
+            d.features.acpi = true;
+            d.features.apic = true;
+        }
         d.on_poweroff = Some(LifecycleAction::Destroy);
         d.on_reboot = Some(LifecycleAction::Restart);
         d.on_crash = Some(LifecycleAction::Destroy);
@@ -245,5 +252,49 @@ impl InstanceRecord {
             dev.add_to(&mut d.devices);
         }
         Ok(d)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vireo_xml::metadata::Flavor;
+
+    fn record() -> InstanceRecord {
+        InstanceRecord {
+            uuid: Uuid::new_v4(),
+            name: "vm-1".into(),
+            flavor: Flavor {
+                name: "m1".into(),
+                vcpus: 1,
+                memory_mb: 128,
+                root_gb: 0,
+                extra_specs: Default::default(),
+            },
+            boot: BootSource::None,
+            network_info: NetworkInfo { vifs: vec![] },
+            state: InstanceState::Building,
+            resize: None,
+        }
+    }
+
+    #[test]
+    fn qemu_and_kvm_domains_have_acpi_for_hotplug_and_the_power_button() {
+        for (t, acpi) in [
+            (DomainType::Kvm, true),
+            (DomainType::Qemu, true),
+            (DomainType::Test, false),
+        ] {
+            let settings = DomainSettings {
+                domain_type: t,
+                machine: None,
+                console_dir: None,
+            };
+            let d = record().domain(&settings, vec![], None).unwrap();
+            assert_eq!(d.features.acpi, acpi, "{t:?}");
+            assert_eq!(d.features.apic, acpi, "{t:?}");
+            let xml = d.to_xml().unwrap();
+            assert_eq!(xml.contains("<acpi/>"), acpi, "{t:?}: {xml}");
+        }
     }
 }
