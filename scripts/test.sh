@@ -1,11 +1,29 @@
 #!/usr/bin/env bash
-# The test job: installs and starts everything the tests need on a fresh Debian 12 machine (run
-# as root): libvirt/QEMU from bookworm-backports, libvirtd, Open vSwitch, a real Neutron; then
-# runs format and lint checks, the whole workspace's tests (unit, test:///, integration) and
-# the bounded fuzz/bench smoke runs.
+# The test job. On a fresh Debian 12 machine, as root: installs and starts everything the tests
+# need — libvirt/QEMU from bookworm-backports, libvirtd, Open vSwitch, a real Neutron (MariaDB,
+# RabbitMQ, ML2/OVS), a second libvirt host in its own namespaces — then runs the format and
+# lint checks, every test tier of the workspace, and the bounded fuzz runs. Safe to run again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+section() { printf '\n=== %s (%s)\n' "$1" "$(date +%T)"; }
+
+section "host set-up"
 bash integration/host-setup.sh up --with-neutron
+bash integration/two-host.sh up
+
+section "format"
 cargo fmt --all -- --check
+
+section "lint"
 cargo clippy --locked --workspace --all-targets -- -D warnings
+
+section "tests"
 cargo test --locked --workspace --no-fail-fast
+
+if [[ -x scripts/fuzz.sh ]]; then
+  section "fuzz (bounded)"
+  bash scripts/fuzz.sh
+fi
+
+section "done"

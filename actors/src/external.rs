@@ -96,8 +96,10 @@ pub enum EventStatus {
     InProgress,
 }
 
-/// One external event, in Nova's shape.
+/// One external event, in Nova's shape. Like Nova's API schema, keys other than these four
+/// are refused.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ExternalEvent {
     /// What happened.
     pub name: EventName,
@@ -144,5 +146,27 @@ mod tests {
         )
         .unwrap();
         assert_eq!(e.status, EventStatus::Failed);
+    }
+
+    // Found by the `external_event` fuzz target (fuzz/): unknown keys were skipped unchecked,
+    // so a body Nova's API refuses (`additionalProperties: false`) was accepted, even with
+    // JSON `serde_json::Value` refuses (an unpaired surrogate escape) inside such a key.
+    #[test]
+    fn unknown_keys_are_refused_as_nova_does() {
+        let base =
+            r#""name":"network-vif-plugged","server_uuid":"9a1c2e44-5d2b-4e55-9c51-3f0f3a6c4d10""#;
+        for extra in [
+            r#","extra":1"#,
+            r#","s,t@tus":"\ud804\\b""#,
+            r#","Tag":"p1""#,
+        ] {
+            let text = format!("{{{base}{extra}}}");
+            let err = serde_json::from_str::<ExternalEvent>(&text).unwrap_err();
+            if extra.contains("ud804") {
+                assert!(serde_json::from_str::<serde_json::Value>(&text).is_err());
+            }
+            assert!(err.to_string().contains("unknown field"), "{text}: {err}");
+        }
+        assert!(serde_json::from_str::<ExternalEvent>(&format!("{{{base}}}")).is_ok());
     }
 }

@@ -484,26 +484,18 @@ impl NetworkInfo {
         let mut macs = HashSet::with_capacity(list.len());
         for (index, item) in list.iter().enumerate() {
             let vif = Vif::from_value(index, item)?;
+            // The port as given (another spelling of a duplicate id may differ in case).
+            let port = item.get("id").and_then(Value::as_str).unwrap_or("?");
             if !ids.insert(vif.id) {
                 let first = vifs.iter().position(|v: &Vif| v.id == vif.id).unwrap_or(0);
-                return Err(field_err(
-                    index,
-                    &vif.id.to_string(),
-                    "id",
-                    Problem::Duplicate(first),
-                ));
+                return Err(field_err(index, port, "id", Problem::Duplicate(first)));
             }
             if !macs.insert(vif.address) {
                 let first = vifs
                     .iter()
                     .position(|v: &Vif| v.address == vif.address)
                     .unwrap_or(0);
-                return Err(field_err(
-                    index,
-                    &vif.id.to_string(),
-                    "address",
-                    Problem::Duplicate(first),
-                ));
+                return Err(field_err(index, port, "address", Problem::Duplicate(first)));
             }
             vifs.push(vif);
         }
@@ -900,6 +892,52 @@ mod tests {
         .unwrap_err();
         assert!(
             matches!(err, VifError::Field { index: 1, ref field, problem: Problem::Duplicate(0), .. } if field == "address")
+        );
+    }
+
+    // Found by actors/tests/prop_network_info.rs: a duplicate's error named the port in its
+    // canonical spelling, not as given like every other error (and like `predict_json`).
+    #[test]
+    fn a_duplicate_names_the_port_as_given() {
+        let upper = P1.to_uppercase();
+        for (second, field) in [
+            (ovs(&upper, "fa:16:3e:00:00:02"), "id"),
+            (
+                ovs(&upper.replace("01", "03"), "FA-16-3E-00-00-01"),
+                "address",
+            ),
+        ] {
+            let err =
+                NetworkInfo::from_value(&json!([ovs(P1, "fa:16:3e:00:00:01"), second.clone()]))
+                    .unwrap_err();
+            assert_eq!(
+                err,
+                VifError::Field {
+                    index: 1,
+                    port: second["id"].as_str().unwrap().to_owned(),
+                    field: field.into(),
+                    problem: Problem::Duplicate(0),
+                }
+            );
+        }
+    }
+
+    // Found by the `network_info` fuzz target (fuzz/): serde_json's default float parsing can
+    // be 1 ULP off, so a float anywhere in a VIF changed each time network_info was stored
+    // and read back (the workspace enables serde_json's `float_roundtrip`).
+    #[test]
+    fn floats_are_stored_back_exactly() {
+        let text = format!(
+            r#"[{{"id":"{P1}","address":"fa:16:3e:00:00:01","type":"ovs",
+                 "network":{{"subnets":[{{"version":6.66666666666e+103}}]}},"x":1.7777777777777777e+39}}]"#
+        );
+        let doc: Value = serde_json::from_str(&text).unwrap();
+        let ni = NetworkInfo::parse(&text).unwrap();
+        assert_eq!(ni.to_value(), doc);
+        assert_eq!(NetworkInfo::parse(&ni.to_value().to_string()).unwrap(), ni);
+        assert_eq!(
+            doc[0]["network"]["subnets"][0]["version"].as_f64(),
+            Some(6.66666666666e103)
         );
     }
 

@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use reqwest::header::{HeaderName, HeaderValue, CONTENT_TYPE};
+use reqwest::header::{HeaderName, HeaderValue, AUTHORIZATION, CONTENT_TYPE};
 use reqwest::{Method, StatusCode, Url};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -19,10 +19,14 @@ use vireo_actors::external::ExternalEvent;
 use crate::agent::auth::Token;
 use crate::agent::model::{
     Accepted, Action, CreateInstance, ErrorBody, EventAnswer, EventsAnswer, Health, Instance,
-    InstanceList, OpState, Operation, OperationList,
+    InstanceList, OpState, Operation, OperationList, PeerReply, PeerRequest,
 };
 
 const DEFAULT_HEADER_LOWER: &str = "x-auth-token";
+
+/// The header marking an external-events POST as forwarded by another host's agent: the
+/// receiving agent never forwards it again.
+pub const FORWARDED_HEADER: &str = "x-vireo-forwarded";
 
 /// Why a call failed.
 #[derive(Debug, thiserror::Error)]
@@ -141,9 +145,26 @@ impl AgentClient {
         Ok(self)
     }
 
+    /// Send the token as `Authorization: Bearer <token>`, which every agent accepts whatever
+    /// its `token_header` (what one agent uses to call another).
+    pub fn bearer(mut self) -> Result<AgentClient, ClientError> {
+        let mut v = b"Bearer ".to_vec();
+        v.extend_from_slice(self.token.as_bytes());
+        let mut token = HeaderValue::from_bytes(&v).map_err(|_| ClientError::Token)?;
+        token.set_sensitive(true);
+        self.header = AUTHORIZATION;
+        self.token = token;
+        Ok(self)
+    }
+
     /// The header the token goes in.
     pub fn header(&self) -> &str {
         self.header.as_str()
+    }
+
+    /// The agent's base URL.
+    pub fn base(&self) -> &str {
+        self.base.as_str()
     }
 
     fn url(&self, path: &str) -> Url {
@@ -160,12 +181,30 @@ impl AgentClient {
         query: Option<(&str, String)>,
         body: Option<Vec<u8>>,
     ) -> Result<(StatusCode, actix_web::web::Bytes), ClientError> {
+        self.send_with(method, path, query, body, Extra::default())
+            .await
+    }
+
+    async fn send_with(
+        &self,
+        method: Method,
+        path: &str,
+        query: Option<(&str, String)>,
+        body: Option<Vec<u8>>,
+        extra: Extra,
+    ) -> Result<(StatusCode, actix_web::web::Bytes), ClientError> {
         let mut req = self
             .http
             .request(method.clone(), self.url(path))
             .header(self.header.clone(), self.token.clone());
         if let Some(q) = query {
             req = req.query(&[q]);
+        }
+        if let Some(t) = extra.timeout {
+            req = req.timeout(t);
+        }
+        if extra.forwarded {
+            req = req.header(HeaderName::from_static(FORWARDED_HEADER), "1");
         }
         if let Some(b) = body {
             req = req.header(CONTENT_TYPE, "application/json").body(b);
@@ -303,6 +342,49 @@ impl AgentClient {
         })
     }
 
+    /// `POST /v1/peer/instances/{uuid}`: run a peer request on the agent's host and wait for
+    /// it, at most `timeout` (the request then fails with [`ClientError::Send`]).
+    pub async fn peer_request(
+        &self,
+        uuid: Uuid,
+        request: &PeerRequest,
+        timeout: Duration,
+    ) -> Result<PeerReply, ClientError> {
+        let path = format!("/v1/peer/instances/{uuid}");
+        let body = serde_json::to_vec(request).unwrap_or_default();
+        let extra = Extra {
+            timeout: Some(timeout),
+            forwarded: false,
+        };
+        let (status, bytes) = self
+            .send_with(Method::POST, &path, None, Some(body), extra)
+            .await?;
+        decode(&Method::POST, &path, status, &bytes)
+    }
+
+    /// `POST /v2.1/os-server-external-events` with a body as given, marked as forwarded
+    /// ([`FORWARDED_HEADER`]), at most `timeout`. A 404 (no event accepted) is an
+    /// [`ClientError::Api`] with code `not-found`.
+    pub async fn forward_events(
+        &self,
+        body: Vec<u8>,
+        timeout: Duration,
+    ) -> Result<EventsReply, ClientError> {
+        let path = "/v2.1/os-server-external-events";
+        let extra = Extra {
+            timeout: Some(timeout),
+            forwarded: true,
+        };
+        let (status, bytes) = self
+            .send_with(Method::POST, path, None, Some(body), extra)
+            .await?;
+        let answer: EventsAnswer = decode(&Method::POST, path, status, &bytes)?;
+        Ok(EventsReply {
+            status: status.as_u16(),
+            events: answer.events,
+        })
+    }
+
     /// Poll operation `id` every `every` until it is no longer running. `progress` is called
     /// with the operation and, while it runs, the instance (its step and awaited events)
     /// after every poll.
@@ -323,6 +405,15 @@ impl AgentClient {
             tokio::time::sleep(every).await;
         }
     }
+}
+
+/// Per-request options.
+#[derive(Debug, Default, Clone, Copy)]
+struct Extra {
+    /// Overrides the client's 60 s bound.
+    timeout: Option<Duration>,
+    /// Add [`FORWARDED_HEADER`].
+    forwarded: bool,
 }
 
 fn api_error(method: &Method, path: &str, status: StatusCode, bytes: &[u8]) -> ClientError {

@@ -124,6 +124,65 @@ pub struct AgentConfig {
     /// devices and plugging is recorded only, so the section is refused there.
     #[serde(default)]
     pub plugging: Option<PlugConfig>,
+    /// `[[peers]]`: the other compute hosts' agents, reached over their HTTP API for the
+    /// flows that cross hosts (resize, revert, confirm, live migration) and for external
+    /// events this host does not own. Default: none (this host only).
+    #[serde(default)]
+    pub peers: Vec<PeerSection>,
+    /// `[peering]`: how this agent serves peer requests and forwards external events.
+    #[serde(default)]
+    pub peering: PeeringSection,
+}
+
+/// One `[[peers]]` entry: another host's agent.
+///
+/// ```toml
+/// [[peers]]
+/// name = "compute-2"                       # its host name (as Neutron binds ports)
+/// url = "http://10.0.0.2:8774"             # its agent API
+/// token_file = "/etc/vireo/peer-compute-2" # its API token, same file rules as api_token_file
+/// migration_uri = "qemu+tcp://compute-2/system"
+/// timeout = 900
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PeerSection {
+    /// The peer's host name: what migrations name as `dest_host`/`source_host`. Required;
+    /// unique, and not this host's own name.
+    pub name: String,
+    /// Base URL of the peer's agent API (`http://` or `https://`). Required.
+    pub url: String,
+    /// File holding the peer's API token (mode 0600 or stricter, as `api_token_file`); sent
+    /// as `Authorization: Bearer`. Required.
+    pub token_file: PathBuf,
+    /// The libvirt URI this host live-migrates to on the peer. Default: none (the peer
+    /// takes no live migrations from this host).
+    #[serde(default)]
+    pub migration_uri: Option<String>,
+    /// Seconds one request to the peer may take (its flows wait for network events). Default
+    /// `2 × events.vif_plugging_timeout + 300` (900 with the defaults); 1..=200000.
+    #[serde(default)]
+    pub timeout: Option<u64>,
+}
+
+/// `[peering]`: the peer side of this agent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PeeringSection {
+    /// Forward external events for instances this host does not own to every peer (see
+    /// docs/AGENT.md). Default true (nothing is forwarded without `[[peers]]`).
+    #[serde(default = "default_true")]
+    pub forward_events: bool,
+    /// Milliseconds one forwarded events POST may take per peer (they run concurrently).
+    /// Default 2000; 1..=60000.
+    #[serde(default = "default_forward_timeout_ms")]
+    pub forward_timeout_ms: u64,
+    /// Seconds a peer request served here may run before it is answered `timed-out`.
+    /// Default `2 × events.vif_plugging_timeout + 360` (960 with the defaults), a minute more
+    /// than a caller's default `timeout`, so that the caller's own bound fires first;
+    /// 1..=200000.
+    #[serde(default)]
+    pub serve_timeout: Option<u64>,
 }
 
 /// `[libvirt]`: the hypervisor connection.
@@ -351,6 +410,24 @@ fn default_power_off_timeout() -> u64 {
 fn default_log_level() -> String {
     "info".to_owned()
 }
+fn default_forward_timeout_ms() -> u64 {
+    DEFAULT_FORWARD_TIMEOUT_MS
+}
+
+/// Bound on one forwarded events POST unless `[peering] forward_timeout_ms` says otherwise.
+pub const DEFAULT_FORWARD_TIMEOUT_MS: u64 = 2_000;
+/// Largest `[[peers]] timeout` and `[peering] serve_timeout`, seconds.
+pub const MAX_PEER_TIMEOUT: u64 = 200_000;
+
+impl Default for PeeringSection {
+    fn default() -> Self {
+        PeeringSection {
+            forward_events: true,
+            forward_timeout_ms: DEFAULT_FORWARD_TIMEOUT_MS,
+            serve_timeout: None,
+        }
+    }
+}
 
 impl Default for LibvirtSection {
     fn default() -> Self {
@@ -434,6 +511,8 @@ impl Default for AgentConfig {
             instances: InstancesSection::default(),
             logging: LoggingSection::default(),
             plugging: None,
+            peers: Vec::new(),
+            peering: PeeringSection::default(),
         }
     }
 }
@@ -702,7 +781,111 @@ impl AgentConfig {
                 );
             }
         }
+        self.validate_peers(path)
+    }
+
+    fn validate_peers(&self, path: &Path) -> Result<(), ConfigError> {
+        let bad = |key: &'static str, reason: String| {
+            Err(ConfigError::Invalid {
+                path: path.to_owned(),
+                key,
+                reason,
+            })
+        };
+        let me = self.host_name();
+        let mut seen = std::collections::HashSet::new();
+        for (i, p) in self.peers.iter().enumerate() {
+            let n = &p.name;
+            if n.is_empty() || n.len() > 255 || !n.bytes().all(|b| b.is_ascii_graphic()) {
+                return bad(
+                    "peers.name",
+                    format!("peers[{i}]: {n:?} is not a host name"),
+                );
+            }
+            if *n == me {
+                return bad(
+                    "peers.name",
+                    format!("peers[{i}]: {n:?} is this host (it is always reached in-process)"),
+                );
+            }
+            if !seen.insert(n.as_str()) {
+                return bad("peers.name", format!("peers[{i}]: {n:?} is listed twice"));
+            }
+            let url_ok = reqwest::Url::parse(&p.url)
+                .is_ok_and(|u| matches!(u.scheme(), "http" | "https") && u.has_host());
+            if !url_ok {
+                return bad(
+                    "peers.url",
+                    format!("peers[{i}] ({n}): {:?} is not an http(s) URL", p.url),
+                );
+            }
+            if !p.token_file.is_absolute() {
+                return bad(
+                    "peers.token_file",
+                    format!(
+                        "peers[{i}] ({n}): {} is not an absolute path",
+                        p.token_file.display()
+                    ),
+                );
+            }
+            if let Some(uri) = &p.migration_uri {
+                if uri.is_empty() || uri.contains(char::is_whitespace) || !uri.contains(':') {
+                    return bad(
+                        "peers.migration_uri",
+                        format!("peers[{i}] ({n}): {uri:?} is not a libvirt URI"),
+                    );
+                }
+            }
+            if let Some(t) = p.timeout {
+                if t == 0 || t > MAX_PEER_TIMEOUT {
+                    return bad(
+                        "peers.timeout",
+                        format!("peers[{i}] ({n}): {t} is not in 1..={MAX_PEER_TIMEOUT} seconds"),
+                    );
+                }
+            }
+        }
+        let ms = self.peering.forward_timeout_ms;
+        if ms == 0 || ms > 60_000 {
+            return bad(
+                "peering.forward_timeout_ms",
+                format!("{ms} is not in 1..=60000"),
+            );
+        }
+        if let Some(t) = self.peering.serve_timeout {
+            if t == 0 || t > MAX_PEER_TIMEOUT {
+                return bad(
+                    "peering.serve_timeout",
+                    format!("{t} is not in 1..={MAX_PEER_TIMEOUT} seconds"),
+                );
+            }
+        }
         Ok(())
+    }
+
+    /// How long one request to `peer` may take: its `timeout`, else
+    /// `2 × vif_plugging_timeout + 300` s (a peer's flow may wait twice for network events —
+    /// a revert's bind-time and plug-time waits — plus its libvirt calls).
+    pub fn peer_timeout(&self, peer: &PeerSection) -> Duration {
+        Duration::from_secs(
+            peer.timeout
+                .unwrap_or_else(|| self.events.vif_plugging_timeout.saturating_mul(2) + 300),
+        )
+    }
+
+    /// How long a peer request served here may run: `[peering] serve_timeout`, else
+    /// `2 × vif_plugging_timeout + 360` s.
+    pub fn peer_serve_timeout(&self) -> Duration {
+        Duration::from_secs(
+            self.peering
+                .serve_timeout
+                .unwrap_or_else(|| self.events.vif_plugging_timeout.saturating_mul(2) + 360),
+        )
+    }
+
+    /// `[peering] forward_timeout_ms` as a duration.
+    pub fn forward_timeout(&self) -> Duration {
+        Duration::from_millis(self.peering.forward_timeout_ms)
     }
 
     /// The host name: `host`, else the machine's.
@@ -1036,6 +1219,99 @@ level = "debug"
             key_of("[instances]\nimage_dirs = [\"relative\"]\n"),
             "instances.image_dirs"
         );
+    }
+
+    #[test]
+    fn peers_parse_with_defaults() {
+        let cfg = parse(
+            r#"
+host = "h1"
+[[peers]]
+name = "h2"
+url = "http://10.0.0.2:8774"
+token_file = "/etc/vireo/peer-h2"
+migration_uri = "qemu+tcp://h2/system"
+[[peers]]
+name = "h3"
+url = "https://h3.example:8774/"
+token_file = "/etc/vireo/peer-h3"
+timeout = 30
+[events]
+vif_plugging_timeout = 100
+"#,
+        )
+        .unwrap();
+        assert_eq!(cfg.peers.len(), 2);
+        assert_eq!(
+            cfg.peers[0].migration_uri.as_deref(),
+            Some("qemu+tcp://h2/system")
+        );
+        assert_eq!(cfg.peers[1].migration_uri, None);
+        // 2 × vif_plugging_timeout + 300; an explicit timeout wins.
+        assert_eq!(cfg.peer_timeout(&cfg.peers[0]), Duration::from_secs(500));
+        assert_eq!(cfg.peer_timeout(&cfg.peers[1]), Duration::from_secs(30));
+        assert_eq!(cfg.peer_serve_timeout(), Duration::from_secs(560));
+        assert_eq!(cfg.forward_timeout(), Duration::from_millis(2000));
+        assert!(cfg.peering.forward_events);
+
+        let d = parse("").unwrap();
+        assert!(d.peers.is_empty());
+        assert_eq!(d.peering, PeeringSection::default());
+        assert_eq!(d.peer_serve_timeout(), Duration::from_secs(960));
+        let p = parse(
+            "[peering]\nforward_events = false\nforward_timeout_ms = 500\nserve_timeout = 60\n",
+        )
+        .unwrap();
+        assert!(!p.peering.forward_events);
+        assert_eq!(p.forward_timeout(), Duration::from_millis(500));
+        assert_eq!(p.peer_serve_timeout(), Duration::from_secs(60));
+    }
+
+    #[test]
+    fn bad_peers_name_the_key() {
+        let peer = |extra: &str| {
+            format!(
+                "host = \"h1\"\n[[peers]]\nname = \"h2\"\nurl = \"http://h2:8774\"\ntoken_file = \"/t\"\n{extra}"
+            )
+        };
+        assert_eq!(key_of(&peer("nme = 1\n")), "peers.nme");
+        assert_eq!(key_of(&peer("timeout = \"long\"\n")), "peers.timeout");
+        assert_eq!(key_of(&peer("timeout = 0\n")), "peers.timeout");
+        assert_eq!(
+            key_of(&peer("migration_uri = \"nope\"\n")),
+            "peers.migration_uri"
+        );
+        assert_eq!(
+            key_of("[[peers]]\nname = \"h2\"\ntoken_file = \"/t\"\n"),
+            "peers",
+            "url is required"
+        );
+        assert_eq!(
+            key_of("[[peers]]\nname = \"h2\"\nurl = \"ftp://h2\"\ntoken_file = \"/t\"\n"),
+            "peers.url"
+        );
+        assert_eq!(
+            key_of("[[peers]]\nname = \"h2\"\nurl = \"http://h2\"\ntoken_file = \"t\"\n"),
+            "peers.token_file"
+        );
+        assert_eq!(
+            key_of("host = \"h1\"\n[[peers]]\nname = \"h1\"\nurl = \"http://h\"\ntoken_file = \"/t\"\n"),
+            "peers.name",
+            "this host"
+        );
+        let twice = format!("{}{}", peer(""), peer("").replace("host = \"h1\"\n", ""));
+        let e = parse(&twice).unwrap_err();
+        assert_eq!(e.key(), Some("peers.name"));
+        assert!(e.to_string().contains("twice"), "{e}");
+        assert_eq!(
+            key_of("[peering]\nforward_timeout_ms = 0\n"),
+            "peering.forward_timeout_ms"
+        );
+        assert_eq!(
+            key_of("[peering]\nserve_timeout = 0\n"),
+            "peering.serve_timeout"
+        );
+        assert_eq!(key_of("[peering]\nbogus = 1\n"), "peering.bogus");
     }
 
     #[test]

@@ -118,10 +118,20 @@ struct Demo<'a> {
     cloud: LocalCloud,
     h1: Arc<LibvirtDriver>,
     h2: Arc<LibvirtDriver>,
+    /// The fault seam of h1's plugger (recording or real).
+    h1_faults: FaultSeam,
     real: bool,
     summary: DemoSummary,
     started: Instant,
+    /// Instances the demo created and where they are, for the clean-up.
+    instances: Vec<(Uuid, &'static str)>,
+    /// Ports the demo created itself (user ports).
+    user_ports: Vec<PortId>,
+    /// The real host's OVS integration bridge.
+    bridge: String,
 }
+
+type FaultSeam = Arc<dyn Fn(InjectedFault) + Send + Sync>;
 
 fn networks(bridge: Option<&str>) -> Vec<EmbeddedNetworkDef> {
     let def = |id: &str, name: &str, mechanism, hybrid, physnet: Option<&str>| EmbeddedNetworkDef {
@@ -133,7 +143,9 @@ fn networks(bridge: Option<&str>) -> Vec<EmbeddedNetworkDef> {
         bridge_name: (mechanism == Mechanism::Openvswitch && physnet.is_none())
             .then(|| bridge.map(str::to_owned))
             .flatten(),
-        datapath_type: bridge.map(|_| "netdev".to_owned()),
+        datapath_type: (mechanism == Mechanism::Openvswitch)
+            .then(|| bridge.map(|_| "netdev".to_owned()))
+            .flatten(),
         physical_network: physnet.map(Into::into),
         vlan: physnet.map(|_| 100),
     };
@@ -202,7 +214,8 @@ pub async fn run(opts: DemoOptions, out: &mut dyn Write) -> Result<DemoSummary, 
             fatal: true,
         },
         profile_wait: Duration::from_secs(5).max(opts.event_delay * 4),
-        power_off_timeout: Duration::from_secs(10),
+        // The demo's guests run no OS: an ACPI shutdown is never answered.
+        power_off_timeout: Duration::from_secs(2),
         power_off_poll: Duration::from_millis(50),
         ..InstanceConfig::default()
     };
@@ -238,7 +251,7 @@ pub async fn run(opts: DemoOptions, out: &mut dyn Write) -> Result<DemoSummary, 
         .last()
         .map(|h| h.driver.clone())
         .ok_or_else(|| DemoError::Unexpected("no hosts".into()))?;
-    let h1 = if real {
+    let (h1, h1_faults) = if real {
         let uri = opts.libvirt.clone().unwrap_or_default();
         let plug = PlugConfig {
             datapath_type: DatapathType::Netdev,
@@ -266,29 +279,40 @@ pub async fn run(opts: DemoOptions, out: &mut dyn Write) -> Result<DemoSummary, 
         .await
         .map_err(DemoError::Start)?
         .map_err(|e| DemoError::Start(DriverError::Plugging(e)))?;
+        let plugger = Arc::new(plugger);
+        let seam = plugger.clone();
         let d = LibvirtDriver::builder(cfg)
             .system(system)
             .peers(cloud.peers.clone())
             .network(SharedNetwork::Embedded(cloud.network.clone()))
-            .plugger(Arc::new(plugger))
+            .plugger(plugger)
             .build()
             .await
             .map_err(DemoError::Start)?;
         cloud.events.add(d.events().clone());
-        Arc::new(d)
+        let inject: FaultSeam = Arc::new(move |f| seam.faults().inject(f));
+        (Arc::new(d), inject)
     } else {
-        cloud.hosts[0].driver.clone()
+        let rec = cloud.hosts[0].plugger.clone();
+        let inject: FaultSeam = Arc::new(move |f| rec.faults().inject(f));
+        (cloud.hosts[0].driver.clone(), inject)
     };
     let mut demo = Demo {
         out,
         cloud,
         h1,
         h2,
+        h1_faults,
         real,
         summary: DemoSummary::default(),
         started: Instant::now(),
+        instances: Vec::new(),
+        user_ports: Vec::new(),
+        bridge: opts.bridge.clone(),
     };
     let result = demo.scenarios().await;
+    let cleanup = demo.cleanup().await;
+    let result = result.and(cleanup);
     let leaks = demo.leak_check().await;
     demo.summary.leaks = leaks;
     demo.finish(&result)?;
@@ -496,6 +520,7 @@ impl Demo<'_> {
             .create_port(NET_SRIOV)
             .await
             .map_err(|e| DemoError::Network(e.to_string()))?;
+        self.user_ports.push(port.id);
         let mut profile = serde_json::Map::new();
         profile.insert("pci_slot".into(), pci.into());
         profile.insert("physical_network".into(), "physnet1".into());
@@ -553,6 +578,7 @@ impl Demo<'_> {
             power_on: true,
         };
         let h1 = self.h1.clone();
+        self.instances.push((a, "h1"));
         self.op("boot vm-a", a, h1.spawn(a, spawn)).await?;
 
         // ---- 2. A normal life.
@@ -642,6 +668,7 @@ impl Demo<'_> {
         let b = Uuid::new_v4();
         self.title(&format!("3b. Same-host resize and revert of vm-b ({b}) on h1: no bind-time event comes, none is awaited"))?;
         let h1 = self.h1.clone();
+        self.instances.push((b, "h1"));
         self.op(
             "boot vm-b",
             b,
@@ -795,25 +822,14 @@ impl Demo<'_> {
             },
             PortRequest::Port { port_id: user.id },
         ];
-        if let Some(rec) = self
-            .cloud
-            .hosts
-            .first()
-            .map(|h| h.plugger.clone())
-            .filter(|_| !self.real)
-        {
-            rec.faults().inject(InjectedFault {
-                step: PlugStep::OvsTransact,
-                port: Some(user.id),
-                mode: FaultMode::Once,
-            });
-        } else {
-            // Real host: make the build fail at the event wait instead (the port errors).
-            self.cloud
-                .network
-                .set_port_error(user.id)
-                .map_err(|e| DemoError::Network(e.to_string()))?;
-        }
+        self.user_ports.push(user.id);
+        // The user's port cannot be wired on h1: its Open vSwitch transaction fails.
+        (self.h1_faults)(InjectedFault {
+            step: PlugStep::OvsTransact,
+            port: Some(user.id),
+            mode: FaultMode::Once,
+        });
+        self.instances.push((c, "h1"));
         let h1 = self.h1.clone();
         let since = Instant::now();
         let build = h1
@@ -872,6 +888,8 @@ impl Demo<'_> {
         }
         self.note("checked: no port of vm-c is bound to h1, the created port is gone, the user port is unbound")?;
         self.note("rescheduled to h2:")?;
+        self.instances.retain(|(u, _)| *u != c);
+        self.instances.push((c, "h2"));
         let h2 = self.h2.clone();
         self.op(
             "boot vm-c on h2",
@@ -892,36 +910,71 @@ impl Demo<'_> {
             .seeds_ok
             .push("1: the failed build released its networking before it was rescheduled".into());
 
-        // ---- 6. Clean up.
+        Ok(())
+    }
+
+    /// Delete every instance the demo made (networking released) and its own ports — also
+    /// after a scenario failed, so that nothing is left either way.
+    async fn cleanup(&mut self) -> Result<(), DemoError> {
         self.title("6. Delete every instance (networking released)")?;
-        for (uuid, host) in [(a, "h1"), (b, "h1"), (c, "h2")] {
+        let mut first = None;
+        for (uuid, host) in std::mem::take(&mut self.instances) {
             let d = self.driver(host);
-            self.op(
-                "delete",
-                uuid,
-                d.destroy(
+            let r = self
+                .op(
+                    "delete",
                     uuid,
-                    DestroyArgs {
-                        deallocate_network: true,
-                    },
-                ),
-            )
-            .await?;
-        }
-        for p in self
-            .net()
-            .list_instance_ports(Uuid::nil())
-            .await
-            .unwrap_or_default()
-        {
-            let _ = self.net().delete_port(p.id).await;
-        }
-        let _ = self.net().delete_port(user.id).await;
-        for p in self.cloud.network.ports() {
-            if p.network_id == NET_SRIOV {
-                let _ = self.net().delete_port(p.id).await;
+                    d.destroy(
+                        uuid,
+                        DestroyArgs {
+                            deallocate_network: true,
+                        },
+                    ),
+                )
+                .await;
+            if let Err(e) = r {
+                first.get_or_insert(e);
             }
         }
+        for p in std::mem::take(&mut self.user_ports) {
+            if let Err(e) = self.net().delete_port(p).await {
+                first.get_or_insert(DemoError::Network(e.to_string()));
+            }
+        }
+        if self.real {
+            // Unplugging leaves the networks' bridges, as os-vif does; they are the demo's own.
+            if let Err(e) = self.remove_bridges().await {
+                first.get_or_insert(e);
+            }
+        }
+        first.map_or(Ok(()), Err)
+    }
+
+    /// The real host's bridges this demo's networks used: its OVS integration bridge and the
+    /// Linux bridge of its Linux-bridge network.
+    fn bridges(&self) -> (String, String) {
+        let lb: String = format!("brq{NET_LB}").chars().take(14).collect();
+        (self.bridge.clone(), lb)
+    }
+
+    async fn remove_bridges(&mut self) -> Result<(), DemoError> {
+        let (ovs, lb) = self.bridges();
+        let vswitch = crate::plug::ovsdb::Vswitch::connect(&PlugConfig::default().ovsdb_socket)
+            .await
+            .map_err(|e| DemoError::Unexpected(format!("OVSDB: {e}")))?;
+        if let Some(cfg) = vswitch
+            .delete_bridge(&ovs)
+            .await
+            .map_err(|e| DemoError::Unexpected(format!("delete {ovs}: {e}")))?
+        {
+            let _ = vswitch.wait_applied(cfg, Duration::from_secs(10)).await;
+        }
+        let nl = crate::plug::netlink::Netlink::open()
+            .map_err(|e| DemoError::Unexpected(format!("netlink: {e}")))?;
+        nl.delete(&lb)
+            .await
+            .map_err(|e| DemoError::Unexpected(format!("delete {lb}: {e}")))?;
+        self.note(&format!("removed the demo's bridges {ovs} and {lb}"))?;
         Ok(())
     }
 
@@ -947,6 +1000,14 @@ impl Demo<'_> {
             }
             if !d.list().await.is_empty() {
                 leaks.push(format!("{name}: instance actors left"));
+            }
+        }
+        if self.real {
+            let (ovs, lb) = self.bridges();
+            for b in [ovs, lb] {
+                if std::path::Path::new("/sys/class/net").join(&b).exists() {
+                    leaks.push(format!("h1: bridge {b} left"));
+                }
             }
         }
         let ports = self.cloud.network.ports();

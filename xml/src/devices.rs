@@ -184,14 +184,14 @@ impl Hostdev {
     /// Parse a `<hostdev>` element.
     pub fn from_xml(xml: &str) -> Result<Self, XmlError> {
         check_root(xml, "hostdev")?;
-        let wire: HostdevW<'_> = quick_xml::de::from_str(xml)?;
+        let wire: HostdevW<'_> = crate::parse::de(xml)?;
         Hostdev::from_wire(wire, &|| "hostdev".to_owned())
     }
 
     /// The host PCI address of a `<hostdev>` in a live document (`None` for non-PCI
     /// hostdevs), for selecting it in a rewrite.
     pub(crate) fn peek_source(xml: &str) -> Result<Option<PciAddress>, XmlError> {
-        let h: HostdevW<'_> = quick_xml::de::from_str(xml)?;
+        let h: HostdevW<'_> = crate::parse::de(xml)?;
         if h.kind.as_deref() != Some("pci") {
             return Ok(None);
         }
@@ -430,7 +430,7 @@ impl Disk {
     /// Parse a `<disk>` element.
     pub fn from_xml(xml: &str) -> Result<Self, XmlError> {
         check_root(xml, "disk")?;
-        let wire: DiskW<'_> = quick_xml::de::from_str(xml)?;
+        let wire: DiskW<'_> = crate::parse::de(xml)?;
         Disk::from_wire(wire, &|| "disk".to_owned())
     }
 

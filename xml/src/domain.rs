@@ -459,7 +459,7 @@ impl Domain {
             None => None,
             Some(span) => Some(VireoMetadata::from_checked_xml(&xml[span])?),
         };
-        let d: DomainW<'_> = quick_xml::de::from_str(xml)?;
+        let d: DomainW<'_> = crate::parse::de(xml)?;
         let field = |s: &str| format!("domain/{s}");
         let domain_type = keyword(&req(d.kind, || field("@type"))?, DomainType::parse, || {
             field("@type")

@@ -271,7 +271,7 @@ impl Interface {
     /// Parse an `<interface>` element (vireo's or libvirt's live form).
     pub fn from_xml(xml: &str) -> Result<Self, XmlError> {
         check_root(xml, "interface")?;
-        let wire: InterfaceW<'_> = quick_xml::de::from_str(xml)?;
+        let wire: InterfaceW<'_> = crate::parse::de(xml)?;
         Interface::from_wire(wire, &|| "interface".to_owned())
     }
 
@@ -556,10 +556,13 @@ impl Interface {
                         })),
                     }
                 };
-                Some(Bandwidth {
+                let b = Bandwidth {
                     inbound: rate(b.inbound, "inbound")?,
                     outbound: rate(b.outbound, "outbound")?,
-                })
+                };
+                // An empty `<bandwidth/>` sets no limit (libvirt keeps none): the same as
+                // none, and what the writer produces for it (found by fuzzing).
+                (b.inbound.is_some() || b.outbound.is_some()).then_some(b)
             }
         };
         Ok(Interface {
@@ -580,7 +583,7 @@ impl Interface {
 
     /// The MAC as written in a live document (for selecting an interface in a rewrite).
     pub(crate) fn peek(xml: &str) -> Result<(Option<MacAddress>, Option<String>), XmlError> {
-        let wire: PeekW<'_> = quick_xml::de::from_str(xml)?;
+        let wire: PeekW<'_> = crate::parse::de(xml)?;
         let mac = match wire.mac.and_then(|m| m.address) {
             None => None,
             Some(m) => Some(parse::mac(&m, || "interface/mac/@address".to_owned())?),

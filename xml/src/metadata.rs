@@ -137,7 +137,7 @@ impl VireoMetadata {
     /// Parse an element whose namespace the caller has already resolved (inside a domain
     /// document the prefix may be declared on an ancestor, out of the fragment's sight).
     pub(crate) fn from_checked_xml(xml: &str) -> Result<Self, XmlError> {
-        let wire: InstanceW<'_> = quick_xml::de::from_str(xml)?;
+        let wire: InstanceW<'_> = crate::parse::de(xml)?;
         VireoMetadata::from_wire(wire)
     }
 

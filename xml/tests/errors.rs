@@ -212,3 +212,54 @@ fn foreign_metadata_root_is_refused() {
         })
     ));
 }
+
+// Found by the `domain_xml` fuzz target (fuzz/): quick-xml 0.38.4's deserializer panics
+// (`unreachable!`) on a DOCTYPE between text runs of an element.
+#[test]
+fn a_doctype_inside_the_document_is_a_typed_error_not_a_panic() {
+    let ns = metadata::NAMESPACE_URI;
+    for (xml, parse) in [
+        (
+            "<domain><uuid>6<!DOCTYPEa>".to_owned(),
+            (|x: &str| Domain::from_xml(x).map(drop)) as fn(&str) -> Result<(), XmlError>,
+        ),
+        (
+            "<domain type='kvm'><name>a<!doctype b>c</name></domain>".to_owned(),
+            |x| Domain::from_xml(x).map(drop),
+        ),
+        (
+            format!("<vireo:instance xmlns:vireo='{ns}'><uuid>-<!DOCTYPE\">"),
+            |x| VireoMetadata::from_xml(x).map(drop),
+        ),
+        (
+            "<interface type='ethernet'><alias name='x'/>a<!DOCTYPE x>b</interface>".to_owned(),
+            |x| Interface::from_xml(x).map(drop),
+        ),
+    ] {
+        let err = parse(&xml).unwrap_err();
+        assert!(
+            matches!(err, XmlError::Unsupported { ref field, .. } if field.contains("DOCTYPE")),
+            "{xml}: {err:?}"
+        );
+    }
+    // A DOCTYPE before the root is valid XML and still accepted.
+    let d = Domain::new(DomainName::new("dt").unwrap());
+    let xml = format!("<!DOCTYPE domain>\n{}", d.to_xml().unwrap());
+    assert_eq!(Domain::from_xml(&xml).unwrap(), d);
+}
+
+// Found by the `device_xml` fuzz target: an empty `<bandwidth/>` parsed as `Some(empty)`, which
+// the writer omits, so the round trip changed the interface.
+#[test]
+fn an_empty_bandwidth_is_no_bandwidth() {
+    for inner in [
+        "<bandwidth/>",
+        "<bandwidth></bandwidth>",
+        "<bandwidth><x/></bandwidth>",
+    ] {
+        let xml = format!("<interface type='ethernet'>{inner}</interface>");
+        let i = Interface::from_xml(&xml).unwrap();
+        assert_eq!(i.bandwidth, None, "{xml}");
+        assert_eq!(Interface::from_xml(&i.to_xml().unwrap()).unwrap(), i);
+    }
+}

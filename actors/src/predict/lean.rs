@@ -1,25 +1,29 @@
 //! [`predict_json`]: prediction straight from `network_info` JSON text, reading only the
 //! fields prediction needs (`id`, `type`, `vnic_type`, `active`, `details.ovs_hybrid_plug`)
 //! with the same strict rules and [`Problem`]s as the full model in [`crate::vif`]; every
-//! other key is skipped unparsed. Structural errors (an item that is not an object, a
-//! `details` that is not an object) are reported as [`VifError::Json`].
+//! other key is skipped unparsed. A key given twice counts once, with its last value, as in
+//! the full parser (`serde_json::Value`). An item that is not an object is reported as
+//! [`VifError::Json`]; a `details` that is not an object as the full parser reports it.
 
 use std::borrow::Cow;
 use std::collections::HashSet;
 use std::fmt;
 
+use serde::de::value::{MapAccessDeserializer, SeqAccessDeserializer};
 use serde::de::{Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
+use serde_json::Value;
 
 use super::{classify, table_cell, Operation, PredictError, Prediction, VifPrediction, Wiring};
 use crate::vif::{PortId, Problem, VifError, VifType, VnicType};
 
-/// A JSON scalar as prediction needs it, or the text of anything else.
+/// A JSON scalar as prediction needs it, or anything else (always an error for the fields
+/// read, kept whole so the error shows it as the full parser does).
 #[derive(Debug)]
 enum Scalar<'a> {
     Bool(bool),
     Str(Cow<'a, str>),
-    Other(String),
+    Other(Value),
 }
 
 impl<'de: 'a, 'a> Deserialize<'de> for Scalar<'a> {
@@ -40,45 +44,159 @@ impl<'de: 'a, 'a> Deserialize<'de> for Scalar<'a> {
                 Ok(Scalar::Str(Cow::Owned(v.to_owned())))
             }
             fn visit_i64<E>(self, v: i64) -> Result<Scalar<'a>, E> {
-                Ok(Scalar::Other(v.to_string()))
+                Ok(Scalar::Other(Value::from(v)))
             }
             fn visit_u64<E>(self, v: u64) -> Result<Scalar<'a>, E> {
-                Ok(Scalar::Other(v.to_string()))
+                Ok(Scalar::Other(Value::from(v)))
             }
             fn visit_f64<E>(self, v: f64) -> Result<Scalar<'a>, E> {
-                Ok(Scalar::Other(v.to_string()))
+                Ok(Scalar::Other(Value::from(v)))
             }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut a: A) -> Result<Scalar<'a>, A::Error> {
-                while a.next_element::<IgnoredAny>()?.is_some() {}
-                Ok(Scalar::Other("[...]".to_owned()))
+            fn visit_seq<A: SeqAccess<'de>>(self, a: A) -> Result<Scalar<'a>, A::Error> {
+                Value::deserialize(SeqAccessDeserializer::new(a)).map(Scalar::Other)
             }
-            fn visit_map<A: MapAccess<'de>>(self, mut a: A) -> Result<Scalar<'a>, A::Error> {
-                while a.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
-                Ok(Scalar::Other("{...}".to_owned()))
+            fn visit_map<A: MapAccess<'de>>(self, a: A) -> Result<Scalar<'a>, A::Error> {
+                Value::deserialize(MapAccessDeserializer::new(a)).map(Scalar::Other)
             }
         }
         d.deserialize_any(V(std::marker::PhantomData))
     }
 }
 
-#[derive(Debug, Deserialize)]
-struct LeanDetails<'a> {
-    #[serde(borrow, default)]
-    ovs_hybrid_plug: Option<Scalar<'a>>,
+/// `details`, as far as prediction reads it.
+#[derive(Debug, Default)]
+enum LeanDetails<'a> {
+    /// Absent or null.
+    #[default]
+    Absent,
+    /// An object: its (last) `ovs_hybrid_plug`.
+    Object(Option<Scalar<'a>>),
+    /// Anything else.
+    NotObject,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Default)]
 struct LeanVif<'a> {
-    #[serde(borrow, default)]
     id: Option<Scalar<'a>>,
-    #[serde(rename = "type", borrow, default)]
     vif_type: Option<Scalar<'a>>,
-    #[serde(borrow, default)]
     vnic_type: Option<Scalar<'a>>,
-    #[serde(borrow, default)]
     active: Option<Scalar<'a>>,
-    #[serde(borrow, default)]
-    details: Option<LeanDetails<'a>>,
+    details: LeanDetails<'a>,
+}
+
+/// A key of a VIF dict (or of its `details`): the ones prediction reads, or any other.
+enum Key {
+    Id,
+    Type,
+    VnicType,
+    Active,
+    Details,
+    OvsHybridPlug,
+    Other,
+}
+
+impl<'de> Deserialize<'de> for Key {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = Key;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a key")
+            }
+            fn visit_str<E>(self, v: &str) -> Result<Key, E> {
+                Ok(match v {
+                    "id" => Key::Id,
+                    "type" => Key::Type,
+                    "vnic_type" => Key::VnicType,
+                    "active" => Key::Active,
+                    "details" => Key::Details,
+                    "ovs_hybrid_plug" => Key::OvsHybridPlug,
+                    _ => Key::Other,
+                })
+            }
+        }
+        d.deserialize_identifier(V)
+    }
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for LeanVif<'a> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V<'a>(std::marker::PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> Visitor<'de> for V<'a> {
+            type Value = LeanVif<'a>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a VIF object")
+            }
+            // Later keys overwrite earlier ones, as in `serde_json::Value`.
+            fn visit_map<A: MapAccess<'de>>(self, mut a: A) -> Result<LeanVif<'a>, A::Error> {
+                let mut v = LeanVif::default();
+                while let Some(key) = a.next_key::<Key>()? {
+                    match key {
+                        Key::Id => v.id = a.next_value()?,
+                        Key::Type => v.vif_type = a.next_value()?,
+                        Key::VnicType => v.vnic_type = a.next_value()?,
+                        Key::Active => v.active = a.next_value()?,
+                        Key::Details => v.details = a.next_value()?,
+                        Key::OvsHybridPlug | Key::Other => {
+                            a.next_value::<IgnoredAny>()?;
+                        }
+                    }
+                }
+                Ok(v)
+            }
+        }
+        d.deserialize_map(V(std::marker::PhantomData))
+    }
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for LeanDetails<'a> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V<'a>(std::marker::PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> Visitor<'de> for V<'a> {
+            type Value = LeanDetails<'a>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a JSON value")
+            }
+            fn visit_unit<E>(self) -> Result<LeanDetails<'a>, E> {
+                Ok(LeanDetails::Absent)
+            }
+            fn visit_none<E>(self) -> Result<LeanDetails<'a>, E> {
+                Ok(LeanDetails::Absent)
+            }
+            fn visit_bool<E>(self, _: bool) -> Result<LeanDetails<'a>, E> {
+                Ok(LeanDetails::NotObject)
+            }
+            fn visit_i64<E>(self, _: i64) -> Result<LeanDetails<'a>, E> {
+                Ok(LeanDetails::NotObject)
+            }
+            fn visit_u64<E>(self, _: u64) -> Result<LeanDetails<'a>, E> {
+                Ok(LeanDetails::NotObject)
+            }
+            fn visit_f64<E>(self, _: f64) -> Result<LeanDetails<'a>, E> {
+                Ok(LeanDetails::NotObject)
+            }
+            fn visit_str<E>(self, _: &str) -> Result<LeanDetails<'a>, E> {
+                Ok(LeanDetails::NotObject)
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut a: A) -> Result<LeanDetails<'a>, A::Error> {
+                while a.next_element::<IgnoredAny>()?.is_some() {}
+                Ok(LeanDetails::NotObject)
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut a: A) -> Result<LeanDetails<'a>, A::Error> {
+                let mut hybrid = None;
+                while let Some(key) = a.next_key::<Key>()? {
+                    match key {
+                        Key::OvsHybridPlug => hybrid = a.next_value()?,
+                        _ => {
+                            a.next_value::<IgnoredAny>()?;
+                        }
+                    }
+                }
+                Ok(LeanDetails::Object(hybrid))
+            }
+        }
+        d.deserialize_any(V(std::marker::PhantomData))
+    }
 }
 
 struct Ctx<'a> {
@@ -114,8 +232,12 @@ impl Ctx<'_> {
             Some(Scalar::Bool(b)) => Ok(*b),
             Some(Scalar::Str(s)) if s.eq_ignore_ascii_case("true") => Ok(true),
             Some(Scalar::Str(s)) if s.eq_ignore_ascii_case("false") => Ok(false),
-            Some(Scalar::Str(s)) => Err(self.err(field, Problem::NotBool(format!("{s:?}")))),
-            Some(Scalar::Other(t)) => Err(self.err(field, Problem::NotBool(t.clone()))),
+            // The value as JSON text, as the full parser shows it.
+            Some(Scalar::Str(s)) => Err(self.err(
+                field,
+                Problem::NotBool(Value::String(s.to_string()).to_string()),
+            )),
+            Some(Scalar::Other(v)) => Err(self.err(field, Problem::NotBool(v.to_string()))),
         }
     }
 }
@@ -165,8 +287,9 @@ pub fn predict_json(
         };
         let active = c.bool(&v.active, "active")?;
         let hybrid = match &v.details {
-            None => false,
-            Some(d) => c.bool(&d.ovs_hybrid_plug, "details.ovs_hybrid_plug")?,
+            LeanDetails::Absent => false,
+            LeanDetails::Object(h) => c.bool(h, "details.ovs_hybrid_plug")?,
+            LeanDetails::NotObject => return Err(c.err("details", Problem::NotObject)),
         };
         // Instances have a handful of VIFs: a linear scan beats hashing up to a few dozen.
         let dup = if out.len() < 32 {

@@ -516,3 +516,111 @@ fn predict_json_finds_duplicates_in_long_lists_too() {
         );
     }
 }
+
+// Found by the `predict_json` fuzz target (fuzz/): a key given twice made the lean parser
+// refuse (serde derive's "duplicate field") what the full parser accepts with the last value.
+#[test]
+fn predict_json_takes_the_last_of_duplicate_keys_like_the_full_parser() {
+    let w = Wiring::default();
+    let op = Operation::HardReboot;
+    let p1 = port(1);
+    let texts = [
+        // `type` twice: the last one (bridge) counts.
+        format!(
+            r#"[{{"id":"{p1}","address":"fa:16:3e:00:00:01","type":"hw_veb","type":"bridge"}}]"#
+        ),
+        // `id`, `active` and `details.ovs_hybrid_plug` twice, `details` twice.
+        format!(
+            r#"[{{"id":"x","id":"{p1}","address":"fa:16:3e:00:00:01","type":"ovs",
+               "active":"no","active":true,"details":7,
+               "details":{{"ovs_hybrid_plug":"bad","ovs_hybrid_plug":true}}}}]"#
+        ),
+        // Last value null: as absent.
+        format!(
+            r#"[{{"id":"{p1}","address":"fa:16:3e:00:00:01","type":"ovs","vnic_type":"x",
+               "vnic_type":null,"details":{{"ovs_hybrid_plug":1,"ovs_hybrid_plug":null}}}}]"#
+        ),
+    ];
+    for text in texts {
+        let want = full(&op, &text, &w);
+        assert!(want.is_ok(), "{text}: {want:?}");
+        assert_eq!(predict_json(&op, &text, &w), want, "{text}");
+    }
+    let want_kind = [
+        Kind::LinuxBridge(DeviceForm::LibvirtManaged),
+        Kind::OvsHybrid,
+    ];
+    for (text, kind) in [
+        format!(r#"[{{"id":"{p1}","type":"hw_veb","type":"bridge"}}]"#),
+        format!(r#"[{{"id":"{p1}","type":"ovs","details":{{"ovs_hybrid_plug":false,"ovs_hybrid_plug":true}}}}]"#),
+    ]
+    .iter()
+    .zip(want_kind)
+    {
+        assert_eq!(predict_json(&op, text, &w).unwrap().vifs[0].kind, kind);
+    }
+}
+
+#[test]
+fn predict_json_refuses_a_non_object_details_as_the_full_parser_does() {
+    let w = Wiring::default();
+    let mut v = vif_json(1, "ovs", "normal", true, false);
+    for bad in [json!(7), json!("x"), json!([1]), json!(true)] {
+        v["details"] = bad;
+        let text = Value::Array(vec![v.clone()]).to_string();
+        let want = full(&Operation::Spawn, &text, &w).unwrap_err();
+        assert_eq!(
+            predict_json(&Operation::Spawn, &text, &w).unwrap_err(),
+            want
+        );
+        assert!(matches!(
+            want,
+            PredictError::NetworkInfo(VifError::Field { ref field, problem: Problem::NotObject, .. })
+                if field == "details"
+        ));
+    }
+    // A VIF given as a list is not a VIF (serde derive accepted a struct as a sequence).
+    let text = format!(r#"[["{}","ovs"]]"#, port(1));
+    assert!(matches!(
+        predict_json(&Operation::Spawn, &text, &w),
+        Err(PredictError::NetworkInfo(VifError::Json(_)))
+    ));
+}
+
+// Found by actors/tests/prop_network_info.rs: a non-boolean list, object, float or a string
+// with characters Rust and JSON escape differently was shown differently by `predict_json`
+// (`[...]`, `1`, Rust escapes) and by the full parser (the JSON text).
+#[test]
+fn predict_json_shows_a_bad_boolean_as_the_full_parser_does() {
+    let w = Wiring::default();
+    for bad in [
+        json!([]),
+        json!({"a": [1]}),
+        json!(1.0),
+        json!("\u{1}\u{7f}x"),
+        json!(-0.5),
+    ] {
+        for path in ["active", "details.ovs_hybrid_plug"] {
+            let mut v = vif_json(1, "ovs", "normal", true, false);
+            match path {
+                "active" => v["active"] = bad.clone(),
+                _ => v["details"]["ovs_hybrid_plug"] = bad.clone(),
+            }
+            let text = Value::Array(vec![v]).to_string();
+            let want = full(&Operation::Spawn, &text, &w).unwrap_err();
+            assert_eq!(
+                want,
+                PredictError::NetworkInfo(VifError::Field {
+                    index: 0,
+                    port: port(1),
+                    field: path.into(),
+                    problem: Problem::NotBool(bad.to_string()),
+                })
+            );
+            assert_eq!(
+                predict_json(&Operation::Spawn, &text, &w).unwrap_err(),
+                want
+            );
+        }
+    }
+}

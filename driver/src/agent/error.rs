@@ -69,6 +69,13 @@ pub enum ApiError {
     /// The agent is shutting down.
     #[error("the agent is shutting down")]
     ShuttingDown,
+    /// A peer request did not finish within `[peering] serve_timeout` (it may still be
+    /// running here).
+    #[error("the request did not finish within {secs} s; it may still be running")]
+    PeerTimeout {
+        /// The bound.
+        secs: u64,
+    },
     /// The driver refused or failed a synchronous call.
     #[error("{}", vireo_actors::instance::error_chain(.0))]
     Driver(InstanceError),
@@ -76,7 +83,7 @@ pub enum ApiError {
 
 impl ApiError {
     /// The stable code.
-    pub fn code(&self) -> &'static str {
+    pub fn code(&self) -> &str {
         match self {
             ApiError::Unauthorized => "unauthorized",
             ApiError::BodyTooLarge { .. } => "body-too-large",
@@ -92,6 +99,7 @@ impl ApiError {
             ApiError::IllegalState { .. } => "illegal-state",
             ApiError::Exists(_) => "exists",
             ApiError::ShuttingDown => "shutting-down",
+            ApiError::PeerTimeout { .. } => "timed-out",
             ApiError::Driver(e) => e.code(),
         }
     }
@@ -140,6 +148,7 @@ impl ResponseError for ApiError {
                 StatusCode::CONFLICT
             }
             ApiError::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::PeerTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
             ApiError::Driver(e) => status_for_driver_code(e.code()),
         }
     }
@@ -188,9 +197,17 @@ mod tests {
             (InstanceError::Invalid("x".into()), 400),
             (InstanceError::UnknownHost("h".into()), 500),
             (InstanceError::Unavailable, 503),
+            (
+                InstanceError::Remote {
+                    host: "h2".into(),
+                    code: "busy".into(),
+                    message: "operation resize in progress".into(),
+                },
+                409,
+            ),
         ];
         for (e, status) in cases {
-            let code = e.code();
+            let code = e.code().to_owned();
             let api = ApiError::from(e);
             assert_eq!(api.status_code().as_u16(), status, "{code}");
             assert_eq!(api.code(), code);

@@ -25,12 +25,14 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Mutex;
 
 use serde::Deserialize;
+use serde_json::Value;
 use tracing::debug;
 use uuid::Uuid;
 use vireo_actors::external::{EventName, EventStatus, ExternalEvent};
 
 use super::error::ApiError;
 use super::model::{EventAnswer, EventsAnswer};
+use super::peer::best_code;
 
 /// Longest tag Nova accepts.
 pub const MAX_TAG_LEN: usize = 255;
@@ -113,25 +115,45 @@ struct RawEvent {
 }
 
 /// The answer to one POST.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Outcome {
     /// The body: every event echoed with its code.
     pub answer: EventsAnswer,
     /// The accepted events, in order, for the events actor.
     pub accepted: Vec<ExternalEvent>,
+    /// The events to forward to the peers, as received, with their index in `answer`.
+    pub forward: Vec<(usize, Value)>,
 }
 
 impl Outcome {
     /// 200 when every event was accepted, 404 when none was (answered as
     /// [`ApiError::NoEventAccepted`]), 207 otherwise.
     pub fn status(&self) -> u16 {
-        if self.accepted.is_empty() {
-            404
-        } else if self.answer.events.iter().all(|e| e.code == 200) {
-            200
-        } else {
-            207
+        status_of(&self.answer)
+    }
+
+    /// Take the peers' code for the forwarded event at `index` when it is better than the one
+    /// here ([`best_code`]); an accepted event is answered `completed`.
+    pub fn merge(&mut self, index: usize, code: u16) {
+        if let Some(e) = self.answer.events.get_mut(index) {
+            e.code = best_code(e.code, code);
+            if e.code == 200 {
+                e.status = "completed".to_owned();
+            }
         }
+    }
+}
+
+/// Nova's status for a set of per-event answers: 200 when every event was accepted (by this
+/// host or a peer), 404 when none was, 207 otherwise.
+pub fn status_of(answer: &EventsAnswer) -> u16 {
+    let accepted = answer.events.iter().filter(|e| e.code == 200).count();
+    if accepted == 0 {
+        404
+    } else if accepted == answer.events.len() {
+        200
+    } else {
+        207
     }
 }
 
@@ -204,11 +226,20 @@ pub fn parse(body: &[u8], max_events: usize) -> Result<Parsed, ApiError> {
 }
 
 /// Decide each event's code from where its instance is (`placements` holds every instance of
-/// [`Parsed::instances`]; a missing one counts as unknown).
-pub fn decide(parsed: Parsed, placements: &HashMap<Uuid, Placement>) -> Outcome {
+/// [`Parsed::instances`]; a missing one counts as unknown), and pick the events of the
+/// instances in `forward` for the peers.
+pub fn decide(
+    parsed: Parsed,
+    placements: &HashMap<Uuid, Placement>,
+    forward: &HashSet<Uuid>,
+) -> Outcome {
     let mut answers = Vec::with_capacity(parsed.events.len());
     let mut accepted = Vec::with_capacity(parsed.events.len());
-    for (e, uuid, status) in parsed.events {
+    let mut forwarded = Vec::new();
+    for (i, (e, uuid, status)) in parsed.events.into_iter().enumerate() {
+        if forward.contains(&uuid) {
+            forwarded.push((i, as_received(&e)));
+        }
         let name = e.name.parse::<EventName>().ok();
         let placement = placements.get(&uuid).copied().unwrap_or(Placement::Unknown);
         let code = match (placement, name) {
@@ -239,7 +270,22 @@ pub fn decide(parsed: Parsed, placements: &HashMap<Uuid, Placement>) -> Outcome 
     Outcome {
         answer: EventsAnswer { events: answers },
         accepted,
+        forward: forwarded,
     }
+}
+
+/// An event as it was received (absent keys stay absent).
+fn as_received(e: &RawEvent) -> Value {
+    let mut m = serde_json::Map::with_capacity(4);
+    m.insert("name".into(), Value::String(e.name.clone()));
+    m.insert("server_uuid".into(), Value::String(e.server_uuid.clone()));
+    if let Some(t) = &e.tag {
+        m.insert("tag".into(), Value::String(t.clone()));
+    }
+    if let Some(s) = &e.status {
+        m.insert("status".into(), Value::String(s.clone()));
+    }
+    Value::Object(m)
 }
 
 #[cfg(test)]
@@ -259,7 +305,7 @@ mod tests {
     }
 
     fn run(v: serde_json::Value) -> Result<Outcome, ApiError> {
-        parse(v.to_string().as_bytes(), 100).map(|p| decide(p, &placements()))
+        parse(v.to_string().as_bytes(), 100).map(|p| decide(p, &placements(), &HashSet::new()))
     }
 
     #[test]
@@ -369,6 +415,58 @@ mod tests {
             parse(json!({"events": many}).to_string().as_bytes(), 10).unwrap_err(),
             ApiError::Invalid(_)
         ));
+    }
+
+    #[test]
+    fn forwarded_events_are_sent_as_received_and_merged_by_best_code() {
+        let unknown = Uuid::new_v4();
+        let body = json!({"events": [
+            {"name": "network-vif-plugged", "server_uuid": A, "tag": PORT},
+            {"name": "network-vif-plugged", "server_uuid": unknown.to_string(), "tag": PORT,
+             "status": "failed"},
+            {"name": "network-changed", "server_uuid": unknown.to_string()},
+            {"name": "network-changed", "server_uuid": B},
+        ]});
+        let p = parse(body.to_string().as_bytes(), 10).unwrap();
+        let forward = HashSet::from([unknown, Uuid::parse_str(B).unwrap()]);
+        let mut o = decide(p, &placements(), &forward);
+        let idx: Vec<usize> = o.forward.iter().map(|(i, _)| *i).collect();
+        assert_eq!(idx, [1, 2, 3]);
+        assert_eq!(o.forward[0].1, body["events"][1], "as received");
+        assert_eq!(o.forward[1].1, body["events"][2], "absent keys stay absent");
+        assert_eq!(o.status(), 207);
+        // A peer accepted the second event, another answered 404 for the third; the fourth
+        // (422 here) was 404 on the peers.
+        o.merge(1, 200);
+        o.merge(2, 404);
+        o.merge(3, 404);
+        let codes: Vec<u16> = o.answer.events.iter().map(|e| e.code).collect();
+        assert_eq!(codes, [200, 200, 404, 422]);
+        assert_eq!(o.answer.events[1].status, "completed");
+        assert_eq!(o.answer.events[2].status, "failed");
+        assert_eq!(o.status(), 207);
+        assert_eq!(
+            o.accepted.len(),
+            1,
+            "only the local event goes to this host's actor"
+        );
+        o.merge(2, 200);
+        o.merge(3, 200);
+        assert_eq!(o.status(), 200);
+
+        // Nothing accepted here, one event accepted by a peer: not a 404.
+        let p = parse(
+            json!({"events": [{"name": "network-changed", "server_uuid": unknown.to_string()}]})
+                .to_string()
+                .as_bytes(),
+            10,
+        )
+        .unwrap();
+        let mut o = decide(p, &placements(), &forward);
+        assert_eq!(o.status(), 404);
+        o.merge(0, 200);
+        assert_eq!(o.status(), 200);
+        assert!(o.accepted.is_empty());
     }
 
     #[test]

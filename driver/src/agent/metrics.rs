@@ -271,6 +271,18 @@ pub struct Metrics {
     pub op_duration: HistogramVec,
     /// `vireo_operations_in_flight`.
     pub ops_in_flight: AtomicI64,
+    /// `vireo_peer_requests_total{request,result}`: requests other hosts sent here, result
+    /// `succeeded`, `failed`, `timed-out` or `refused` (shutting down).
+    pub peer_requests: CounterVec,
+    /// `vireo_peer_requests_in_flight`.
+    pub peer_in_flight: AtomicI64,
+    /// `vireo_events_forwarded_total{result}`: external events forwarded to the peers, by
+    /// result: `accepted` (a peer accepted it), `refused` (the peers answered, none
+    /// accepted), `no-answer` (no peer answered in time).
+    pub events_forwarded: CounterVec,
+    /// `vireo_event_forward_failures_total{peer}`: forwarded POSTs a peer did not answer
+    /// usefully (timeout, connection refused, an error).
+    pub forward_failures: CounterVec,
 }
 
 impl Default for Metrics {
@@ -321,6 +333,22 @@ impl Metrics {
                 &OP_BUCKETS,
             ),
             ops_in_flight: AtomicI64::new(0),
+            peer_requests: CounterVec::new(
+                "vireo_peer_requests_total",
+                "Requests other hosts' flows sent here, by request and result.",
+                &["request", "result"],
+            ),
+            peer_in_flight: AtomicI64::new(0),
+            events_forwarded: CounterVec::new(
+                "vireo_events_forwarded_total",
+                "External events forwarded to the peers, by result (accepted, refused, no-answer).",
+                &["result"],
+            ),
+            forward_failures: CounterVec::new(
+                "vireo_event_forward_failures_total",
+                "Forwarded external-event POSTs a peer did not answer usefully.",
+                &["peer"],
+            ),
         }
     }
 
@@ -340,6 +368,15 @@ impl Metrics {
             "Instance operations running now.",
             self.ops_in_flight.load(Ordering::Relaxed),
         );
+        self.peer_requests.render(&mut out);
+        gauge(
+            &mut out,
+            "vireo_peer_requests_in_flight",
+            "Requests from other hosts running now.",
+            self.peer_in_flight.load(Ordering::Relaxed),
+        );
+        self.events_forwarded.render(&mut out);
+        self.forward_failures.render(&mut out);
         if let Some(n) = snap.instances {
             gauge(
                 &mut out,

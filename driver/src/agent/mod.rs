@@ -11,6 +11,8 @@
 //! - [`auth`]: token files and constant-time checks. [`paths`]: which host paths a request
 //!   may name. [`metrics`]: the Prometheus registry. [`model`]: the wire format.
 //! - [`view`]: converts the driver's types to the wire format.
+//! - [`peer`]: the other hosts' agents — [`peer::HttpPeer`] (a `PeerHost` over their
+//!   `POST /v1/peer/instances/{uuid}`) and the external-events forwarder.
 //!
 //! [`run`] is the binary's entry: load the config, check the token files, prepare the state
 //! directory, bind, start the actors and the driver, serve until SIGTERM/SIGINT.
@@ -22,6 +24,7 @@ pub mod metrics;
 pub mod model;
 pub mod ops;
 pub mod paths;
+pub mod peer;
 pub mod server;
 pub mod service;
 pub mod view;
@@ -36,10 +39,13 @@ use actix_web::http::header::HeaderName;
 use tracing::info;
 use tracing_subscriber::EnvFilter;
 
-use crate::compute::{ComputeDriver, DriverError};
+use vireo_actors::instance::Peers;
+
+use crate::compute::{ComputeDriver, DriverError, LibvirtDriver};
 use crate::config::{AgentConfig, ConfigError};
 use auth::{Auth, Token, TokenError};
 use paths::PathPolicy;
+use peer::{EventForwarder, PeerLink};
 use service::Settings;
 
 /// Exit code: clean shutdown.
@@ -85,6 +91,9 @@ pub enum StartError {
         #[source]
         source: Box<DriverError>,
     },
+    /// A peer could not be set up.
+    #[error(transparent)]
+    Peer(#[from] peer::PeerError),
     /// The runtime could not be built.
     #[error("cannot start the runtime")]
     Runtime(#[source] io::Error),
@@ -130,6 +139,25 @@ impl Settings {
                 source,
             }
         })?;
+        let peers = cfg
+            .peers
+            .iter()
+            .map(|p| {
+                Ok(PeerLink {
+                    name: p.name.clone(),
+                    url: p.url.clone(),
+                    token: Token::load("peers.token_file", &p.token_file)?,
+                    migration_uri: p.migration_uri.clone(),
+                    timeout: cfg.peer_timeout(p),
+                })
+            })
+            .collect::<Result<Vec<_>, TokenError>>()?;
+        let forward_to: &[PeerLink] = if cfg.peering.forward_events {
+            &peers
+        } else {
+            &[]
+        };
+        let forwarder = EventForwarder::new(forward_to, cfg.forward_timeout())?;
         Ok(Settings {
             host: cfg.host_name(),
             auth: Auth::new(header, api, events, cfg.accept_noauth_events),
@@ -139,6 +167,9 @@ impl Settings {
             finished_operations: cfg.finished_operations,
             shutdown_timeout: cfg.shutdown_timeout(),
             http_workers: cfg.http_workers,
+            peers,
+            forwarder,
+            peer_serve_timeout: cfg.peer_serve_timeout(),
         })
     }
 }
@@ -180,16 +211,36 @@ pub fn prepare_default_libvirt(cfg: &AgentConfig) -> Result<(), StartError> {
         .map_err(|source| StartError::StateDir { path: node, source })
 }
 
+/// The directory of hosts the driver starts with: every configured peer as an
+/// [`peer::HttpPeer`] (the driver adds this host itself, in-process).
+pub fn peer_directory(settings: &Settings) -> Result<Arc<Peers>, StartError> {
+    Ok(peer::directory(&settings.peers)?)
+}
+
 /// Load the virt driver named in `[driver] name` with the configuration derived from the
 /// file (see [`AgentConfig::driver_config`]): it opens libvirt, starts its actors, the
-/// network service and the plugger, and recovers the instances libvirt has.
-pub async fn load_driver(cfg: &AgentConfig) -> Result<Arc<dyn ComputeDriver>, StartError> {
+/// network service and the plugger, and recovers the instances libvirt has. The libvirt
+/// driver is built here (not through `compute::load_driver`) so that it starts with the
+/// configured peers in its directory — before recovery, which may call them.
+pub async fn load_driver(
+    cfg: &AgentConfig,
+    settings: &Settings,
+) -> Result<Arc<dyn ComputeDriver>, StartError> {
+    let driver_err = |source| StartError::Driver {
+        name: cfg.driver.name.clone(),
+        source: Box::new(source),
+    };
+    if cfg.driver.name == "libvirt" {
+        let driver = LibvirtDriver::builder(cfg.driver_config())
+            .peers(peer_directory(settings)?)
+            .build()
+            .await
+            .map_err(driver_err)?;
+        return Ok(Arc::new(driver));
+    }
     let driver = crate::compute::load_driver(&cfg.driver.name, &cfg.driver_config())
         .await
-        .map_err(|source| StartError::Driver {
-            name: cfg.driver.name.clone(),
-            source: Box::new(source),
-        })?;
+        .map_err(driver_err)?;
     Ok(Arc::from(driver))
 }
 
@@ -272,9 +323,9 @@ fn run_inner(config_path: &Path) -> Result<(), StartError> {
     })?;
     let system = actix_rt::System::new();
     system.block_on(async move {
-        let driver = load_driver(&cfg).await?;
+        let driver = load_driver(&cfg, &settings).await?;
         info!(driver = driver.name(), host = %settings.host, uri = %cfg.libvirt_uri(),
-              network = %cfg.network.kind, "agent starting");
+              network = %cfg.network.kind, peers = settings.peers.len(), "agent starting");
         let svc = service::AgentService::new(driver, settings);
         server::serve(listener, shutdown_signal(), svc)
             .await

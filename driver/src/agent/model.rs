@@ -12,6 +12,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use uuid::Uuid;
 
+use vireo_actors::instance::{Handover, InstanceRequest, Migration};
+use vireo_actors::lifecycle::{InstanceState, Request};
 use vireo_xml::metadata::Flavor as DriverFlavor;
 
 /// `{"error": {...}}`.
@@ -541,6 +543,212 @@ pub struct EventsAnswer {
     pub events: Vec<EventAnswer>,
 }
 
+/// `POST /v1/peer/instances/{uuid}`: a request one host's flow sends another — exactly the
+/// cross-host steps of resize/confirm/revert and of live migration and its rollback, as
+/// `{"request": "<name>", ...arguments}`. Nothing else is a peer request: an unknown name or
+/// an extra argument is refused (400).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "request", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum PeerRequest {
+    /// Destination of a resize: build the resized instance here.
+    FinishResize {
+        /// The migration.
+        migration: Migration,
+        /// What to build.
+        handover: Handover,
+    },
+    /// Source of a confirmed resize: remove the old instance.
+    ConfirmResizeSource {},
+    /// Source of a reverted resize: bring the instance back.
+    FinishRevertResize {},
+    /// Destination of a live migration: pre-wire the devices.
+    PreLiveMigration {
+        /// The migration.
+        migration: Migration,
+        /// The instance as the source knows it.
+        handover: Handover,
+    },
+    /// Destination of a live migration that succeeded: take over.
+    PostLiveMigrationAtDestination {
+        /// The migration.
+        migration: Migration,
+    },
+    /// Destination of a live migration that failed: remove what was prepared.
+    RollbackLiveMigrationAtDestination {
+        /// The instance's network_info (the destination may have lost its own record).
+        handover: Handover,
+        /// Remove the instance directory.
+        do_cleanup: bool,
+        /// Remove the disks.
+        destroy_disks: bool,
+    },
+}
+
+impl PeerRequest {
+    /// The lifecycle request it is (also the metric label, via [`Request::as_str`]).
+    pub fn kind(&self) -> Request {
+        match self {
+            PeerRequest::FinishResize { .. } => Request::FinishResize,
+            PeerRequest::ConfirmResizeSource {} => Request::ConfirmResizeSource,
+            PeerRequest::FinishRevertResize {} => Request::FinishRevertResize,
+            PeerRequest::PreLiveMigration { .. } => Request::PreLiveMigration,
+            PeerRequest::PostLiveMigrationAtDestination { .. } => {
+                Request::PostLiveMigrationAtDestination
+            }
+            PeerRequest::RollbackLiveMigrationAtDestination { .. } => {
+                Request::RollbackLiveMigrationAtDestination
+            }
+        }
+    }
+}
+
+impl From<PeerRequest> for InstanceRequest {
+    fn from(p: PeerRequest) -> InstanceRequest {
+        match p {
+            PeerRequest::FinishResize {
+                migration,
+                handover,
+            } => InstanceRequest::FinishResize {
+                migration,
+                handover: Box::new(handover),
+            },
+            PeerRequest::ConfirmResizeSource {} => InstanceRequest::ConfirmResizeSource,
+            PeerRequest::FinishRevertResize {} => InstanceRequest::FinishRevertResize,
+            PeerRequest::PreLiveMigration {
+                migration,
+                handover,
+            } => InstanceRequest::PreLiveMigration {
+                migration,
+                handover: Box::new(handover),
+            },
+            PeerRequest::PostLiveMigrationAtDestination { migration } => {
+                InstanceRequest::PostLiveMigrationAtDestination { migration }
+            }
+            PeerRequest::RollbackLiveMigrationAtDestination {
+                handover,
+                do_cleanup,
+                destroy_disks,
+            } => InstanceRequest::RollbackLiveMigrationAtDestination {
+                handover: Box::new(handover),
+                do_cleanup,
+                destroy_disks,
+            },
+        }
+    }
+}
+
+impl TryFrom<InstanceRequest> for PeerRequest {
+    /// The request's kind: it is not one host sends another.
+    type Error = Request;
+
+    fn try_from(r: InstanceRequest) -> Result<PeerRequest, Request> {
+        Ok(match r {
+            InstanceRequest::FinishResize {
+                migration,
+                handover,
+            } => PeerRequest::FinishResize {
+                migration,
+                handover: *handover,
+            },
+            InstanceRequest::ConfirmResizeSource => PeerRequest::ConfirmResizeSource {},
+            InstanceRequest::FinishRevertResize => PeerRequest::FinishRevertResize {},
+            InstanceRequest::PreLiveMigration {
+                migration,
+                handover,
+            } => PeerRequest::PreLiveMigration {
+                migration,
+                handover: *handover,
+            },
+            InstanceRequest::PostLiveMigrationAtDestination { migration } => {
+                PeerRequest::PostLiveMigrationAtDestination { migration }
+            }
+            InstanceRequest::RollbackLiveMigrationAtDestination {
+                handover,
+                do_cleanup,
+                destroy_disks,
+            } => PeerRequest::RollbackLiveMigrationAtDestination {
+                handover: *handover,
+                do_cleanup,
+                destroy_disks,
+            },
+            other => return Err(other.kind()),
+        })
+    }
+}
+
+/// The answer to a peer request that succeeded: the state it left the instance in on the
+/// peer and what it did there.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PeerReply {
+    /// Lifecycle state on the peer.
+    pub state: InstanceState,
+    /// The peer's report.
+    pub report: Report,
+}
+
+/// An operation's report on the wire (see [`Operation::report`]): times in whole
+/// milliseconds.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Report {
+    /// The driver's operation id.
+    pub op_id: u64,
+    /// The driver's request name (`spawn`, `finish-resize`, ...).
+    pub request: String,
+    /// Wall time.
+    pub took_ms: u64,
+    /// The steps in order.
+    pub steps: Vec<ReportStep>,
+    /// The event waits in order.
+    pub waits: Vec<ReportWait>,
+    /// Networking released.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub released: Option<ReportReleased>,
+}
+
+/// One step of a [`Report`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReportStep {
+    /// What it did.
+    pub name: String,
+    /// Its clock: `libvirt`, `plug`, `network`, `event-wait`, `peer`.
+    pub kind: String,
+    /// How long it took.
+    pub took_ms: u64,
+    /// Offset from the operation's start.
+    pub at_ms: u64,
+    /// It failed.
+    pub failed: bool,
+}
+
+/// One event wait of a [`Report`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReportWait {
+    /// `bind-time`, `plug-time` or `none`.
+    pub timing: String,
+    /// What it waited for.
+    pub expected: Vec<AwaitedEvent>,
+    /// How long it took.
+    pub took_ms: u64,
+    /// Satisfied completely.
+    pub complete: bool,
+    /// Ports that never reported or failed.
+    pub missing: Vec<String>,
+    /// How it ended.
+    pub outcome: String,
+}
+
+/// Networking released, in a [`Report`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReportReleased {
+    /// Ports deleted.
+    pub deleted: Vec<String>,
+    /// User ports unbound.
+    pub unbound: Vec<String>,
+    /// Ports that were already gone.
+    pub already_gone: Vec<String>,
+}
+
 /// `GET /healthz`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Health {
@@ -586,6 +794,96 @@ mod tests {
         ] {
             assert!(
                 serde_json::from_value::<Action>(bad.clone()).is_err(),
+                "{bad}"
+            );
+        }
+    }
+
+    fn handover() -> Handover {
+        let f = DriverFlavor {
+            name: "m1".into(),
+            vcpus: 1,
+            memory_mb: 128,
+            root_gb: 0,
+            extra_specs: BTreeMap::new(),
+        };
+        Handover {
+            name: "vm".into(),
+            flavor: f.clone(),
+            old_flavor: f,
+            boot: vireo_actors::instance::BootSource::None,
+            network_info: json!([]),
+            power_on: true,
+        }
+    }
+
+    fn migration() -> Migration {
+        Migration {
+            id: Uuid::nil(),
+            source_host: "h1".into(),
+            dest_host: "h2".into(),
+        }
+    }
+
+    #[test]
+    fn every_peer_request_round_trips_and_maps_to_its_instance_request() {
+        let all = [
+            PeerRequest::FinishResize {
+                migration: migration(),
+                handover: handover(),
+            },
+            PeerRequest::ConfirmResizeSource {},
+            PeerRequest::FinishRevertResize {},
+            PeerRequest::PreLiveMigration {
+                migration: migration(),
+                handover: handover(),
+            },
+            PeerRequest::PostLiveMigrationAtDestination {
+                migration: migration(),
+            },
+            PeerRequest::RollbackLiveMigrationAtDestination {
+                handover: handover(),
+                do_cleanup: true,
+                destroy_disks: false,
+            },
+        ];
+        for p in all {
+            let wire = serde_json::to_value(&p).unwrap();
+            assert_eq!(wire["request"], p.kind().as_str(), "{wire}");
+            let back: PeerRequest = serde_json::from_value(wire).unwrap();
+            assert_eq!(back, p);
+            let r = InstanceRequest::from(p.clone());
+            assert_eq!(r.kind(), p.kind());
+            assert_eq!(PeerRequest::try_from(r).unwrap(), p);
+        }
+        // Every other request is refused, naming its kind.
+        let others = [
+            InstanceRequest::PowerOn,
+            InstanceRequest::Pause,
+            InstanceRequest::ConfirmResize,
+            InstanceRequest::RevertResize,
+            InstanceRequest::CleanupForReschedule,
+            InstanceRequest::Destroy(Default::default()),
+        ];
+        for r in others {
+            let kind = r.kind();
+            assert_eq!(PeerRequest::try_from(r).unwrap_err(), kind);
+        }
+    }
+
+    #[test]
+    fn other_requests_and_extra_arguments_are_refused() {
+        for bad in [
+            json!({"request": "spawn"}),
+            json!({"request": "destroy"}),
+            json!({"request": "revert-resize"}),
+            json!({"request": "confirm-resize-source", "force": true}),
+            json!({"request": "post-live-migration-at-destination"}),
+            json!({"request": "finish-resize", "migration": migration()}),
+            json!({"finish-revert-resize": {}}),
+        ] {
+            assert!(
+                serde_json::from_value::<PeerRequest>(bad.clone()).is_err(),
                 "{bad}"
             );
         }

@@ -14,6 +14,7 @@
 //! | POST | `/v1/instances/{uuid}/action` | 202 `{"operation": {...}}` |
 //! | GET | `/v1/operations` | 200 `{"operations": [...]}` (`?instance=UUID` filters) |
 //! | GET | `/v1/operations/{id}` | 200 operation |
+//! | POST | `/v1/peer/instances/{uuid}` | 200 `{"state", "report"}` (another host's flow; synchronous) |
 
 use std::future::Future;
 use std::net::TcpListener;
@@ -35,7 +36,10 @@ use uuid::Uuid;
 
 use super::auth::Scope;
 use super::error::ApiError;
-use super::model::{Accepted, Action, CreateInstance, InstanceList, Operation, OperationList};
+use super::model::{
+    Accepted, Action, CreateInstance, InstanceList, Operation, OperationList, PeerRequest,
+};
+use super::peer::is_forwarded;
 use super::service::AgentService;
 
 /// Why the server could not run.
@@ -123,7 +127,9 @@ async fn external_events(
 ) -> Result<HttpResponse, ApiError> {
     svc.authorize(req.headers(), Scope::Events, req.path())?;
     let body = read_body(&req, payload, svc.settings().max_body_bytes).await?;
-    let (status, answer) = svc.external_events(&body).await?;
+    let (status, answer) = svc
+        .external_events(&body, is_forwarded(req.headers()))
+        .await?;
     let status = StatusCode::from_u16(status).unwrap_or(StatusCode::MULTI_STATUS);
     Ok(HttpResponse::build(status).json(answer))
 }
@@ -223,6 +229,18 @@ async fn show_operation(
     Ok(HttpResponse::Ok().json(op))
 }
 
+async fn peer_request(
+    req: HttpRequest,
+    path: web::Path<String>,
+    payload: web::Payload,
+    svc: Svc,
+) -> Result<HttpResponse, ApiError> {
+    api(&req, &svc)?;
+    let uuid = parse_uuid("instance", &path)?;
+    let body: PeerRequest = json_body(&req, payload, &svc).await?;
+    Ok(HttpResponse::Ok().json(svc.peer_request(uuid, body).await?))
+}
+
 async fn no_route() -> Result<HttpResponse, ApiError> {
     Err(ApiError::NoRoute)
 }
@@ -286,7 +304,8 @@ pub async fn serve(
                     .route("/instances/{uuid}", web::delete().to(delete_instance))
                     .route("/instances/{uuid}/action", web::post().to(instance_action))
                     .route("/operations", web::get().to(list_operations))
-                    .route("/operations/{id}", web::get().to(show_operation)),
+                    .route("/operations/{id}", web::get().to(show_operation))
+                    .route("/peer/instances/{uuid}", web::post().to(peer_request)),
             )
             .default_service(web::to(no_route))
     })
@@ -313,13 +332,27 @@ pub async fn serve(
     let deadline = Instant::now() + settings.shutdown_timeout;
     info!("shutdown requested: no longer accepting connections");
     svc.operations().close();
-    if tokio::time::timeout_at(deadline, handle.stop(true))
-        .await
-        .is_err()
-    {
-        warn!("in-flight requests did not finish in time");
+    let drain = async {
+        if tokio::time::timeout_at(deadline, handle.stop(true))
+            .await
+            .is_err()
+        {
+            warn!("in-flight requests did not finish in time");
+        }
+    };
+    if svc.peer_requests_in_flight() > 0 {
+        // A peer request is an operation of this host that another host's flow waits for
+        // over HTTP, possibly waiting for network events itself: stop the driver while the
+        // server drains, so that it rolls back now and its answer still goes out.
+        info!(
+            peer_requests = svc.peer_requests_in_flight(),
+            "peer requests in flight: stopping the driver while they finish"
+        );
+        tokio::join!(drain, svc.shutdown(deadline));
+    } else {
+        drain.await;
+        svc.shutdown(deadline).await;
     }
-    svc.shutdown(deadline).await;
     let _ = tokio::time::timeout_at(deadline, running).await;
     info!("agent stopped");
     Ok(())

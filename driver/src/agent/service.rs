@@ -14,7 +14,7 @@
 //! stop); the agent waits for its operation tasks until the deadline; whatever still runs
 //! then is aborted and recorded as failed with code `shutdown`.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -24,11 +24,11 @@ use actix_web::http::header::HeaderMap;
 use futures::FutureExt;
 use serde_json::Value;
 use tokio::time::Instant;
-use tracing::{info, info_span, warn, Instrument};
+use tracing::{debug, info, info_span, warn, Instrument};
 use uuid::Uuid;
 use vireo_actors::instance::{
-    BootSource, DestroyArgs, InstanceError, LiveMigrateArgs, Migration, NetworkRequest, OpReport,
-    RebootKind, ResizeArgs, SpawnArgs,
+    BootSource, DestroyArgs, InstanceError, InstanceReply, LiveMigrateArgs, Migration,
+    NetworkRequest, OpReport, RebootKind, ResizeArgs, SpawnArgs,
 };
 use vireo_actors::lifecycle::{accepts, InstanceState, Request};
 use vireo_actors::network::PortRequest as DriverPortRequest;
@@ -43,8 +43,10 @@ use super::model::{
     Action, CreateInstance, ErrorDetail, EventsAnswer, Flavor, Health, Instance, OpKind, Operation,
     PortRequest,
 };
+use super::model::{PeerReply, PeerRequest};
 use super::ops::Operations;
 use super::paths::PathPolicy;
+use super::peer::{EventForwarder, ForwardAnswer, PeerLink};
 use super::view;
 use crate::compute::ComputeDriver;
 
@@ -67,6 +69,13 @@ pub struct Settings {
     pub shutdown_timeout: Duration,
     /// HTTP worker threads.
     pub http_workers: usize,
+    /// The configured peers (`[[peers]]`), tokens loaded.
+    pub peers: Vec<PeerLink>,
+    /// Forwards external events to the peers (empty without peers or with
+    /// `[peering] forward_events = false`).
+    pub forwarder: EventForwarder,
+    /// Bound on one peer request served here.
+    pub peer_serve_timeout: Duration,
 }
 
 /// The driver call of one operation, with validated arguments.
@@ -160,22 +169,23 @@ pub const MIN_MEMORY_MB: u64 = 16;
 pub const MAX_MEMORY_MB: u64 = 1 << 24;
 
 fn check_flavor(f: &Flavor) -> Result<(), ApiError> {
-    if f.name.is_empty() || f.name.len() > 255 || f.name.chars().any(char::is_control) {
+    check_flavor_values("flavor", &f.name, f.vcpus, f.memory_mb)
+}
+
+fn check_flavor_values(key: &str, name: &str, vcpus: u32, memory_mb: u64) -> Result<(), ApiError> {
+    if name.is_empty() || name.len() > 255 || name.chars().any(char::is_control) {
         return Err(ApiError::Invalid(format!(
-            "flavor.name: {:?} is not a valid name",
-            f.name
+            "{key}.name: {name:?} is not a valid name"
         )));
     }
-    if f.vcpus == 0 || f.vcpus > MAX_VCPUS {
+    if vcpus == 0 || vcpus > MAX_VCPUS {
         return Err(ApiError::Invalid(format!(
-            "flavor.vcpus: {} is not in 1..={MAX_VCPUS}",
-            f.vcpus
+            "{key}.vcpus: {vcpus} is not in 1..={MAX_VCPUS}"
         )));
     }
-    if f.memory_mb < MIN_MEMORY_MB || f.memory_mb > MAX_MEMORY_MB {
+    if !(MIN_MEMORY_MB..=MAX_MEMORY_MB).contains(&memory_mb) {
         return Err(ApiError::Invalid(format!(
-            "flavor.memory_mb: {} is not in {MIN_MEMORY_MB}..={MAX_MEMORY_MB}",
-            f.memory_mb
+            "{key}.memory_mb: {memory_mb} is not in {MIN_MEMORY_MB}..={MAX_MEMORY_MB}"
         )));
     }
     Ok(())
@@ -211,6 +221,7 @@ pub struct AgentService {
     ops: Operations,
     metrics: Metrics,
     departed: Departed,
+    linked: Departed,
     highest_generation: AtomicU64,
     spawner: tokio::runtime::Handle,
 }
@@ -236,6 +247,7 @@ impl AgentService {
             ops: Operations::new(settings.finished_operations),
             metrics: Metrics::new(),
             departed: Departed::new(DEPARTED_REMEMBERED),
+            linked: Departed::new(DEPARTED_REMEMBERED),
             highest_generation: AtomicU64::new(0),
             spawner: tokio::runtime::Handle::current(),
             driver,
@@ -636,6 +648,135 @@ impl AgentService {
         all
     }
 
+    /// `POST /v1/peer/instances/{uuid}`: run a request of another host's flow here and wait
+    /// for it (at most `peer_serve_timeout`; the operation itself is not cut short then, only
+    /// the answer).
+    pub async fn peer_request(&self, uuid: Uuid, req: PeerRequest) -> Result<PeerReply, ApiError> {
+        let kind = req.kind();
+        let label = kind.as_str();
+        if self.ops.is_closed() {
+            self.metrics.peer_requests.inc(&[label, "refused"]);
+            return Err(ApiError::ShuttingDown);
+        }
+        let req = match self.check_peer_request(req) {
+            Ok(r) => r,
+            Err(e) => {
+                self.metrics.peer_requests.inc(&[label, "refused"]);
+                return Err(e);
+            }
+        };
+        // The live migration's destination: from now on its events may also be the
+        // source's (the rollback's profile updates), until the source finishes it here.
+        let ends_link = matches!(
+            req,
+            PeerRequest::PostLiveMigrationAtDestination { .. }
+                | PeerRequest::RollbackLiveMigrationAtDestination { .. }
+        );
+        if matches!(req, PeerRequest::PreLiveMigration { .. }) {
+            self.linked.insert(uuid);
+        }
+        self.metrics.peer_in_flight.fetch_add(1, Ordering::Relaxed);
+        let t0 = Instant::now();
+        info!(instance = %uuid, request = label, "peer request");
+        let bound = self.settings.peer_serve_timeout;
+        let r = tokio::time::timeout(bound, self.driver.peer_request(uuid, req.into())).await;
+        self.metrics.peer_in_flight.fetch_sub(1, Ordering::Relaxed);
+        if ends_link {
+            self.linked.remove(&uuid);
+        }
+        let ms = t0.elapsed().as_millis() as u64;
+        let (result, answer) = match r {
+            Err(_) => (
+                "timed-out",
+                Err(ApiError::PeerTimeout {
+                    secs: bound.as_secs(),
+                }),
+            ),
+            Ok(Ok(InstanceReply::Done { state, report })) => (
+                "succeeded",
+                Ok(PeerReply {
+                    state,
+                    report: view::report_wire(&report),
+                }),
+            ),
+            Ok(Err(e)) => ("failed", Err(ApiError::from(e))),
+        };
+        self.metrics.peer_requests.inc(&[label, result]);
+        match &answer {
+            Ok(_) => info!(instance = %uuid, request = label, ms, "peer request done"),
+            Err(e) => warn!(instance = %uuid, request = label, ms, code = e.code(),
+                            error = %e, "peer request failed"),
+        }
+        answer
+    }
+
+    /// The same rules as a create for what a peer request builds here: the domain name, the
+    /// flavors, and the boot source's paths, which must resolve inside this host's
+    /// `image_dirs` (they are replaced by the resolved paths). A rollback builds nothing:
+    /// only its name is checked, so that it can always clean up.
+    fn check_peer_request(&self, mut req: PeerRequest) -> Result<PeerRequest, ApiError> {
+        let (handover, builds) = match &mut req {
+            PeerRequest::FinishResize { handover, .. }
+            | PeerRequest::PreLiveMigration { handover, .. } => (handover, true),
+            PeerRequest::RollbackLiveMigrationAtDestination { handover, .. } => (handover, false),
+            _ => return Ok(req),
+        };
+        check_name(&handover.name)?;
+        if !builds {
+            return Ok(req);
+        }
+        for (key, f) in [
+            ("handover.flavor", &handover.flavor),
+            ("handover.old_flavor", &handover.old_flavor),
+        ] {
+            check_flavor_values(key, &f.name, f.vcpus, f.memory_mb)?;
+        }
+        let p = &self.settings.paths;
+        let resolve = |what, path: &str| -> Result<String, ApiError> {
+            let real = p
+                .image(what, std::path::Path::new(path))
+                .map_err(ApiError::Path)?;
+            real.to_str()
+                .map(str::to_owned)
+                .ok_or_else(|| ApiError::Invalid(format!("handover.boot.{what}: not UTF-8")))
+        };
+        match &mut handover.boot {
+            BootSource::None => {}
+            BootSource::Kernel { kernel, initrd, .. } => {
+                *kernel = resolve("kernel", kernel)?;
+                if let Some(i) = initrd {
+                    *i = resolve("initrd", i)?;
+                }
+            }
+            BootSource::Disk { path, format } => {
+                if format != "raw" && format != "qcow2" {
+                    return Err(ApiError::Invalid(format!(
+                        "handover.boot.format: {format:?} is not raw or qcow2"
+                    )));
+                }
+                *path = resolve("disk", path)?;
+            }
+        }
+        Ok(req)
+    }
+
+    /// Peer requests being served now.
+    pub fn peer_requests_in_flight(&self) -> i64 {
+        self.metrics.peer_in_flight.load(Ordering::Relaxed)
+    }
+
+    /// An instance here whose flow has its other half on a peer right now: an API operation
+    /// of a cross-host kind runs on it, or a peer prepared it as a live migration's
+    /// destination. Its events are delivered here and forwarded too, since either host may
+    /// be the one waiting and Neutron posts to one endpoint.
+    fn spans_hosts(&self, uuid: Uuid) -> bool {
+        let op = self.ops.running_for(uuid).map(|o| o.kind);
+        matches!(
+            op,
+            Some(OpKind::Resize | OpKind::RevertResize | OpKind::LiveMigrate)
+        ) || self.linked.contains(&uuid)
+    }
+
     async fn placement(&self, uuid: Uuid) -> Placement {
         if self.driver.knows(uuid).await {
             Placement::OnHost
@@ -648,14 +789,38 @@ impl AgentService {
 
     /// `POST /os-server-external-events`: validate, ask the driver once per distinct
     /// instance whether it is here, answer per event, hand the accepted ones to the driver
-    /// as one batch. Returns the HTTP status (200 or 207) and the body;
-    /// [`ApiError::NoEventAccepted`] (404) when no event was accepted.
-    pub async fn external_events(&self, body: &[u8]) -> Result<(u16, EventsAnswer), ApiError> {
+    /// as one batch, and — unless the POST was itself `forwarded` — forward the events of the
+    /// instances not here (and of those whose flow spans hosts now) to every peer, taking
+    /// the best code any host answered. Returns the HTTP status (200 or 207) and the body;
+    /// [`ApiError::NoEventAccepted`] (404) when no host accepted any event.
+    pub async fn external_events(
+        &self,
+        body: &[u8],
+        forwarded: bool,
+    ) -> Result<(u16, EventsAnswer), ApiError> {
         let parsed = events::parse(body, self.settings.max_events)?;
         let ids = parsed.instances();
         let found = futures::future::join_all(ids.iter().map(|u| self.placement(*u))).await;
+        let forwarding = !forwarded && !self.settings.forwarder.is_empty();
+        let forward: HashSet<Uuid> = if forwarding {
+            ids.iter()
+                .zip(&found)
+                .filter(|(u, p)| **p != Placement::OnHost || self.spans_hosts(**u))
+                .map(|(u, _)| *u)
+                .collect()
+        } else {
+            HashSet::new()
+        };
         let placements: HashMap<Uuid, Placement> = ids.into_iter().zip(found).collect();
-        let outcome = events::decide(parsed, &placements);
+        let mut outcome = events::decide(parsed, &placements, &forward);
+        let accepted = std::mem::take(&mut outcome.accepted);
+        if !accepted.is_empty() {
+            self.driver.external_events(accepted);
+            self.metrics.event_batches.inc(&[]);
+        }
+        if !outcome.forward.is_empty() {
+            self.forward(&mut outcome).await;
+        }
         let mut counts = [0u64; 4];
         for e in &outcome.answer.events {
             counts[code_slot(e.code)] += 1;
@@ -665,13 +830,56 @@ impl AgentService {
                 self.metrics.events_received.add(&[CODES[slot]], *n);
             }
         }
-        let status = outcome.status();
-        if outcome.accepted.is_empty() {
-            return Err(ApiError::NoEventAccepted);
+        match outcome.status() {
+            404 => Err(ApiError::NoEventAccepted),
+            status => Ok((status, outcome.answer)),
         }
-        self.driver.external_events(outcome.accepted);
-        self.metrics.event_batches.inc(&[]);
-        Ok((status, outcome.answer))
+    }
+
+    /// Forward `outcome.forward` to every peer and merge their codes in.
+    async fn forward(&self, outcome: &mut events::Outcome) {
+        let events: Vec<Value> = outcome.forward.iter().map(|(_, e)| e.clone()).collect();
+        let indices: Vec<usize> = outcome.forward.iter().map(|(i, _)| *i).collect();
+        let answers = self.settings.forwarder.forward(&events).await;
+        let mut answered = false;
+        for (peer, answer) in &answers {
+            match answer {
+                ForwardAnswer::Codes(codes) => {
+                    answered = true;
+                    for (index, code) in indices.iter().zip(codes) {
+                        outcome.merge(*index, *code);
+                    }
+                }
+                ForwardAnswer::Failed(_) => self.metrics.forward_failures.inc(&[peer]),
+            }
+        }
+        let mut by_result = [0u64; 3];
+        for pos in 0..indices.len() {
+            let accepted_by_peer = answers
+                .iter()
+                .any(|(_, a)| matches!(a, ForwardAnswer::Codes(c) if c.get(pos) == Some(&200)));
+            let slot = if accepted_by_peer {
+                0
+            } else if answered {
+                1
+            } else {
+                2
+            };
+            by_result[slot] += 1;
+        }
+        for (slot, n) in by_result.iter().enumerate() {
+            if *n > 0 {
+                self.metrics
+                    .events_forwarded
+                    .add(&[["accepted", "refused", "no-answer"][slot]], *n);
+            }
+        }
+        debug!(
+            events = events.len(),
+            peers = answers.len(),
+            answered,
+            "events forwarded"
+        );
     }
 
     /// `GET /metrics`.

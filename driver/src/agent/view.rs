@@ -3,12 +3,18 @@
 
 use std::time::Duration;
 
-use serde_json::{json, Value};
-use vireo_actors::instance::{error_chain, InstanceError, InstanceView, OpReport, PowerState};
-use vireo_actors::predict::ExpectedEvent;
+use serde_json::Value;
+use vireo_actors::external::EventName;
+use vireo_actors::instance::{
+    error_chain, InstanceError, InstanceView, OpReport, PowerState, Released, Step, StepKind,
+    WaitReport,
+};
+use vireo_actors::predict::{ExpectedEvent, Timing};
+use vireo_actors::vif::PortId;
 
 use super::model::{
-    AwaitedEvent, ErrorDetail, Instance, InstanceOperation, InstanceVif, Operation,
+    AwaitedEvent, ErrorDetail, Instance, InstanceOperation, InstanceVif, Operation, Report,
+    ReportReleased, ReportStep, ReportWait,
 };
 
 fn ms(d: Duration) -> u64 {
@@ -80,50 +86,139 @@ pub fn instance(v: &InstanceView, op: Option<&Operation>) -> Instance {
     }
 }
 
-/// An operation's report: steps and waits with millisecond times.
+/// The wire name of a step's clock.
+pub fn step_kind(k: StepKind) -> &'static str {
+    match k {
+        StepKind::Libvirt => "libvirt",
+        StepKind::Plug => "plug",
+        StepKind::Network => "network",
+        StepKind::EventWait => "event-wait",
+        StepKind::Peer => "peer",
+    }
+}
+
+const STEP_KINDS: [StepKind; 5] = [
+    StepKind::Libvirt,
+    StepKind::Plug,
+    StepKind::Network,
+    StepKind::EventWait,
+    StepKind::Peer,
+];
+const TIMINGS: [Timing; 3] = [Timing::BindTime, Timing::PlugTime, Timing::None];
+
+/// An operation's report on the wire: steps and waits with millisecond times.
+pub fn report_wire(r: &OpReport) -> Report {
+    Report {
+        op_id: r.op_id,
+        request: r.request.clone(),
+        took_ms: ms(r.took),
+        steps: r
+            .steps
+            .iter()
+            .map(|s| ReportStep {
+                name: s.name.clone(),
+                kind: step_kind(s.kind).to_owned(),
+                took_ms: ms(s.took),
+                at_ms: ms(s.at),
+                failed: s.failed,
+            })
+            .collect(),
+        waits: r
+            .waits
+            .iter()
+            .map(|w| ReportWait {
+                timing: w.timing.as_str().to_owned(),
+                expected: w.expected.iter().map(awaited).collect(),
+                took_ms: ms(w.took),
+                complete: w.complete,
+                missing: w.missing.iter().map(ToString::to_string).collect(),
+                outcome: w.outcome.clone(),
+            })
+            .collect(),
+        released: r.released.as_ref().map(|rel| ReportReleased {
+            deleted: rel.deleted.iter().map(ToString::to_string).collect(),
+            unbound: rel.unbound.iter().map(ToString::to_string).collect(),
+            already_gone: rel.already_gone.iter().map(ToString::to_string).collect(),
+        }),
+    }
+}
+
+/// An operation's report as JSON (see [`report_wire`]).
 pub fn report(r: &OpReport) -> Value {
-    let steps: Vec<Value> = r
-        .steps
-        .iter()
-        .map(|s| {
-            json!({
-                "name": s.name,
-                "kind": s.kind,
-                "took_ms": ms(s.took),
-                "at_ms": ms(s.at),
-                "failed": s.failed,
-            })
+    serde_json::to_value(report_wire(r)).unwrap_or(Value::Null)
+}
+
+fn ports(what: &str, ids: &[String]) -> Result<Vec<PortId>, String> {
+    ids.iter()
+        .map(|p| {
+            p.parse::<PortId>()
+                .map_err(|e| format!("{what}: {p:?}: {e}"))
         })
-        .collect();
-    let waits: Vec<Value> = r
-        .waits
-        .iter()
-        .map(|w| {
-            json!({
-                "timing": w.timing,
-                "expected": w.expected.iter().map(awaited).collect::<Vec<_>>(),
-                "took_ms": ms(w.took),
-                "complete": w.complete,
-                "missing": w.missing.iter().map(ToString::to_string).collect::<Vec<_>>(),
-                "outcome": w.outcome,
-            })
-        })
-        .collect();
-    let mut out = json!({
-        "op_id": r.op_id,
-        "request": r.request,
-        "took_ms": ms(r.took),
-        "steps": steps,
-        "waits": waits,
-    });
-    if let Some(rel) = &r.released {
-        out["released"] = json!({
-            "deleted": rel.deleted.iter().map(ToString::to_string).collect::<Vec<_>>(),
-            "unbound": rel.unbound.iter().map(ToString::to_string).collect::<Vec<_>>(),
-            "already_gone": rel.already_gone.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        .collect()
+}
+
+/// The driver's report from its wire form (what another host's agent answered a peer
+/// request with). Times come back at millisecond precision.
+pub fn op_report(r: &Report) -> Result<OpReport, String> {
+    let d = Duration::from_millis;
+    let mut steps = Vec::with_capacity(r.steps.len());
+    for s in &r.steps {
+        let kind = STEP_KINDS
+            .into_iter()
+            .find(|k| step_kind(*k) == s.kind)
+            .ok_or_else(|| format!("steps: unknown kind {:?}", s.kind))?;
+        steps.push(Step {
+            name: s.name.clone(),
+            kind,
+            took: d(s.took_ms),
+            at: d(s.at_ms),
+            failed: s.failed,
         });
     }
-    out
+    let mut waits = Vec::with_capacity(r.waits.len());
+    for w in &r.waits {
+        let timing = TIMINGS
+            .into_iter()
+            .find(|t| t.as_str() == w.timing)
+            .ok_or_else(|| format!("waits: unknown timing {:?}", w.timing))?;
+        let mut expected = Vec::with_capacity(w.expected.len());
+        for e in &w.expected {
+            expected.push(ExpectedEvent {
+                name: e
+                    .name
+                    .parse::<EventName>()
+                    .map_err(|_| format!("waits: unknown event {:?}", e.name))?,
+                tag: e
+                    .tag
+                    .parse::<PortId>()
+                    .map_err(|err| format!("waits: tag {:?}: {err}", e.tag))?,
+            });
+        }
+        waits.push(WaitReport {
+            timing,
+            expected,
+            took: d(w.took_ms),
+            complete: w.complete,
+            missing: ports("waits.missing", &w.missing)?,
+            outcome: w.outcome.clone(),
+        });
+    }
+    let released = match &r.released {
+        None => None,
+        Some(rel) => Some(Released {
+            deleted: ports("released.deleted", &rel.deleted)?,
+            unbound: ports("released.unbound", &rel.unbound)?,
+            already_gone: ports("released.already_gone", &rel.already_gone)?,
+        }),
+    };
+    Ok(OpReport {
+        op_id: r.op_id,
+        request: r.request.clone(),
+        took: d(r.took_ms),
+        steps,
+        waits,
+        released,
+    })
 }
 
 /// A failed operation's error: the driver's stable code and the whole cause chain.
@@ -131,5 +226,89 @@ pub fn error(e: &InstanceError) -> ErrorDetail {
     ErrorDetail {
         code: e.code().to_owned(),
         message: error_chain(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn port(n: u8) -> PortId {
+        format!("3b2c4d5e-0000-4000-8000-0000000000{n:02x}")
+            .parse()
+            .unwrap()
+    }
+
+    #[test]
+    fn reports_survive_the_wire() {
+        let r = OpReport {
+            op_id: 7,
+            request: "finish-resize".into(),
+            took: Duration::from_millis(1234),
+            steps: STEP_KINDS
+                .into_iter()
+                .enumerate()
+                .map(|(i, kind)| Step {
+                    name: format!("step {i}"),
+                    kind,
+                    took: Duration::from_millis(i as u64 * 3),
+                    at: Duration::from_millis(i as u64 * 10),
+                    failed: i == 2,
+                })
+                .collect(),
+            waits: TIMINGS
+                .into_iter()
+                .map(|timing| WaitReport {
+                    timing,
+                    expected: vec![ExpectedEvent::plugged(port(1))],
+                    took: Duration::from_millis(40),
+                    complete: timing != Timing::None,
+                    missing: vec![port(2)],
+                    outcome: "completed".into(),
+                })
+                .collect(),
+            released: Some(Released {
+                deleted: vec![port(3)],
+                unbound: vec![port(4)],
+                already_gone: vec![],
+            }),
+        };
+        let wire = serde_json::to_string(&report_wire(&r)).unwrap();
+        let back: Report = serde_json::from_str(&wire).unwrap();
+        assert_eq!(op_report(&back).unwrap(), r);
+        // The JSON form is the one operations show.
+        let v = report(&r);
+        assert_eq!(v["steps"][3]["kind"], "event-wait");
+        assert_eq!(v["waits"][0]["timing"], "bind-time");
+        assert_eq!(v["waits"][0]["expected"][0]["name"], "network-vif-plugged");
+        assert_eq!(v["took_ms"], 1234);
+        let none = report(&OpReport::default());
+        assert!(none.get("released").is_none(), "{none}");
+    }
+
+    #[test]
+    fn a_bad_wire_report_is_refused() {
+        let mut w = report_wire(&OpReport {
+            steps: vec![Step {
+                name: "x".into(),
+                kind: StepKind::Peer,
+                took: Duration::ZERO,
+                at: Duration::ZERO,
+                failed: false,
+            }],
+            ..OpReport::default()
+        });
+        w.steps[0].kind = "teleport".into();
+        assert!(op_report(&w).unwrap_err().contains("teleport"));
+        let mut w = report_wire(&OpReport::default());
+        w.waits.push(ReportWait {
+            timing: "plug-time".into(),
+            expected: vec![],
+            took_ms: 0,
+            complete: true,
+            missing: vec!["not-a-port".into()],
+            outcome: String::new(),
+        });
+        assert!(op_report(&w).is_err());
     }
 }

@@ -249,6 +249,13 @@ fn json_out(p: &Prediction) -> JsonOut {
 }
 
 fn describe(op: &Operation) -> String {
+    // Host names come from the input: keep each on the one line it is printed on.
+    let (source, dest) = match op {
+        Operation::RevertResize { source, dest }
+        | Operation::LiveMigration { source, dest }
+        | Operation::PostLiveMigration { source, dest } => (one_line(source), one_line(dest)),
+        _ => (String::new(), String::new()),
+    };
     match op {
         Operation::FinishResize { same_host } => format!(
             "finish-resize ({}, destination side)",
@@ -258,18 +265,14 @@ fn describe(op: &Operation) -> String {
                 "cross-host"
             }
         ),
-        Operation::RevertResize { source, dest } => format!(
+        Operation::RevertResize { source: s, dest: d } => format!(
             "revert-resize ({}: back from {dest} to {source})",
-            if source == dest {
-                "same host"
-            } else {
-                "cross-host"
-            }
+            if s == d { "same host" } else { "cross-host" }
         ),
-        Operation::LiveMigration { source, dest } => {
+        Operation::LiveMigration { .. } => {
             format!("live-migration ({source} -> {dest}, source side, destination pre-wired)")
         }
-        Operation::PostLiveMigration { source, dest } => format!(
+        Operation::PostLiveMigration { .. } => format!(
             "post-live-migration ({source} -> {dest}, destination side, bindings activated)"
         ),
         other => other.name().to_owned(),
@@ -336,6 +339,21 @@ fn explain_to(
     stdout.flush().map_err(ExplainError::Write)
 }
 
+/// `text` with control characters (newlines, terminal escapes) and bidirectional overrides
+/// escaped: error messages quote input (an unknown key, a port id) verbatim, and the error
+/// must stay one line that cannot rewrite the operator's terminal (found by fuzzing).
+fn one_line(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if c.is_control() || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}') {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 /// Run `vireo events explain`: returns the exit code (0, 2 for invalid input, 1 for I/O).
 pub fn run(
     args: ExplainArgs,
@@ -353,7 +371,7 @@ pub fn run(
                 line.push_str(&s.to_string());
                 source = s.source();
             }
-            let _ = writeln!(stderr, "{line}");
+            let _ = writeln!(stderr, "{}", one_line(&line));
             match err {
                 ExplainError::Write(_) | ExplainError::Read(_) => EXIT_IO,
                 _ => EXIT_INVALID_INPUT,
@@ -512,6 +530,47 @@ mod tests {
             );
             assert_eq!(err.lines().count(), 1, "{err}");
         }
+    }
+
+    // Found by the `explain_input` fuzz target (fuzz/): serde's "unknown field" error quotes
+    // the key verbatim, so a key holding a newline or a terminal escape split the one error
+    // line (or rewrote the terminal); host names did the same in the table's first line.
+    #[test]
+    fn input_text_cannot_break_the_one_line_error_or_the_table() {
+        let input = "{\"operation\":\"spawn\",\"network_info\":[],\"at0\\n\\u001b[2J\\u202e\":1}";
+        let (code, out, err) = run_str(false, input);
+        assert_eq!(code, 2);
+        assert!(out.is_empty());
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(
+            !err.contains('\u{1b}') && !err.contains('\u{202e}'),
+            "{err:?}"
+        );
+        assert!(err.contains("at0\\n\\u{1b}[2J\\u{202e}"), "{err:?}");
+
+        let hosts = json!({"source_compute": "h1\nwait: forged", "dest_compute": "h2\u{1b}[1A"});
+        for op in ["revert-resize", "live-migration", "post-live-migration"] {
+            let (code, table, _) = run_str(false, &doc(op, Some(hosts.clone())));
+            assert_eq!(code, 0, "{op}");
+            let first = table.lines().next().unwrap();
+            assert!(
+                first.contains("h1\\nwait: forged") && first.contains("h2\\u{1b}[1A"),
+                "{first}"
+            );
+            assert!(!table.contains('\u{1b}'));
+            assert_eq!(
+                table.lines().filter(|l| l.starts_with("wait:")).count(),
+                1,
+                "{table}"
+            );
+        }
+        // Hosts that differ only in what escaping shows alike are still different hosts.
+        let m = json!({"source_compute": "a\nb", "dest_compute": "a\\nb"});
+        let (_, table, _) = run_str(false, &doc("revert-resize", Some(m)));
+        assert!(
+            table.starts_with("operation: revert-resize (cross-host"),
+            "{table}"
+        );
     }
 
     #[test]
