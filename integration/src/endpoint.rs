@@ -17,6 +17,7 @@ use async_trait::async_trait;
 use uuid::Uuid;
 use vireo::agent::auth::{Auth, Token};
 use vireo::agent::paths::PathPolicy;
+use vireo::agent::peer::{EventForwarder, PeerLink};
 use vireo::agent::server::serve;
 use vireo::agent::service::{AgentService, Settings};
 use vireo::compute::ComputeDriver;
@@ -292,10 +293,31 @@ impl ComputeDriver for Router {
     async fn shutdown(&self, _timeout: Duration) {}
 }
 
+/// Other hosts' agents the endpoint knows (`[[peers]]` of an agent): events it cannot place
+/// go to them, and they may call its peer endpoint with `api_secret`.
+#[derive(Debug, Clone)]
+pub struct EndpointOptions {
+    /// The API token (also what peers send here).
+    pub api_secret: String,
+    /// The peers.
+    pub peers: Vec<PeerLink>,
+}
+
+impl EndpointOptions {
+    /// No peers, a random API token.
+    pub fn alone() -> Self {
+        EndpointOptions {
+            api_secret: Uuid::new_v4().simple().to_string(),
+            peers: Vec::new(),
+        }
+    }
+}
+
 /// The running endpoint. Dropping it stops the server and joins its thread.
 #[derive(Debug)]
 pub struct EventsEndpoint {
     addr: SocketAddr,
+    api_secret: String,
     router: Arc<Router>,
     log: Arc<ArrivalLog>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
@@ -309,7 +331,11 @@ pub const BIND_PATIENCE: Duration = Duration::from_secs(60);
 impl EventsEndpoint {
     /// Serve `/v2.1/os-server-external-events` on `127.0.0.1:port`. When the port is taken
     /// (another test process's listener), retries for [`BIND_PATIENCE`], then fails.
-    pub fn start(port: u16, host: &str) -> Result<EventsEndpoint, HarnessError> {
+    pub fn start(
+        port: u16,
+        host: &str,
+        opts: EndpointOptions,
+    ) -> Result<EventsEndpoint, HarnessError> {
         let addr = SocketAddr::from(([127, 0, 0, 1], port));
         let deadline = Instant::now() + BIND_PATIENCE;
         let listener = loop {
@@ -339,7 +365,9 @@ impl EventsEndpoint {
             what: "agent path policy".into(),
             source,
         })?;
-        let api = Token::from_secret(&Uuid::new_v4().simple().to_string());
+        let api = Token::from_secret(&opts.api_secret);
+        let forwarder = EventForwarder::new(&opts.peers, Duration::from_secs(2))
+            .map_err(|e| HarnessError::Setup(format!("event forwarder: {}", crate::chain(&e))))?;
         let settings = Settings {
             host: host.to_owned(),
             auth: Auth::new(HeaderName::from_static("x-auth-token"), api, None, true),
@@ -349,6 +377,9 @@ impl EventsEndpoint {
             finished_operations: 16,
             shutdown_timeout: Duration::from_secs(5),
             http_workers: 1,
+            peers: opts.peers,
+            forwarder,
+            peer_serve_timeout: Duration::from_secs(600),
         };
         let log = Arc::new(ArrivalLog::default());
         let router = Arc::new(Router {
@@ -384,6 +415,7 @@ impl EventsEndpoint {
         }
         Ok(EventsEndpoint {
             addr,
+            api_secret: opts.api_secret,
             router,
             log,
             stop: Some(stop),
@@ -395,6 +427,16 @@ impl EventsEndpoint {
     /// Where it listens.
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// Its base URL (`http://127.0.0.1:<port>`).
+    pub fn base_url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Its API token.
+    pub fn api_secret(&self) -> &str {
+        &self.api_secret
     }
 
     /// The arrivals.

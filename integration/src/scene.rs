@@ -17,7 +17,7 @@ use vireo_actors::network::{NetworkApi, PortUpdate};
 use vireo_actors::vif::{NetworkInfo, PortId, Vif};
 use vireo_xml::metadata::Flavor;
 
-use crate::endpoint::EventsEndpoint;
+use crate::endpoint::{EndpointOptions, EventsEndpoint};
 use crate::env::StackEnv;
 use crate::guest::GuestImage;
 use crate::host::{Host, HostOptions, Shared};
@@ -71,7 +71,7 @@ impl Run {
                 )));
             }
         }
-        let endpoint = EventsEndpoint::start(env.nova_port, &env.host)?;
+        let endpoint = EventsEndpoint::start(env.nova_port, &env.host, EndpointOptions::alone())?;
         Ok(Run {
             env,
             endpoint,
