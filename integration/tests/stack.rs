@@ -454,7 +454,8 @@ async fn build_fails_bad_bridge(run: &Run) -> R {
     let net = s.a().network.clone();
     let p = s.user_port(&*net, &run.env.network_id).await;
     let qbr: String = format!("qbr{p}").chars().take(14).collect();
-    run_cmd("ip", &["link", "add", &qbr, "type", "dummy"]);
+    // A tap: no dummy/veth kernel modules are needed for it.
+    run_cmd("ip", &["tuntap", "add", "dev", &qbr, "mode", "tap"]);
     s.fixture(Fixture::Link(qbr.clone()));
     let args = s.spawn_args(NetworkRequest::Allocate(vec![
         PortRequest::Network {
