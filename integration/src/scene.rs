@@ -17,6 +17,9 @@ use vireo_actors::network::{NetworkApi, PortUpdate};
 use vireo_actors::vif::{NetworkInfo, PortId, Vif};
 use vireo_xml::metadata::Flavor;
 
+use vireo::agent::auth::Token;
+use vireo::client::AgentClient;
+
 use crate::endpoint::{EndpointOptions, EventsEndpoint};
 use crate::env::StackEnv;
 use crate::guest::GuestImage;
@@ -41,8 +44,9 @@ pub struct Run {
 }
 
 impl Run {
-    /// Check the set-up and start the endpoint. Fails when a daemon is missing.
-    pub async fn start() -> Result<Run, HarnessError> {
+    /// Check the set-up and start the endpoint (with `endpoint`'s token and peers). Fails
+    /// when a daemon is missing.
+    pub async fn start(endpoint: EndpointOptions) -> Result<Run, HarnessError> {
         let env = StackEnv::load()?;
         let raw = NeutronRaw::new(&env.neutron_url)?;
         // Fail early, naming what is missing.
@@ -71,7 +75,7 @@ impl Run {
                 )));
             }
         }
-        let endpoint = EventsEndpoint::start(env.nova_port, &env.host, EndpointOptions::alone())?;
+        let endpoint = EventsEndpoint::start(env.nova_port, &env.host, endpoint)?;
         Ok(Run {
             env,
             endpoint,
@@ -79,6 +83,15 @@ impl Run {
             timings: Timings::default(),
             guest: tokio::sync::OnceCell::new(),
         })
+    }
+
+    /// A client of host A's agent API (the events endpoint's server).
+    pub fn api_client(&self) -> Result<AgentClient, HarnessError> {
+        AgentClient::new(
+            &self.endpoint.base_url(),
+            &Token::from_secret(self.endpoint.api_secret()),
+        )
+        .map_err(|e| HarnessError::Setup(format!("API client: {}", crate::chain(&e))))
     }
 
     /// The guest, built on first use.
@@ -312,6 +325,61 @@ impl<'r> Scene<'r> {
         row.ok = r.is_ok();
         self.run.timings.push(row);
         r
+    }
+
+    /// An operation that does not run on one of the scenario's in-process hosts (another
+    /// host's agent, over its API), timed and recorded like [`Scene::op`].
+    pub async fn remote_op<Fut>(
+        &self,
+        label: &str,
+        instance: Uuid,
+        fut: Fut,
+    ) -> Result<OpReport, InstanceError>
+    where
+        Fut: Future<Output = Result<OpReport, InstanceError>>,
+    {
+        let start = Instant::now();
+        let r = fut.await;
+        let wall = start.elapsed();
+        let arrivals = self.run.endpoint.log().for_server(instance, start);
+        let mut row = OpTiming::new(
+            &self.name,
+            label,
+            instance,
+            start,
+            wall,
+            r.as_ref().ok(),
+            &arrivals,
+        );
+        row.ok = r.is_ok();
+        self.run.timings.push(row);
+        r
+    }
+
+    /// Like [`Scene::remote_op`], panicking with the error chain on failure.
+    pub async fn remote_ok<Fut>(&self, label: &str, instance: Uuid, fut: Fut) -> OpReport
+    where
+        Fut: Future<Output = Result<OpReport, InstanceError>>,
+    {
+        match self.remote_op(label, instance, fut).await {
+            Ok(r) => r,
+            Err(e) => panic!("{label} of {instance} failed: {}", crate::chain(&e)),
+        }
+    }
+
+    /// Record a row for the part of an operation another host ran for it (a peer request
+    /// whose report that host kept), without event arrivals.
+    pub fn peer_row(&self, label: &str, instance: Uuid, report: &OpReport) {
+        let row = OpTiming::new(
+            &self.name,
+            label,
+            instance,
+            Instant::now(),
+            report.took,
+            Some(report),
+            &[],
+        );
+        self.run.timings.push(row);
     }
 
     /// Like [`Scene::op`], panicking with the error chain on failure.

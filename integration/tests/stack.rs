@@ -18,9 +18,12 @@ use std::process::{Command, ExitCode};
 use std::time::{Duration, Instant};
 
 use uuid::Uuid;
+use vireo::agent::model::{Action, Flavor as ModelFlavor, OpState, Report as WireReport};
+use vireo::client::AgentClient;
 use vireo::compute::ComputeDriver;
 use vireo::network::embedded::{EmbeddedConfig, EmbeddedNetworkDef, Mechanism};
 use vireo::plug::leak::Fixture;
+use vireo_actors::instance::StepKind;
 use vireo_actors::instance::{
     BootSource, DestroyArgs, InstanceError, LiveMigrateArgs, Migration, NetworkRequest, OpReport,
     RebootKind, ResizeArgs,
@@ -30,10 +33,12 @@ use vireo_actors::network::{NetworkApi, PortRequest};
 use vireo_actors::plug::DomainForm;
 use vireo_actors::predict::Timing;
 use vireo_actors::vif::{NetworkInfo, PortId, Vif, VifType};
+use vireo_integration::endpoint::EndpointOptions;
 use vireo_integration::firewall::{Firewall, FirewallGuard};
 use vireo_integration::guest::{open_dir, wait_ready};
 use vireo_integration::host::{Host, HostOptions, NetChoice, Plugging};
-use vireo_integration::runner::Runner;
+use vireo_integration::hostb::{self, HostASide, HostBAgent, HostBEnv};
+use vireo_integration::runner::{Outcome, Runner};
 use vireo_integration::scene::{bind_port, flavor, Run, Scene};
 use vireo_integration::timing::timings_file;
 use vireo_integration::HarnessError;
@@ -812,6 +817,373 @@ async fn boot_mixed_nics(run: &Run, carried: Carried) -> R {
 }
 
 // ----------------------------------------------------------------------------------------
+// Scenarios: two hosts (host B of two-host.sh runs the real `vireo agent` in its namespaces)
+
+/// Run `action` on `uuid` through an agent's API and wait for it: its report, or its error
+/// as the agent's stable code.
+async fn api_op(
+    client: &AgentClient,
+    host: &str,
+    uuid: Uuid,
+    action: Action,
+) -> Result<OpReport, InstanceError> {
+    let remote = |code: &str, message: String| InstanceError::Remote {
+        host: host.to_owned(),
+        code: code.to_owned(),
+        message,
+    };
+    let op = client
+        .action(uuid, &action)
+        .await
+        .map_err(|e| remote("api", vireo_integration::chain(&e)))?;
+    let done = client
+        .wait(op.id, Duration::from_millis(100), |_, _| {})
+        .await
+        .map_err(|e| remote("api", vireo_integration::chain(&e)))?;
+    match (done.state, done.report, done.error) {
+        (OpState::Succeeded, Some(report), _) => {
+            wire_report(report).map_err(|m| remote("bad-answer", m))
+        }
+        (_, _, Some(e)) => Err(remote(&e.code, e.message)),
+        (state, _, _) => Err(remote("bad-answer", format!("{state:?} without a report"))),
+    }
+}
+
+fn wire_report(v: serde_json::Value) -> Result<OpReport, String> {
+    let r: WireReport = serde_json::from_value(v).map_err(|e| e.to_string())?;
+    vireo::agent::view::op_report(&r)
+}
+
+/// The last report an agent kept for `uuid` (the peer request it served for it).
+async fn last_report(client: &AgentClient, uuid: Uuid) -> OpReport {
+    let i = client.show_instance(uuid).await.unwrap();
+    wire_report(i.last_operation.expect("a last operation")).unwrap()
+}
+
+/// Every wait of `r` completed, and together they awaited an event of every port of
+/// `ports` (the real events Neutron sent for that host's half); prints them.
+fn assert_peer_waits(what: &str, r: &OpReport, ports: &[PortId]) {
+    let mut awaited = BTreeSet::new();
+    for w in &r.waits {
+        assert!(
+            w.complete,
+            "{what}: wait {:?} incomplete: {}",
+            w.timing, w.outcome
+        );
+        let names: Vec<String> = w
+            .expected
+            .iter()
+            .map(|e| format!("{}[{}]", e.name.as_str(), e.tag.prefix(8)))
+            .collect();
+        awaited.extend(w.expected.iter().map(|e| e.tag));
+        println!(
+            "{what}: {} wait for {names:?} complete in {} ms",
+            w.timing.as_str(),
+            w.took.as_millis()
+        );
+    }
+    assert_eq!(awaited, set(ports), "{what}: ports awaited");
+}
+
+fn hb_link_master(b: &HostBEnv, name: &str) -> Option<Option<String>> {
+    let out = Command::new("ip")
+        .args(["-n", &b.netns, "-o", "link", "show", "dev", name])
+        .output()
+        .unwrap();
+    if !out.status.success() {
+        return None;
+    }
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let mut words = text.split_whitespace();
+    let mut master = None;
+    while let Some(w) = words.next() {
+        if w == "master" {
+            master = words.next().map(str::to_owned);
+        }
+    }
+    Some(master)
+}
+
+fn hb_ovs_bridge_of(b: &HostBEnv, port: &str) -> Option<String> {
+    let out = Command::new("ovs-vsctl")
+        .arg(format!("--db=unix:{}", b.ovsdb_socket.display()))
+        .args(["--timeout=10", "port-to-br", port])
+        .output()
+        .unwrap();
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
+}
+
+/// The hybrid devices of `v` inside host B are there (qbr, qvb in it, qvo in B's br-int)
+/// or all gone.
+fn assert_devices_b(b: &HostBEnv, v: &Vif, present: bool) {
+    assert!(v.details.ovs_hybrid_plug, "hybrid VIFs only");
+    let (qbr, qvb, qvo) = (v.qbr_name(), v.qvb_name(), v.qvo_name());
+    assert_eq!(
+        hb_link_master(b, &qbr).is_some(),
+        present,
+        "host B: qbr {qbr}"
+    );
+    assert_eq!(
+        hb_link_master(b, &qvb).flatten().as_deref() == Some(qbr.as_str()),
+        present,
+        "host B: qvb {qvb} in {qbr}"
+    );
+    assert_eq!(
+        hb_ovs_bridge_of(b, &qvo).as_deref() == Some("br-int"),
+        present,
+        "host B: qvo {qvo} in B's br-int"
+    );
+}
+
+fn hb_domain_state(b: &HostBEnv, id: Uuid) -> Option<String> {
+    let out = Command::new("virsh")
+        .args(["-c", &b.unix_uri, "domstate", &id.to_string()])
+        .output()
+        .unwrap();
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
+}
+
+/// Every port of `vifs` is bound to `host` only, without `migrating_to`, and goes ACTIVE.
+async fn assert_bound_active(s: &Scene<'_>, vifs: &[Vif], host: &str) {
+    let net = s.a().network.clone();
+    for v in vifs {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let port = net.get_port(v.id).await.unwrap();
+            assert_eq!(port.host_id, host, "port {} bound to {host}", v.id);
+            assert!(port.migrating_to().is_none(), "{}: migrating_to left", v.id);
+            if port.status == vireo_actors::network::PortStatus::Active {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "port {} never ACTIVE on {host}: {port:?}",
+                v.id
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let bindings = net.show_bindings(v.id).await.unwrap();
+        assert_eq!(bindings.len(), 1, "{}: one binding: {bindings:?}", v.id);
+        assert_eq!(bindings[0].host, host);
+    }
+}
+
+/// The scenario's leak check on host B too (its agent, libvirt, links, OVS), then A's.
+async fn finish_two_hosts(s: Scene<'_>, b: &HostBAgent) -> R {
+    let mut fragments = vec![format!("vit{}", s.id)];
+    fragments.extend(s.book.all_ports().iter().map(|p| p.prefix(11)));
+    let instances: Vec<Uuid> = s.book.instances().into_iter().collect();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let found = loop {
+        let found = b.leaks(&instances, &fragments).await;
+        if found.is_empty() || Instant::now() >= deadline {
+            break found;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let a = s.finish().await;
+    match (found.is_empty(), a) {
+        (true, a) => a,
+        (false, Ok(())) => Err(HarnessError::Leak(found.join("\n  "))),
+        (false, Err(e)) => Err(HarnessError::Leak(format!(
+            "{}\n  {}",
+            found.join("\n  "),
+            vireo_integration::chain(&e)
+        ))),
+    }
+}
+
+/// A real live migration A → B through vireo: host A's driver (called through A's agent
+/// API) prepares B over HTTP (B's `vireo agent` plugs the hybrid devices in B's namespace and
+/// OVS), libvirt migrates peer-to-peer to B's libvirtd, B activates its bindings and waits
+/// for the `network-vif-plugged` B's Neutron agent causes (Neutron posts it to A's endpoint,
+/// which forwards it to B), A cleans up. Then the instance is deleted on B.
+async fn two_host_live_migration(run: &Run, b: &HostBAgent) -> R {
+    let mut s = Scene::new(run, "two hosts: live migrate A>B");
+    s.peers.insert(b.peer()?);
+    let opts = s.system_host();
+    s.host(opts).await?;
+    let net = run.env.network_id.clone();
+    let (id, vifs, report) = spawn_allocated(&mut s, 0, &net, 2).await;
+    assert_waits(&s, "spawn", &report, &[], &ids(&vifs));
+    let h = s.a();
+    let a_api = run.api_client()?;
+    let bname = b.env.name.clone();
+    let r = s
+        .remote_ok(
+            "live-migrate A>B",
+            id,
+            api_op(
+                &a_api,
+                &h.name,
+                id,
+                Action::LiveMigrate {
+                    dest_host: bname.clone(),
+                    shared_block_storage: false,
+                    shared_instance_path: false,
+                },
+            ),
+        )
+        .await;
+    assert!(
+        r.total(StepKind::Peer) > Duration::ZERO,
+        "host B was called"
+    );
+    // Host A: nothing left of the instance.
+    assert!(
+        h.driver.show(id).await.is_err(),
+        "host A forgot the instance"
+    );
+    assert!(
+        !h.driver
+            .libvirt()
+            .list_all()
+            .await
+            .unwrap()
+            .iter()
+            .any(|d| d.uuid == id),
+        "host A's libvirt has no domain"
+    );
+    for v in &vifs {
+        assert_devices(v, DomainForm::LibvirtManaged, false);
+    }
+    // Host B: the guest runs there (the same domain: libvirt moved it), wired in B.
+    assert_eq!(hb_domain_state(&b.env, id).as_deref(), Some("running"));
+    let view = b.client.show_instance(id).await.unwrap();
+    assert_eq!(
+        (view.host.as_str(), view.state.as_str()),
+        (bname.as_str(), "running")
+    );
+    for v in &vifs {
+        assert_devices_b(&b.env, v, true);
+    }
+    assert_bound_active(&s, &vifs, &bname).await;
+    // B's half: it waited for the plug-time events of B's wiring, and they came.
+    let post = last_report(&b.client, id).await;
+    assert_eq!(post.request, "post-live-migration-at-destination");
+    assert_peer_waits("post-live-migration on B", &post, &ids(&vifs));
+    s.peer_row("post-live-migr. (B)", id, &post);
+
+    let del = s
+        .remote_ok("delete on B", id, async {
+            let op =
+                b.client
+                    .delete_instance(id, true)
+                    .await
+                    .map_err(|e| InstanceError::Remote {
+                        host: bname.clone(),
+                        code: "api".into(),
+                        message: vireo_integration::chain(&e),
+                    })?;
+            let done = b
+                .client
+                .wait(op.id, Duration::from_millis(100), |_, _| {})
+                .await
+                .unwrap();
+            assert_eq!(done.state, OpState::Succeeded, "{done:?}");
+            wire_report(done.report.unwrap()).map_err(InstanceError::Invalid)
+        })
+        .await;
+    assert_eq!(
+        del.released.as_ref().map(|r| r.deleted.len()),
+        Some(vifs.len())
+    );
+    for v in &vifs {
+        assert_devices_b(&b.env, v, false);
+    }
+    assert!(hb_domain_state(&b.env, id).is_none(), "no domain left on B");
+    finish_two_hosts(s, b).await
+}
+
+/// A cross-host resize A → B and its revert: A powers the guest off and hands it to B
+/// (define with the new flavor, bind the ports to B, plug in B, start, await B's events), then
+/// the revert on B removes B's copy and has A bring the instance back (bind back, plug,
+/// start, await A's events).
+async fn two_host_resize_revert(run: &Run, b: &HostBAgent) -> R {
+    let mut s = Scene::new(run, "two hosts: resize A>B+revert");
+    s.peers.insert(b.peer()?);
+    let opts = s.system_host();
+    s.host(opts).await?;
+    let net = run.env.network_id.clone();
+    let (id, vifs, _) = spawn_allocated(&mut s, 0, &net, 1).await;
+    let h = s.a();
+    let a_api = run.api_client()?;
+    let bname = b.env.name.clone();
+    let small = ModelFlavor {
+        name: "m1.small".into(),
+        vcpus: 1,
+        memory_mb: 192,
+        root_gb: 0,
+        extra_specs: Default::default(),
+    };
+    let r = s
+        .remote_ok(
+            "resize A>B",
+            id,
+            api_op(
+                &a_api,
+                &h.name,
+                id,
+                Action::Resize {
+                    flavor: small,
+                    dest_host: Some(bname.clone()),
+                },
+            ),
+        )
+        .await;
+    assert!(
+        r.total(StepKind::Peer) > Duration::ZERO,
+        "host B was called"
+    );
+    assert_state(h, id, InstanceState::ResizeSource).await;
+    let view = b.client.show_instance(id).await.unwrap();
+    assert_eq!(view.state, "resize-target", "{view:?}");
+    assert_eq!(view.flavor.as_deref(), Some("m1.small"));
+    assert_eq!(hb_domain_state(&b.env, id).as_deref(), Some("running"));
+    for v in &vifs {
+        assert_devices_b(&b.env, v, true);
+    }
+    assert_bound_active(&s, &vifs, &bname).await;
+    let finish = last_report(&b.client, id).await;
+    assert_eq!(finish.request, "finish-resize");
+    assert_peer_waits("finish-resize on B", &finish, &ids(&vifs));
+    s.peer_row("finish-resize (B)", id, &finish);
+
+    let r = s
+        .remote_ok(
+            "revert on B",
+            id,
+            api_op(&b.client, &bname, id, Action::RevertResize),
+        )
+        .await;
+    assert!(
+        r.total(StepKind::Peer) > Duration::ZERO,
+        "host A was called"
+    );
+    assert_state(h, id, InstanceState::Running).await;
+    assert_eq!(
+        h.driver.show(id).await.unwrap().flavor.as_deref(),
+        Some("m1.tiny")
+    );
+    assert!(hb_domain_state(&b.env, id).is_none(), "no domain left on B");
+    for v in &vifs {
+        assert_devices_b(&b.env, v, false);
+        assert_devices(v, DomainForm::LibvirtManaged, true);
+    }
+    assert_bound_active(&s, &vifs, &h.name).await;
+    let back = h.driver.show(id).await.unwrap().last_operation.unwrap();
+    assert_eq!(back.request, "finish-revert-resize");
+    assert_peer_waits("finish-revert-resize on A", &back, &ids(&vifs));
+    s.peer_row("finish-revert (A)", id, &back);
+    destroy(&s, h, id).await;
+    finish_two_hosts(s, b).await
+}
+
+// ----------------------------------------------------------------------------------------
 
 const HYBRID: [&str; 5] = [
     "hybrid: spawn+lifecycle",
@@ -820,14 +1192,89 @@ const HYBRID: [&str; 5] = [
     "build fails",
     "live migration rollback",
 ];
+const TWO_HOSTS: [&str; 2] = [
+    "two hosts: live migrate A>B",
+    "two hosts: resize A>B+revert",
+];
 const NATIVE: [&str; 3] = [
     "native libvirt-managed: spawn+lifecycle",
     "native pre-created: spawn+lifecycle",
     "booted guest: hybrid+native+lb",
 ];
 
+/// Host B's facts and its agent's API token, or why host B cannot be used.
+type HostBPlan = Result<(HostBEnv, String), HarnessError>;
+
+/// Host B for the two-host scenarios: its facts and its agent's API token (None: not
+/// selected).
+fn plan_host_b(runner: &mut Runner) -> (EndpointOptions, Option<HostBPlan>) {
+    let mut opts = EndpointOptions::alone();
+    if runner.listing() || !runner.any_selected(&TWO_HOSTS) {
+        return (opts, None);
+    }
+    let plan = HostBEnv::load().map(|env| {
+        let secret = Uuid::new_v4().simple().to_string();
+        opts.peers.push(hostb::link(&env, &secret));
+        (env, secret)
+    });
+    (opts, Some(plan))
+}
+
+async fn two_hosts(runner: &mut Runner, run: &Run, plan: Option<HostBPlan>) {
+    let (env, secret) = match plan {
+        None => return,
+        Some(Err(e)) => {
+            runner.fail("host B", &e);
+            return;
+        }
+        Some(Ok(p)) => p,
+    };
+    let side = HostASide {
+        name: run.env.host.clone(),
+        api: run.endpoint.addr(),
+        api_secret: run.endpoint.api_secret().to_owned(),
+        neutron: run
+            .env
+            .neutron_url
+            .trim_start_matches("http://")
+            .trim_end_matches('/')
+            .parse()
+            .expect("Neutron's URL is http://ADDR:PORT"),
+    };
+    let start = Instant::now();
+    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_vireo-it-agent"));
+    let b = match HostBAgent::start(env, &secret, bin, &side, "qemu").await {
+        Ok(b) => b,
+        Err(e) => {
+            runner.fail("host B's vireo agent", &e);
+            return;
+        }
+    };
+    println!(
+        "host B's vireo agent ({}) answers at {} after {:.1} s",
+        b.env.name,
+        b.link.url,
+        start.elapsed().as_secs_f64()
+    );
+    runner
+        .run(TWO_HOSTS[0], || two_host_live_migration(run, &b))
+        .await;
+    runner
+        .run(TWO_HOSTS[1], || two_host_resize_revert(run, &b))
+        .await;
+    if runner
+        .results()
+        .iter()
+        .any(|(n, o, _)| TWO_HOSTS.contains(&n.as_str()) && *o != Outcome::Passed)
+    {
+        println!("host B's agent log (last lines):\n{}", b.log_tail());
+    }
+    b.stop().await;
+}
+
 async fn run_all(runner: &mut Runner) {
-    let run = match Run::start().await {
+    let (endpoint, plan) = plan_host_b(runner);
+    let run = match Run::start(endpoint).await {
         Ok(r) => r,
         Err(e) => {
             runner.fail("set-up", &e);
@@ -865,6 +1312,13 @@ async fn run_all(runner: &mut Runner) {
             linuxbridge_spawn_lifecycle(&run)
         })
         .await;
+    if runner.listing() {
+        for n in TWO_HOSTS {
+            runner.run(n, || async { Ok(()) }).await;
+        }
+    } else {
+        two_hosts(runner, &run, plan).await;
+    }
 
     if runner.any_selected(&NATIVE) && !runner.listing() {
         let carried = if runner.selected(NATIVE[2]) {
