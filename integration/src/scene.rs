@@ -370,7 +370,7 @@ impl<'r> Scene<'r> {
     /// Record a row for the part of an operation another host ran for it (a peer request
     /// whose report that host kept), without event arrivals.
     pub fn peer_row(&self, label: &str, instance: Uuid, report: &OpReport) {
-        let row = OpTiming::new(
+        let mut row = OpTiming::new(
             &self.name,
             label,
             instance,
@@ -379,6 +379,7 @@ impl<'r> Scene<'r> {
             Some(report),
             &[],
         );
+        row.nested = true;
         self.run.timings.push(row);
     }
 

@@ -100,6 +100,9 @@ pub struct OpTiming {
     pub event_wait: Duration,
     /// Other host.
     pub peer: Duration,
+    /// Part of another row's operation (the half another host ran for it, counted in that
+    /// row's `peer` time): left out of the scenario sums.
+    pub nested: bool,
     /// The waits.
     pub waits: Vec<WaitLag>,
     /// Events for the instance during the operation: (offset, name, status, port prefix,
@@ -130,6 +133,7 @@ impl OpTiming {
             network: t(StepKind::Network),
             event_wait: t(StepKind::EventWait),
             peer: t(StepKind::Peer),
+            nested: false,
             waits: report
                 .map(|r| wait_lags(r, start, arrivals))
                 .unwrap_or_default(),
@@ -238,6 +242,66 @@ impl Timings {
     }
 }
 
+impl Timings {
+    /// One line per scenario: its wall time (`walls`, from the runner, set-up and checks
+    /// included) and the sums of its operations' rows (nested rows left out).
+    pub fn render_scenarios(&self, walls: &[(String, Duration)]) -> String {
+        let rows = self.rows();
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "{:<40} {:>8} {:>8} {:>8} {:>7} {:>8} {:>7} {:>7}",
+            "scenario (ms)", "wall", "ops", "libvirt", "plug", "network", "events", "peer"
+        );
+        let _ = writeln!(out, "{}", "-".repeat(100));
+        let mut total = [Duration::ZERO; 7];
+        for (name, wall) in walls {
+            let mine: Vec<&OpTiming> = rows
+                .iter()
+                .filter(|r| r.scenario == *name && !r.nested)
+                .collect();
+            let sum = |f: fn(&OpTiming) -> Duration| mine.iter().map(|r| f(r)).sum::<Duration>();
+            let cols = [
+                *wall,
+                sum(|r| r.wall),
+                sum(|r| r.libvirt),
+                sum(|r| r.plug),
+                sum(|r| r.network),
+                sum(|r| r.event_wait),
+                sum(|r| r.peer),
+            ];
+            for (t, c) in total.iter_mut().zip(cols) {
+                *t += c;
+            }
+            let _ = writeln!(
+                out,
+                "{:<40} {:>8} {:>8} {:>8} {:>7} {:>8} {:>7} {:>7}",
+                name,
+                ms(cols[0]),
+                ms(cols[1]),
+                ms(cols[2]),
+                ms(cols[3]),
+                ms(cols[4]),
+                ms(cols[5]),
+                ms(cols[6])
+            );
+        }
+        let _ = writeln!(
+            out,
+            "{:<40} {:>8} {:>8} {:>8} {:>7} {:>8} {:>7} {:>7}",
+            "all scenarios",
+            ms(total[0]),
+            ms(total[1]),
+            ms(total[2]),
+            ms(total[3]),
+            ms(total[4]),
+            ms(total[5]),
+            ms(total[6])
+        );
+        out
+    }
+}
+
 /// `target/integration-timings.txt` of this workspace (or `$CARGO_TARGET_DIR`).
 pub fn timings_file() -> PathBuf {
     let target = std::env::var_os("CARGO_TARGET_DIR")
@@ -301,5 +365,46 @@ mod tests {
         // An event never seen: unknown.
         let lags = wait_lags(&report, start, &arrivals[..1]);
         assert_eq!(lags[0].last_arrival_at, None);
+    }
+
+    #[test]
+    fn scenario_sums_leave_nested_rows_out() {
+        let t = Timings::default();
+        let row = |scenario: &str, wall: u64, peer: u64, nested: bool| OpTiming {
+            scenario: scenario.into(),
+            op: "op".into(),
+            ok: true,
+            wall: Duration::from_millis(wall),
+            libvirt: Duration::from_millis(1),
+            plug: Duration::ZERO,
+            network: Duration::ZERO,
+            event_wait: Duration::ZERO,
+            peer: Duration::from_millis(peer),
+            nested,
+            waits: vec![],
+            arrivals: vec![],
+        };
+        t.push(row("s1", 100, 40, false));
+        t.push(row("s1", 40, 0, true));
+        t.push(row("s2", 7, 0, false));
+        let text = t.render_scenarios(&[
+            ("s1".into(), Duration::from_millis(500)),
+            ("s2".into(), Duration::from_millis(9)),
+        ]);
+        let cols = |name: &str| -> Vec<String> {
+            text.lines()
+                .find(|l| l.starts_with(name))
+                .unwrap()
+                .split_whitespace()
+                .map(str::to_owned)
+                .collect()
+        };
+        // wall, ops, libvirt, plug, network, events, peer
+        assert_eq!(cols("s1 ")[1..], ["500", "100", "1", "0", "0", "0", "40"]);
+        assert_eq!(cols("s2 ")[1..], ["9", "7", "1", "0", "0", "0", "0"]);
+        assert_eq!(
+            cols("all scenarios")[2..],
+            ["509", "107", "2", "0", "0", "0", "40"]
+        );
     }
 }

@@ -1067,6 +1067,14 @@ async fn two_host_live_migration(run: &Run, b: &HostBAgent) -> R {
     assert_eq!(post.request, "post-live-migration-at-destination");
     assert_peer_waits("post-live-migration on B", &post, &ids(&vifs));
     s.peer_row("post-live-migr. (B)", id, &post);
+    // Neutron posted them to host A's endpoint, which forwarded them to B.
+    let metrics = a_api.metrics().await.unwrap();
+    let forwarded: f64 = metrics
+        .lines()
+        .filter(|l| l.starts_with("vireo_events_forwarded_total{result=\"accepted\"}"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert!(forwarded >= 1.0, "host A forwarded events to B:\n{metrics}");
 
     let del = s
         .remote_ok("delete on B", id, async {
@@ -1373,7 +1381,16 @@ async fn run_all(runner: &mut Runner) {
     }
     let _ = tokio::task::spawn_blocking(move || drop(hybrid)).await;
 
-    let table = run.timings.render();
+    let walls: Vec<(String, Duration)> = runner
+        .results()
+        .iter()
+        .map(|(n, _, t)| (n.clone(), *t))
+        .collect();
+    let table = format!(
+        "{}\nper scenario (ops: the operations' wall times; nested rows of another host's half left out)\n{}",
+        run.timings.render(),
+        run.timings.render_scenarios(&walls)
+    );
     println!("\ntimings (ms; waits: offsets from the operation's start; events: +ms name[port]source#batch)\n{table}");
     let file = timings_file();
     if let Some(d) = file.parent() {
