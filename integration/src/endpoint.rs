@@ -166,7 +166,8 @@ struct Targets {
 
 /// The driver the agent service sees: the drivers a test registered. `knows` asks each;
 /// events go to every registered network-event actor (an actor drops events of instances
-/// its host does not know); every other call goes to the first registered driver.
+/// its host does not know); a call for an instance goes to the newest registered driver
+/// that knows it (else the newest), `list` to the newest.
 #[derive(Debug)]
 pub struct Router {
     host: String,
@@ -179,10 +180,22 @@ impl Router {
         self.targets.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn first(&self) -> Result<Arc<dyn ComputeDriver>, InstanceError> {
+    /// The registered driver that knows `uuid`, else the last one registered (a scenario
+    /// that failed half-way may leave its driver registered: it must not take the calls).
+    async fn pick(&self, uuid: Uuid) -> Result<Arc<dyn ComputeDriver>, InstanceError> {
+        let drivers = self.targets().drivers.clone();
+        for d in drivers.iter().rev() {
+            if d.knows(uuid).await {
+                return Ok(d.clone());
+            }
+        }
+        drivers.last().cloned().ok_or(InstanceError::Unavailable)
+    }
+
+    fn last(&self) -> Result<Arc<dyn ComputeDriver>, InstanceError> {
         self.targets()
             .drivers
-            .first()
+            .last()
             .cloned()
             .ok_or(InstanceError::Unavailable)
     }
@@ -197,73 +210,73 @@ impl ComputeDriver for Router {
         &self.host
     }
     async fn spawn(&self, uuid: Uuid, args: SpawnArgs) -> Result<OpReport, InstanceError> {
-        self.first()?.spawn(uuid, args).await
+        self.pick(uuid).await?.spawn(uuid, args).await
     }
     async fn destroy(&self, uuid: Uuid, args: DestroyArgs) -> Result<OpReport, InstanceError> {
-        self.first()?.destroy(uuid, args).await
+        self.pick(uuid).await?.destroy(uuid, args).await
     }
     async fn power_off(
         &self,
         uuid: Uuid,
         timeout: Option<Duration>,
     ) -> Result<OpReport, InstanceError> {
-        self.first()?.power_off(uuid, timeout).await
+        self.pick(uuid).await?.power_off(uuid, timeout).await
     }
     async fn power_on(&self, uuid: Uuid) -> Result<OpReport, InstanceError> {
-        self.first()?.power_on(uuid).await
+        self.pick(uuid).await?.power_on(uuid).await
     }
     async fn reboot(&self, uuid: Uuid, kind: RebootKind) -> Result<OpReport, InstanceError> {
-        self.first()?.reboot(uuid, kind).await
+        self.pick(uuid).await?.reboot(uuid, kind).await
     }
     async fn pause(&self, uuid: Uuid) -> Result<OpReport, InstanceError> {
-        self.first()?.pause(uuid).await
+        self.pick(uuid).await?.pause(uuid).await
     }
     async fn unpause(&self, uuid: Uuid) -> Result<OpReport, InstanceError> {
-        self.first()?.unpause(uuid).await
+        self.pick(uuid).await?.unpause(uuid).await
     }
     async fn suspend(&self, uuid: Uuid) -> Result<OpReport, InstanceError> {
-        self.first()?.suspend(uuid).await
+        self.pick(uuid).await?.suspend(uuid).await
     }
     async fn resume(&self, uuid: Uuid) -> Result<OpReport, InstanceError> {
-        self.first()?.resume(uuid).await
+        self.pick(uuid).await?.resume(uuid).await
     }
     async fn resize(&self, uuid: Uuid, args: ResizeArgs) -> Result<OpReport, InstanceError> {
-        self.first()?.resize(uuid, args).await
+        self.pick(uuid).await?.resize(uuid, args).await
     }
     async fn confirm_resize(&self, uuid: Uuid) -> Result<OpReport, InstanceError> {
-        self.first()?.confirm_resize(uuid).await
+        self.pick(uuid).await?.confirm_resize(uuid).await
     }
     async fn revert_resize(&self, uuid: Uuid) -> Result<OpReport, InstanceError> {
-        self.first()?.revert_resize(uuid).await
+        self.pick(uuid).await?.revert_resize(uuid).await
     }
     async fn live_migrate(
         &self,
         uuid: Uuid,
         args: LiveMigrateArgs,
     ) -> Result<OpReport, InstanceError> {
-        self.first()?.live_migrate(uuid, args).await
+        self.pick(uuid).await?.live_migrate(uuid, args).await
     }
     async fn attach_interface(&self, uuid: Uuid, vif: Vif) -> Result<OpReport, InstanceError> {
-        self.first()?.attach_interface(uuid, vif).await
+        self.pick(uuid).await?.attach_interface(uuid, vif).await
     }
     async fn detach_interface(&self, uuid: Uuid, port: PortId) -> Result<OpReport, InstanceError> {
-        self.first()?.detach_interface(uuid, port).await
+        self.pick(uuid).await?.detach_interface(uuid, port).await
     }
     async fn cleanup_for_reschedule(&self, uuid: Uuid) -> Result<OpReport, InstanceError> {
-        self.first()?.cleanup_for_reschedule(uuid).await
+        self.pick(uuid).await?.cleanup_for_reschedule(uuid).await
     }
     async fn peer_request(
         &self,
         uuid: Uuid,
         request: InstanceRequest,
     ) -> Result<InstanceReply, InstanceError> {
-        self.first()?.peer_request(uuid, request).await
+        self.pick(uuid).await?.peer_request(uuid, request).await
     }
     async fn show(&self, uuid: Uuid) -> Result<InstanceView, InstanceError> {
-        self.first()?.show(uuid).await
+        self.pick(uuid).await?.show(uuid).await
     }
     async fn list(&self) -> Vec<InstanceView> {
-        match self.first() {
+        match self.last() {
             Ok(d) => d.list().await,
             Err(_) => Vec::new(),
         }
