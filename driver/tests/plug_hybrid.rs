@@ -250,5 +250,11 @@ async fn a_non_bridge_named_like_qbr_is_refused() {
     // Nothing else was created; the foreign device is untouched until the test removes it.
     assert!(link_exists(&v.qbr_name()));
     assert!(!link_exists(&v.qvb_name()));
+    // A failed build unplugs every VIF: that must not delete a device that is not a bridge
+    // (plug refused it as not vireo's).
+    p.unplug(&ctx(DomainForm::LibvirtManaged), &v)
+        .await
+        .unwrap();
+    assert!(link_exists(&v.qbr_name()), "unplug deleted a foreign tap");
     run("ip", &["link", "del", &v.qbr_name()]);
 }

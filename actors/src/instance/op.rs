@@ -323,6 +323,9 @@ impl OpCtx {
         op: Option<InFlightOperation>,
     ) -> Result<(), InstanceError> {
         let devices = self.devices(record)?;
+        record
+            .prepare_console_log_dir(&self.deps.config.domain)
+            .map_err(InstanceError::Record)?;
         let xml = record
             .domain(&self.deps.config.domain, devices, op)
             .and_then(|d| d.to_xml().map_err(Into::into))

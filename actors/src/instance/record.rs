@@ -39,6 +39,15 @@ pub enum RecordError {
     /// A value is out of range.
     #[error("{0}")]
     Invalid(String),
+    /// The directory of the serial console log could not be created.
+    #[error("create console directory {path}")]
+    ConsoleDir {
+        /// The directory.
+        path: String,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 /// What the guest boots.
@@ -173,6 +182,27 @@ impl InstanceRecord {
         })
     }
 
+    /// The directory of its serial console log (`<console_dir>/<uuid>`), when the settings
+    /// give the domain one.
+    pub fn console_log_dir(&self, settings: &DomainSettings) -> Option<String> {
+        settings
+            .console_dir
+            .as_ref()
+            .map(|dir| format!("{dir}/{}", self.uuid))
+    }
+
+    /// Create [`Self::console_log_dir`] (and its parents) when there is one: libvirt opens
+    /// the log file but does not create its directory, so a domain defined on a host where
+    /// it was never created (a spawn, or a resize's or a revert's destination) could not
+    /// start otherwise.
+    pub fn prepare_console_log_dir(&self, settings: &DomainSettings) -> Result<(), RecordError> {
+        let Some(dir) = self.console_log_dir(settings) else {
+            return Ok(());
+        };
+        std::fs::create_dir_all(&dir)
+            .map_err(|source| RecordError::ConsoleDir { path: dir, source })
+    }
+
     /// The domain definition: flavor, boot source, the VIF devices (in `network_info`
     /// order), a serial console, and the metadata.
     pub fn domain(
@@ -197,6 +227,13 @@ impl InstanceRecord {
         }
         d.vcpus = self.flavor.vcpus;
         d.os.machine = settings.machine.clone();
+        if matches!(settings.domain_type, DomainType::Kvm | DomainType::Qemu) {
+            // Without ACPI QEMU has no PCI hot-plug on i440fx (interface attach fails with
+            // "Bus 'pci.0' does not support hotplugging") and the guest never sees the
+            // power button (graceful power off and soft reboot).
+            d.features.acpi = true;
+            d.features.apic = true;
+        }
         d.on_poweroff = Some(LifecycleAction::Destroy);
         d.on_reboot = Some(LifecycleAction::Restart);
         d.on_crash = Some(LifecycleAction::Destroy);
@@ -245,5 +282,94 @@ impl InstanceRecord {
             dev.add_to(&mut d.devices);
         }
         Ok(d)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vireo_xml::metadata::Flavor;
+
+    fn record() -> InstanceRecord {
+        InstanceRecord {
+            uuid: Uuid::new_v4(),
+            name: "vm-1".into(),
+            flavor: Flavor {
+                name: "m1".into(),
+                vcpus: 1,
+                memory_mb: 128,
+                root_gb: 0,
+                extra_specs: Default::default(),
+            },
+            boot: BootSource::None,
+            network_info: NetworkInfo { vifs: vec![] },
+            state: InstanceState::Building,
+            resize: None,
+        }
+    }
+
+    #[test]
+    fn qemu_and_kvm_domains_have_acpi_for_hotplug_and_the_power_button() {
+        for (t, acpi) in [
+            (DomainType::Kvm, true),
+            (DomainType::Qemu, true),
+            (DomainType::Test, false),
+        ] {
+            let settings = DomainSettings {
+                domain_type: t,
+                machine: None,
+                console_dir: None,
+            };
+            let d = record().domain(&settings, vec![], None).unwrap();
+            assert_eq!(d.features.acpi, acpi, "{t:?}");
+            assert_eq!(d.features.apic, acpi, "{t:?}");
+            let xml = d.to_xml().unwrap();
+            assert_eq!(xml.contains("<acpi/>"), acpi, "{t:?}: {xml}");
+        }
+    }
+
+    #[test]
+    fn the_console_log_directory_is_created_before_a_define_needs_it() {
+        let tmp = tempfile::tempdir().unwrap();
+        let r = record();
+        let none = DomainSettings {
+            domain_type: DomainType::Qemu,
+            machine: None,
+            console_dir: None,
+        };
+        assert_eq!(r.console_log_dir(&none), None);
+        r.prepare_console_log_dir(&none).unwrap();
+        let base = tmp.path().join("instances");
+        let settings = DomainSettings {
+            console_dir: Some(base.display().to_string()),
+            ..none
+        };
+        let dir = base.join(r.uuid.to_string());
+        assert_eq!(
+            r.console_log_dir(&settings).as_deref(),
+            Some(dir.to_str().unwrap())
+        );
+        // The serial log the definition names lives in that directory.
+        let xml = r.domain(&settings, vec![], None).unwrap().to_xml().unwrap();
+        assert!(
+            xml.contains(&format!("{}/console.log", dir.display())),
+            "{xml}"
+        );
+        r.prepare_console_log_dir(&settings).unwrap();
+        assert!(dir.is_dir());
+        // Twice is fine (a resize or revert defines again).
+        r.prepare_console_log_dir(&settings).unwrap();
+        // A file in the way: a typed error naming the directory.
+        let blocked = DomainSettings {
+            console_dir: Some(tmp.path().join("file").display().to_string()),
+            ..settings
+        };
+        std::fs::write(tmp.path().join("file"), "x").unwrap();
+        match r.prepare_console_log_dir(&blocked) {
+            Err(RecordError::ConsoleDir { path, .. }) => {
+                assert!(path.ends_with(&r.uuid.to_string()))
+            }
+            other => panic!("{other:?}"),
+        }
     }
 }

@@ -10,7 +10,7 @@ use vireo_actors::plug::{
 };
 use vireo_actors::vif::Vif;
 
-use super::netlink::{NetlinkError, KIND_VETH};
+use super::netlink::{NetlinkError, KIND_BRIDGE, KIND_VETH};
 use super::{first_error, names, Run};
 use vireo_actors::plug::cause;
 
@@ -97,9 +97,19 @@ pub(crate) async fn unplug(run: &Run<'_>, ctx: &PlugContext, vif: &Vif) -> Resul
         results.push(run.delete_tap(vif).await);
     }
     results.push(run.delete_ovs_port(&qvo).await);
-    // Deleting one end of a veth removes both; the second delete covers a lone end.
-    results.push(run.delete_link(PlugStep::DeleteVeth, &qvb).await);
-    results.push(run.delete_link(PlugStep::DeleteVeth, &qvo).await);
-    results.push(run.delete_link(PlugStep::DeleteLinuxBridge, &qbr).await);
+    // Deleting one end of a veth removes both; the second delete covers a lone end. A link
+    // of another kind under one of these names is not vireo's (plug refuses it): left alone.
+    results.push(
+        run.delete_link_of_kind(PlugStep::DeleteVeth, &qvb, KIND_VETH)
+            .await,
+    );
+    results.push(
+        run.delete_link_of_kind(PlugStep::DeleteVeth, &qvo, KIND_VETH)
+            .await,
+    );
+    results.push(
+        run.delete_link_of_kind(PlugStep::DeleteLinuxBridge, &qbr, KIND_BRIDGE)
+            .await,
+    );
     first_error(results)
 }

@@ -552,6 +552,42 @@ impl Run<'_> {
             })
     }
 
+    /// Delete `name` when it is a link of `kind`; a link of another kind is not the one
+    /// vireo made under that name (plug refuses it with `NameTaken`) and is left alone.
+    async fn delete_link_of_kind(
+        &self,
+        step: PlugStep,
+        name: &str,
+        kind: &str,
+    ) -> Result<(), PlugError> {
+        self.step(step)?;
+        match self
+            .p
+            .netlink
+            .link(name)
+            .await
+            .map_err(self.lookup_err(name))?
+        {
+            None => Ok(()),
+            Some(l) if l.kind.as_deref() == Some(kind) => self
+                .p
+                .netlink
+                .delete(name)
+                .await
+                .map(|_| ())
+                .map_err(|e| PlugError::Delete {
+                    port: self.port,
+                    device: name.to_owned(),
+                    source: cause(e),
+                }),
+            Some(l) => {
+                tracing::warn!(device = name, found = ?l.kind, wanted = kind,
+                    "not deleting a device of another kind");
+                Ok(())
+            }
+        }
+    }
+
     /// DeleteTap of the VIF's tap (refused unless it is a `tap...` name).
     async fn delete_tap(&self, vif: &Vif) -> Result<(), PlugError> {
         let tap = names::owned(vif.id, &vif.tap_name(), "tap")?;

@@ -1,0 +1,150 @@
+//! The running set-up, as `integration/host-setup.sh up --with-neutron` describes it in
+//! `/var/lib/vireo-integration/neutron.env` (`KEY=value` lines); a variable of the same name
+//! in the environment wins. A missing set-up is an error (tests fail, they never skip).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use crate::HarnessError;
+
+/// Where `host-setup.sh` writes the Neutron set-up's facts.
+pub const ENV_FILE: &str = "/var/lib/vireo-integration/neutron.env";
+
+/// The facts of the running set-up the tests need.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StackEnv {
+    /// Neutron's endpoint (`VIREO_NEUTRON_URL`).
+    pub neutron_url: String,
+    /// This host as Neutron knows it (`VIREO_NEUTRON_HOST`).
+    pub host: String,
+    /// A second host name Neutron can bind to, where nothing wires ports
+    /// (`VIREO_NEUTRON_SECOND_HOST`, the state reporter's `h2`).
+    pub second_host: String,
+    /// The test network (`VIREO_NEUTRON_NETWORK_ID`).
+    pub network_id: String,
+    /// Its subnet (`VIREO_NEUTRON_SUBNET_ID`).
+    pub subnet_id: String,
+    /// The port Neutron's Nova notifier posts to on 127.0.0.1 (`VIREO_NOVA_PORT`).
+    pub nova_port: u16,
+}
+
+const KEYS: [&str; 6] = [
+    "VIREO_NEUTRON_URL",
+    "VIREO_NEUTRON_HOST",
+    "VIREO_NEUTRON_SECOND_HOST",
+    "VIREO_NEUTRON_NETWORK_ID",
+    "VIREO_NEUTRON_SUBNET_ID",
+    "VIREO_NOVA_PORT",
+];
+
+impl StackEnv {
+    /// Read [`ENV_FILE`] (when present) and the environment.
+    pub fn load() -> Result<StackEnv, HarnessError> {
+        Self::load_from(Path::new(ENV_FILE), |k| std::env::var(k).ok())
+    }
+
+    /// Read `file` (when present) with `var` overriding it.
+    pub fn load_from(
+        file: &Path,
+        var: impl Fn(&str) -> Option<String>,
+    ) -> Result<StackEnv, HarnessError> {
+        let mut values: BTreeMap<String, String> = match std::fs::read_to_string(file) {
+            Ok(text) => parse(&text),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => BTreeMap::new(),
+            Err(source) => {
+                return Err(HarnessError::Io {
+                    what: format!("read {}", file.display()),
+                    source,
+                })
+            }
+        };
+        for k in KEYS {
+            if let Some(v) = var(k) {
+                values.insert(k.to_owned(), v);
+            }
+        }
+        let get = |k: &str| {
+            values
+                .get(k)
+                .filter(|v| !v.is_empty())
+                .cloned()
+                .ok_or_else(|| {
+                    HarnessError::Setup(format!(
+                        "{k} is not set: run `integration/host-setup.sh up --with-neutron` \
+                     (it writes {})",
+                        file.display()
+                    ))
+                })
+        };
+        let nova_port = get("VIREO_NOVA_PORT")?;
+        Ok(StackEnv {
+            neutron_url: get("VIREO_NEUTRON_URL")?,
+            host: get("VIREO_NEUTRON_HOST")?,
+            second_host: get("VIREO_NEUTRON_SECOND_HOST")?,
+            network_id: get("VIREO_NEUTRON_NETWORK_ID")?,
+            subnet_id: get("VIREO_NEUTRON_SUBNET_ID")?,
+            nova_port: nova_port.parse().map_err(|_| {
+                HarnessError::Setup(format!("VIREO_NOVA_PORT {nova_port:?} is not a port"))
+            })?,
+        })
+    }
+
+    /// `integration/host-setup.sh` of this source tree.
+    pub fn host_setup_script() -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("host-setup.sh")
+    }
+
+    /// `integration/guest/build-guest.sh` of this source tree.
+    pub fn guest_builder() -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("guest")
+            .join("build-guest.sh")
+    }
+}
+
+/// `KEY=value` lines; blank lines, comments and an `export ` prefix are allowed; surrounding
+/// single or double quotes are removed.
+fn parse(text: &str) -> BTreeMap<String, String> {
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .filter_map(|l| {
+            let l = l.strip_prefix("export ").unwrap_or(l);
+            let (k, v) = l.split_once('=')?;
+            let v = v.trim();
+            let v = v
+                .strip_prefix('"')
+                .and_then(|v| v.strip_suffix('"'))
+                .or_else(|| v.strip_prefix('\'').and_then(|v| v.strip_suffix('\'')))
+                .unwrap_or(v);
+            Some((k.trim().to_owned(), v.to_owned()))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn file_values_and_environment_overrides() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("neutron.env");
+        std::fs::write(
+            &f,
+            "# comment\nVIREO_NEUTRON_URL=http://127.0.0.1:9696\nexport VIREO_NEUTRON_HOST='vm'\n\
+             VIREO_NEUTRON_SECOND_HOST=h2\nVIREO_NEUTRON_NETWORK_ID=n\nVIREO_NEUTRON_SUBNET_ID=s\n\
+             VIREO_NOVA_PORT=8774\n",
+        )
+        .unwrap();
+        let env =
+            StackEnv::load_from(&f, |k| (k == "VIREO_NOVA_PORT").then(|| "9999".into())).unwrap();
+        assert_eq!(env.host, "vm");
+        assert_eq!(env.nova_port, 9999);
+        assert_eq!(env.network_id, "n");
+        let missing = StackEnv::load_from(&dir.path().join("none"), |_| None).unwrap_err();
+        assert!(missing.to_string().contains("host-setup.sh"), "{missing}");
+        let bad = StackEnv::load_from(&f, |k| (k == "VIREO_NOVA_PORT").then(|| "x".into()));
+        assert!(bad.is_err());
+    }
+}

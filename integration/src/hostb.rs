@@ -1,0 +1,455 @@
+//! Host B of `integration/two-host.sh` as a vireo compute host: the real `vireo agent` runs
+//! inside host B's mount, UTS and network namespaces (`nsenter` with an argument vector, as
+//! the script's `exec` does), on host B's libvirtd (its unix socket), host B's Open vSwitch
+//! and kernel, bound to Neutron as host `vireo-hb`. Host A's driver reaches it as an
+//! [`HttpPeer`] over its agent API; it reaches host A's peer endpoint and Neutron's API
+//! through [`Relay`]s on A's side of the link. Its leak check looks inside host B.
+
+use std::net::{IpAddr, SocketAddr};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use uuid::Uuid;
+use vireo::agent::auth::Token;
+use vireo::agent::peer::{HttpPeer, PeerLink};
+use vireo::client::AgentClient;
+
+use crate::relay::Relay;
+use crate::HarnessError;
+
+/// Host B's facts (`two-host.sh env`; the same names in the environment win).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostBEnv {
+    /// Its host name (Neutron agent `host`, libvirt): `VIREO_HOSTB_NAME`.
+    pub name: String,
+    /// Its libvirtd from any mount namespace: `VIREO_HOSTB_UNIX_URI`.
+    pub unix_uri: String,
+    /// Its libvirtd over TCP, what host A migrates to: `VIREO_HOSTB_URI`.
+    pub tcp_uri: String,
+    /// Host A's address on the link: `VIREO_HOSTA_ADDR`.
+    pub addr_a: IpAddr,
+    /// Host B's address on the link: `VIREO_HOSTB_ADDR`.
+    pub addr_b: IpAddr,
+    /// Its OVSDB socket (path): from `VIREO_HOSTB_OVSDB`.
+    pub ovsdb_socket: PathBuf,
+    /// Its network namespace: `VIREO_HOSTB_NETNS`.
+    pub netns: String,
+    /// Where its mount and UTS namespace files are.
+    pub ns_dir: PathBuf,
+}
+
+fn var(k: &str, default: &str) -> String {
+    std::env::var(k)
+        .ok()
+        .filter(|v| !v.is_empty())
+        .unwrap_or_else(|| default.to_owned())
+}
+
+fn setup(msg: impl Into<String>) -> HarnessError {
+    HarnessError::Setup(msg.into())
+}
+
+impl HostBEnv {
+    /// The facts, checked: host B's namespaces exist and its libvirtd answers. Fails (never
+    /// skips) when `integration/two-host.sh up` has not run.
+    pub fn load() -> Result<HostBEnv, HarnessError> {
+        let dir = var("VIREO_HB_DIR", "/var/lib/vireo-integration/hostb");
+        let ip = |k: &str, d: &str| -> Result<IpAddr, HarnessError> {
+            var(k, d)
+                .parse()
+                .map_err(|_| setup(format!("{k}: not an IP address")))
+        };
+        let ovsdb = var("VIREO_HOSTB_OVSDB", &format!("unix:{dir}/ovs/run/db.sock"));
+        let env = HostBEnv {
+            name: var("VIREO_HOSTB_NAME", "vireo-hb"),
+            unix_uri: var(
+                "VIREO_HOSTB_UNIX_URI",
+                &format!("qemu+unix:///system?socket={dir}/libvirt/run/libvirt-sock"),
+            ),
+            tcp_uri: var("VIREO_HOSTB_URI", "qemu+tcp://198.51.100.2/system"),
+            addr_a: ip("VIREO_HOSTA_ADDR", "198.51.100.1")?,
+            addr_b: ip("VIREO_HOSTB_ADDR", "198.51.100.2")?,
+            ovsdb_socket: PathBuf::from(ovsdb.strip_prefix("unix:").unwrap_or(&ovsdb)),
+            netns: var("VIREO_HOSTB_NETNS", "vireo-hb"),
+            ns_dir: PathBuf::from("/run/vireo-hb"),
+        };
+        let netns = Path::new("/run/netns").join(&env.netns);
+        for p in [&netns, &env.ns_dir.join("mnt"), &env.ovsdb_socket] {
+            if !p.exists() {
+                return Err(setup(format!(
+                    "host B: {} is missing: run `integration/two-host.sh up`",
+                    p.display()
+                )));
+            }
+        }
+        let ok = Command::new("virsh")
+            .args(["-c", &env.unix_uri, "version"])
+            .output()
+            .map(|o| o.status.success())
+            .unwrap_or(false);
+        if !ok {
+            return Err(setup(format!(
+                "host B's libvirtd ({}) does not answer: run `integration/two-host.sh up`",
+                env.unix_uri
+            )));
+        }
+        Ok(env)
+    }
+
+    /// The argument vector that runs `program args` inside host B's namespaces.
+    pub fn command(&self, program: &str) -> Command {
+        let mut c = Command::new("nsenter");
+        c.arg(format!("--mount={}", self.ns_dir.join("mnt").display()))
+            .arg(format!("--uts={}", self.ns_dir.join("uts").display()))
+            .arg(format!("--net=/run/netns/{}", self.netns))
+            .arg("--")
+            .arg(program);
+        c
+    }
+}
+
+fn write_secret(path: &Path, secret: &str) -> Result<(), HarnessError> {
+    std::fs::write(path, format!("{secret}\n"))
+        .and_then(|()| std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)))
+        .map_err(|source| HarnessError::Io {
+            what: format!("write {}", path.display()),
+            source,
+        })
+}
+
+/// Host A as host B's agent sees it.
+#[derive(Debug, Clone)]
+pub struct HostASide {
+    /// Host A's name.
+    pub name: String,
+    /// Host A's agent API (the events endpoint), on A's loopback.
+    pub api: SocketAddr,
+    /// Its API token.
+    pub api_secret: String,
+    /// Neutron's API on A's loopback.
+    pub neutron: SocketAddr,
+}
+
+/// The port host B's agent listens on (on host B's address).
+pub const AGENT_PORT: u16 = 8774;
+
+/// Host B's agent as host A knows it (a `[[peers]]` entry): its API on host B's address,
+/// its API token `secret`, and host B's libvirtd over TCP to live-migrate to.
+pub fn link(env: &HostBEnv, secret: &str) -> PeerLink {
+    PeerLink {
+        name: env.name.clone(),
+        url: format!("http://{}", SocketAddr::new(env.addr_b, AGENT_PORT)),
+        token: Token::from_secret(secret),
+        migration_uri: Some(env.tcp_uri.clone()),
+        timeout: Duration::from_secs(600),
+    }
+}
+
+/// Host B's running `vireo agent`.
+#[derive(Debug)]
+pub struct HostBAgent {
+    /// Host B.
+    pub env: HostBEnv,
+    /// Its API client (API token).
+    pub client: AgentClient,
+    /// Its `[[peers]]`-like entry on host A.
+    pub link: PeerLink,
+    child: Option<Child>,
+    log: PathBuf,
+    _relays: Vec<Relay>,
+    _dir: tempfile::TempDir,
+}
+
+impl HostBAgent {
+    /// Write host B's config (API token `secret`, see [`link`]) and start `agent_bin agent
+    /// --config ...` inside host B; wait until it answers `/healthz`.
+    pub async fn start(
+        env: HostBEnv,
+        secret: &str,
+        agent_bin: &Path,
+        a: &HostASide,
+        domain_type: &str,
+    ) -> Result<HostBAgent, HarnessError> {
+        let relay_api = Relay::start(SocketAddr::new(env.addr_a, 0), a.api, env.addr_b).await?;
+        let relay_neutron =
+            Relay::start(SocketAddr::new(env.addr_a, 0), a.neutron, env.addr_b).await?;
+        let dir = tempfile::Builder::new()
+            .prefix("vireo-it-hostb-")
+            .tempdir()
+            .map_err(|source| HarnessError::Io {
+                what: "host B's agent directory".into(),
+                source,
+            })?;
+        let root = dir.path();
+        std::fs::create_dir_all(root.join("images")).map_err(|source| HarnessError::Io {
+            what: "host B's image directory".into(),
+            source,
+        })?;
+        write_secret(&root.join("api-token"), secret)?;
+        write_secret(&root.join("peer-a-token"), &a.api_secret)?;
+        let listen = SocketAddr::new(env.addr_b, AGENT_PORT);
+        let config = format!(
+            r#"host = "{name}"
+listen = "{listen}"
+api_token_file = "{root}/api-token"
+shutdown_timeout = 30
+[libvirt]
+uri = "{uri}"
+[network]
+kind = "neutron"
+[network.neutron]
+url = "http://{neutron}"
+[events]
+vif_plugging_timeout = 60
+[instances]
+state_dir = "{root}/state"
+image_dirs = ["{root}/images"]
+domain_type = "{domain_type}"
+power_off_timeout = 2
+[plugging]
+ovsdb_socket = "{ovsdb}"
+datapath_type = "netdev"
+[logging]
+level = "info"
+[[peers]]
+name = "{a_name}"
+url = "http://{a_api}"
+token_file = "{root}/peer-a-token"
+timeout = 600
+"#,
+            name = env.name,
+            root = root.display(),
+            uri = env.unix_uri,
+            neutron = relay_neutron.addr(),
+            ovsdb = env.ovsdb_socket.display(),
+            a_name = a.name,
+            a_api = relay_api.addr(),
+        );
+        let cfg = root.join("agent.toml");
+        std::fs::write(&cfg, config).map_err(|source| HarnessError::Io {
+            what: "write host B's agent config".into(),
+            source,
+        })?;
+        let log = root.join("agent.log");
+        let out = std::fs::File::create(&log).map_err(|source| HarnessError::Io {
+            what: "host B's agent log".into(),
+            source,
+        })?;
+        let err = out.try_clone().map_err(|source| HarnessError::Io {
+            what: "host B's agent log".into(),
+            source,
+        })?;
+        let child = env
+            .command(&agent_bin.display().to_string())
+            .arg("agent")
+            .arg("--config")
+            .arg(&cfg)
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .map_err(|source| HarnessError::Io {
+                what: format!("start {} inside host B", agent_bin.display()),
+                source,
+            })?;
+        let link = link(&env, secret);
+        let client = AgentClient::new(&link.url, &link.token)
+            .map_err(|e| setup(format!("host B's client: {}", crate::chain(&e))))?;
+        let mut agent = HostBAgent {
+            env,
+            client,
+            link,
+            child: Some(child),
+            log,
+            _relays: vec![relay_api, relay_neutron],
+            _dir: dir,
+        };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if agent.client.health().await.is_ok() {
+                return Ok(agent);
+            }
+            let exited = agent
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten());
+            if exited.is_some() || Instant::now() >= deadline {
+                let why = match exited {
+                    Some(s) => format!("exited ({s})"),
+                    None => "did not answer /healthz in 60 s".into(),
+                };
+                let log = agent.log_tail();
+                agent.stop_blocking();
+                return Err(setup(format!("host B's vireo agent {why}:\n{log}")));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Host B as a peer of host A's driver.
+    pub fn peer(&self) -> Result<Arc<HttpPeer>, HarnessError> {
+        HttpPeer::new(&self.link)
+            .map(Arc::new)
+            .map_err(|e| setup(format!("host B as a peer: {}", crate::chain(&e))))
+    }
+
+    /// The last lines of its log.
+    pub fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(40)..].join("\n")
+    }
+
+    /// What host B holds of `instances` or of names containing one of `fragments`: its
+    /// agent's instances and pending event waits, libvirt domains, links in its network
+    /// namespace, ports in its Open vSwitch.
+    pub async fn leaks(&self, instances: &[Uuid], fragments: &[String]) -> Vec<String> {
+        let mut found = Vec::new();
+        match self.client.list_instances().await {
+            Ok(list) => {
+                let mine: Vec<String> = list
+                    .iter()
+                    .filter(|i| instances.contains(&i.uuid))
+                    .map(|i| i.uuid.to_string())
+                    .collect();
+                if !mine.is_empty() {
+                    found.push(format!("host B: agent instances {mine:?}"));
+                }
+            }
+            Err(e) => found.push(format!("host B: list instances: {}", crate::chain(&e))),
+        }
+        if let Ok(m) = self.client.metrics().await {
+            let pending = m
+                .lines()
+                .find_map(|l| l.strip_prefix("vireo_event_waits_pending "))
+                .and_then(|v| v.trim().parse::<f64>().ok())
+                .unwrap_or(0.0);
+            if pending > 0.0 {
+                found.push(format!("host B: {pending} event waits pending"));
+            }
+        }
+        let env = self.env.clone();
+        let (instances, fragments) = (instances.to_vec(), fragments.to_vec());
+        let scan = tokio::task::spawn_blocking(move || scan_host_b(&env, &instances, &fragments))
+            .await
+            .unwrap_or_else(|e| vec![format!("host B: scan task: {e}")]);
+        found.extend(scan);
+        found
+    }
+
+    /// SIGTERM (graceful shutdown), then wait; SIGKILL after 40 s.
+    pub async fn stop(mut self) {
+        let _ = tokio::task::spawn_blocking(move || self.stop_blocking()).await;
+    }
+
+    fn stop_blocking(&mut self) {
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        if let Ok(pid) = i32::try_from(child.id()) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+        }
+        let deadline = Instant::now() + Duration::from_secs(40);
+        loop {
+            match child.try_wait() {
+                Ok(Some(_)) => return,
+                Ok(None) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                _ => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return;
+                }
+            }
+        }
+    }
+}
+
+impl Drop for HostBAgent {
+    fn drop(&mut self) {
+        self.stop_blocking();
+    }
+}
+
+fn lines_of(mut c: Command) -> Result<Vec<String>, String> {
+    let out = c.output().map_err(|e| format!("{c:?}: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "{c:?}: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| l.trim().to_owned())
+        .filter(|l| !l.is_empty())
+        .collect())
+}
+
+/// Domains, links and OVS ports of host B that belong to the test.
+pub fn scan_host_b(env: &HostBEnv, instances: &[Uuid], fragments: &[String]) -> Vec<String> {
+    let mut found = Vec::new();
+    let hit = |name: &str| fragments.iter().any(|f| name.contains(f.as_str()));
+    let mut virsh = Command::new("virsh");
+    virsh.args(["-c", &env.unix_uri, "list", "--all", "--uuid"]);
+    match lines_of(virsh) {
+        Ok(uuids) => {
+            let left: Vec<_> = uuids
+                .iter()
+                .filter(|u| instances.iter().any(|i| i.to_string() == **u))
+                .collect();
+            if !left.is_empty() {
+                found.push(format!("host B: domains {left:?}"));
+            }
+        }
+        Err(e) => found.push(format!("host B: {e}")),
+    }
+    let mut ip = Command::new("ip");
+    ip.args(["-n", &env.netns, "-o", "link", "show"]);
+    match lines_of(ip) {
+        Ok(lines) => {
+            let links: Vec<String> = lines
+                .iter()
+                .filter_map(|l| l.split(':').nth(1))
+                .map(|n| n.trim().split('@').next().unwrap_or("").to_owned())
+                .filter(|n| hit(n))
+                .collect();
+            if !links.is_empty() {
+                found.push(format!("host B: links {links:?}"));
+            }
+        }
+        Err(e) => found.push(format!("host B: {e}")),
+    }
+    let db = format!("--db=unix:{}", env.ovsdb_socket.display());
+    let mut br = Command::new("ovs-vsctl");
+    br.args([db.as_str(), "--timeout=10", "list-br"]);
+    match lines_of(br) {
+        Ok(bridges) => {
+            for b in bridges {
+                if hit(&b) {
+                    found.push(format!("host B: OVS bridge {b}"));
+                }
+                let mut ports = Command::new("ovs-vsctl");
+                ports.args([db.as_str(), "--timeout=10", "list-ports", b.as_str()]);
+                match lines_of(ports) {
+                    Ok(ps) => {
+                        let left: Vec<_> = ps.into_iter().filter(|p| hit(p)).collect();
+                        if !left.is_empty() {
+                            found.push(format!("host B: OVS ports on {b}: {left:?}"));
+                        }
+                    }
+                    Err(e) => found.push(format!("host B: {e}")),
+                }
+            }
+        }
+        Err(e) => found.push(format!("host B: {e}")),
+    }
+    found
+}

@@ -1,0 +1,1421 @@
+//! vireo end to end on the real stack: `qemu:///system`, this machine's Open vSwitch and
+//! kernel bridges, the real Neutron (ML2/OVS, noauth) whose Nova notifier posts to the
+//! vireo agent's events endpoint on 127.0.0.1:8774, and the embedded network service for
+//! Linux-bridge ports (Neutron here runs no Linux bridge agent).
+//!
+//! Its own harness (`harness = false`, see `vireo_integration::runner`): the scenarios run
+//! one at a time — hybrid ones with the `iptables_hybrid` firewall, Linux-bridge ones, then
+//! the firewall is switched to `openvswitch` once for the native ones and switched back —
+//! and the timing table is printed at the end and written to
+//! `target/integration-timings.txt`. Needs root and `integration/host-setup.sh up
+//! --with-neutron`; fails (never skips) when a daemon is missing.
+
+// The whole file is test code.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::collections::BTreeSet;
+use std::process::{Command, ExitCode};
+use std::time::{Duration, Instant};
+
+use uuid::Uuid;
+use vireo::agent::model::{Action, Flavor as ModelFlavor, OpState, Report as WireReport};
+use vireo::client::AgentClient;
+use vireo::compute::ComputeDriver;
+use vireo::network::embedded::{EmbeddedConfig, EmbeddedNetworkDef, Mechanism};
+use vireo::plug::leak::Fixture;
+use vireo_actors::instance::StepKind;
+use vireo_actors::instance::{
+    BootSource, DestroyArgs, InstanceError, LiveMigrateArgs, Migration, NetworkRequest, OpReport,
+    RebootKind, ResizeArgs,
+};
+use vireo_actors::lifecycle::InstanceState;
+use vireo_actors::network::{NetworkApi, PortRequest};
+use vireo_actors::plug::DomainForm;
+use vireo_actors::predict::Timing;
+use vireo_actors::vif::{NetworkInfo, PortId, Vif, VifType};
+use vireo_integration::endpoint::EndpointOptions;
+use vireo_integration::firewall::{Firewall, FirewallGuard};
+use vireo_integration::guest::{open_dir, wait_ready};
+use vireo_integration::host::{Host, HostOptions, NetChoice, Plugging};
+use vireo_integration::hostb::{self, HostASide, HostBAgent, HostBEnv};
+use vireo_integration::runner::{Outcome, Runner};
+use vireo_integration::scene::{bind_port, flavor, Run, Scene};
+use vireo_integration::timing::timings_file;
+use vireo_integration::HarnessError;
+use vireo_xml::domain::DomainType;
+
+type R = Result<(), HarnessError>;
+
+// ----------------------------------------------------------------------------------------
+// Checks
+
+fn waited(report: &OpReport, t: Timing) -> BTreeSet<PortId> {
+    report
+        .waits
+        .iter()
+        .filter(|w| w.timing == t)
+        .flat_map(|w| w.expected.iter().map(|e| e.tag))
+        .collect()
+}
+
+fn set(ports: &[PortId]) -> BTreeSet<PortId> {
+    ports.iter().copied().collect()
+}
+
+/// The operation waited for exactly these events, every wait completed (never a timeout),
+/// and every awaited event was seen arriving at the endpoint during the operation.
+fn assert_waits(s: &Scene<'_>, what: &str, report: &OpReport, bind: &[PortId], plug: &[PortId]) {
+    for w in &report.waits {
+        assert!(
+            w.complete,
+            "{what}: wait {:?} did not complete: {} (missing {:?})",
+            w.timing, w.outcome, w.missing
+        );
+    }
+    assert_eq!(
+        waited(report, Timing::BindTime),
+        set(bind),
+        "{what}: bind-time wait"
+    );
+    assert_eq!(
+        waited(report, Timing::PlugTime),
+        set(plug),
+        "{what}: plug-time wait"
+    );
+    let row = s.run.timings.rows().pop().expect("a timing row");
+    for w in row.waits.iter().filter(|w| w.expected > 0) {
+        assert!(
+            w.last_arrival_at.is_some(),
+            "{what}: a {:?} wait ended but not every awaited event was seen arriving",
+            w.timing
+        );
+    }
+}
+
+async fn state(h: &Host, id: Uuid) -> InstanceState {
+    h.driver
+        .show(id)
+        .await
+        .unwrap_or_else(|e| panic!("show {id}: {}", vireo_integration::chain(&e)))
+        .state
+}
+
+async fn assert_state(h: &Host, id: Uuid, want: InstanceState) {
+    let got = state(h, id).await;
+    assert_eq!(got, want, "instance {id} on {}", h.name);
+}
+
+fn link_exists(name: &str) -> bool {
+    std::path::Path::new("/sys/class/net").join(name).exists()
+}
+
+fn master_of(name: &str) -> Option<String> {
+    std::fs::read_link(
+        std::path::Path::new("/sys/class/net")
+            .join(name)
+            .join("master"),
+    )
+    .ok()
+    .and_then(|p| p.file_name().map(|f| f.to_string_lossy().into_owned()))
+}
+
+fn ovs_bridge_of(port: &str) -> Option<String> {
+    let out = Command::new("ovs-vsctl")
+        .args(["--timeout=10", "port-to-br", port])
+        .output()
+        .unwrap();
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
+}
+
+fn run_cmd(program: &str, args: &[&str]) {
+    let out = Command::new(program).args(args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{program} {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The host devices of a VIF are there (wired) or all gone.
+fn assert_devices(v: &Vif, form: DomainForm, present: bool) {
+    let want = |name: &str, ok: bool, what: &str| {
+        assert_eq!(
+            ok, present,
+            "{what} {name} of {} (present: {present})",
+            v.id
+        );
+    };
+    match (v.vif_type, v.details.ovs_hybrid_plug) {
+        (VifType::Ovs, true) => {
+            let (qbr, qvb, qvo) = (v.qbr_name(), v.qvb_name(), v.qvo_name());
+            want(&qbr, link_exists(&qbr), "qbr");
+            want(
+                &qvb,
+                master_of(&qvb).as_deref() == Some(qbr.as_str()),
+                "qvb in qbr",
+            );
+            want(
+                &qvo,
+                ovs_bridge_of(&qvo).as_deref() == Some("br-int"),
+                "qvo in br-int",
+            );
+        }
+        (VifType::Ovs, false) => {
+            let tap = v.tap_name();
+            if present || form == DomainForm::PreCreated {
+                want(
+                    &tap,
+                    ovs_bridge_of(&tap).as_deref() == Some("br-int"),
+                    "tap in br-int",
+                );
+            }
+        }
+        (VifType::Bridge, _) => {
+            let tap = v.tap_name();
+            let br = v.linux_bridge_name().unwrap();
+            want(
+                &tap,
+                master_of(&tap).as_deref() == Some(br.as_str()),
+                "tap in its bridge",
+            );
+        }
+        other => panic!("unexpected VIF kind {other:?}"),
+    }
+}
+
+async fn vifs_of(h: &Host, id: Uuid) -> Vec<Vif> {
+    let view = h.driver.show(id).await.unwrap();
+    let mut out = Vec::new();
+    for v in view.vifs {
+        let port = h.network.get_port(v.port).await.unwrap();
+        let net = h.network.get_network(&port.network_id).await.unwrap();
+        let dict = vireo::network::vif_dict(&port, &net, false);
+        out.push(
+            NetworkInfo::from_value(&serde_json::Value::Array(vec![dict]))
+                .unwrap()
+                .vifs
+                .remove(0),
+        );
+    }
+    out
+}
+
+fn ids(vifs: &[Vif]) -> Vec<PortId> {
+    vifs.iter().map(|v| v.id).collect()
+}
+
+// ----------------------------------------------------------------------------------------
+// Building blocks
+
+/// Spawn a diskless guest with `n` ports vireo allocates on `network`.
+async fn spawn_allocated(
+    s: &mut Scene<'_>,
+    h: usize,
+    network: &str,
+    n: usize,
+) -> (Uuid, Vec<Vif>, OpReport) {
+    let id = s.instance();
+    let args = s.spawn_args(NetworkRequest::Allocate(
+        (0..n)
+            .map(|_| PortRequest::Network {
+                network_id: network.to_owned(),
+            })
+            .collect(),
+    ));
+    let host = &s.hosts[h];
+    let report = s.ok(host, "spawn", id, host.driver.spawn(id, args)).await;
+    let vifs = vifs_of(host, id).await;
+    for v in &vifs {
+        s.book.vireo(v.id);
+        s.watch(v.id.prefix(11));
+    }
+    (id, vifs, report)
+}
+
+async fn destroy(s: &Scene<'_>, h: &Host, id: Uuid) {
+    let r = s
+        .ok(
+            h,
+            "destroy",
+            id,
+            h.driver.destroy(
+                id,
+                DestroyArgs {
+                    deallocate_network: true,
+                },
+            ),
+        )
+        .await;
+    assert!(r.released.is_some(), "destroy released the networking");
+}
+
+/// Soft and hard reboot, pause/unpause, power off/on, suspend/resume: each checked against
+/// libvirt's state and the waits the model predicts (`recreated`: ports whose device is
+/// recreated with the domain and therefore reported again).
+async fn lifecycle(
+    s: &Scene<'_>,
+    h: &Host,
+    id: Uuid,
+    vifs: &[Vif],
+    form: DomainForm,
+    recreated: &[PortId],
+) {
+    let api = &h.driver;
+    let r = s
+        .ok(h, "reboot soft", id, api.reboot(id, RebootKind::Soft))
+        .await;
+    assert_waits(s, "soft reboot", &r, &[], &[]);
+    assert_state(h, id, InstanceState::Running).await;
+
+    let r = s
+        .ok(h, "reboot hard", id, api.reboot(id, RebootKind::Hard))
+        .await;
+    assert_waits(s, "hard reboot", &r, &[], recreated);
+    assert_state(h, id, InstanceState::Running).await;
+    for v in vifs {
+        assert_devices(v, form, true);
+    }
+
+    s.ok(h, "pause", id, api.pause(id)).await;
+    assert_state(h, id, InstanceState::Paused).await;
+    s.ok(h, "unpause", id, api.unpause(id)).await;
+    assert_state(h, id, InstanceState::Running).await;
+
+    s.ok(
+        h,
+        "power off",
+        id,
+        api.power_off(id, Some(Duration::from_secs(1))),
+    )
+    .await;
+    assert_state(h, id, InstanceState::Stopped).await;
+    // Devices vireo made stay wired while the guest is off (the model's premise).
+    for v in vifs {
+        if v.details.ovs_hybrid_plug || form == DomainForm::PreCreated {
+            assert_devices(v, form, true);
+        }
+    }
+    let r = s.ok(h, "power on", id, api.power_on(id)).await;
+    assert_waits(s, "power on", &r, &[], recreated);
+    assert_state(h, id, InstanceState::Running).await;
+
+    s.ok(h, "suspend", id, api.suspend(id)).await;
+    assert_state(h, id, InstanceState::Suspended).await;
+    let r = s.ok(h, "resume", id, api.resume(id)).await;
+    assert_waits(s, "resume", &r, &[], recreated);
+    assert_state(h, id, InstanceState::Running).await;
+    for v in vifs {
+        assert_devices(v, form, true);
+    }
+}
+
+/// Same-host resize (no bind-time wait anywhere) and revert (every port plug-time).
+async fn resize_revert(s: &Scene<'_>, h: &Host, id: Uuid, vifs: &[Vif], finish_plug: &[PortId]) {
+    let migration = Migration {
+        id: Uuid::new_v4(),
+        source_host: h.name.clone(),
+        dest_host: h.name.clone(),
+    };
+    let r = s
+        .ok(
+            h,
+            "resize (same host)",
+            id,
+            h.driver.resize(
+                id,
+                ResizeArgs {
+                    migration,
+                    new_flavor: flavor("m1.small", 1, 192),
+                },
+            ),
+        )
+        .await;
+    assert_waits(s, "resize", &r, &[], finish_plug);
+    assert_state(h, id, InstanceState::ResizeTarget).await;
+    assert_eq!(
+        h.driver.show(id).await.unwrap().flavor.as_deref(),
+        Some("m1.small")
+    );
+    let r = s
+        .ok(h, "revert (same host)", id, h.driver.revert_resize(id))
+        .await;
+    assert_waits(s, "revert", &r, &[], &ids(vifs));
+    assert_state(h, id, InstanceState::Running).await;
+    assert_eq!(
+        h.driver.show(id).await.unwrap().flavor.as_deref(),
+        Some("m1.tiny")
+    );
+    for v in vifs {
+        assert_devices(v, DomainForm::LibvirtManaged, true);
+    }
+}
+
+fn lb_network() -> (String, EmbeddedConfig) {
+    let id = Uuid::new_v4().to_string();
+    let cfg = EmbeddedConfig {
+        networks: vec![EmbeddedNetworkDef {
+            id: id.clone(),
+            name: format!("vit-lb-{}", &id[..8]),
+            mtu: Some(1500),
+            mechanism: Mechanism::Linuxbridge,
+            ovs_hybrid_plug: false,
+            bridge_name: None,
+            datapath_type: None,
+            physical_network: None,
+            vlan: None,
+        }],
+        ..EmbeddedConfig::default()
+    };
+    (id, cfg)
+}
+
+fn brq(network: &str) -> String {
+    format!("brq{network}").chars().take(14).collect()
+}
+
+// ----------------------------------------------------------------------------------------
+// Scenarios: OVS hybrid (iptables_hybrid)
+
+async fn hybrid_spawn_lifecycle(run: &Run) -> R {
+    let mut s = Scene::new(run, "hybrid: spawn+lifecycle");
+    let opts = s.system_host();
+    s.host(opts).await?;
+    let net = run.env.network_id.clone();
+    let (id, vifs, report) = spawn_allocated(&mut s, 0, &net, 2).await;
+    for v in &vifs {
+        assert!(v.details.ovs_hybrid_plug, "Neutron bound {} hybrid", v.id);
+        assert_devices(v, DomainForm::LibvirtManaged, true);
+    }
+    assert_waits(&s, "spawn", &report, &[], &ids(&vifs));
+    let h = s.a();
+    lifecycle(&s, h, id, &vifs, DomainForm::LibvirtManaged, &[]).await;
+    destroy(&s, h, id).await;
+    for v in &vifs {
+        assert_devices(v, DomainForm::LibvirtManaged, false);
+    }
+    s.finish().await
+}
+
+async fn hybrid_resize_revert(run: &Run) -> R {
+    let mut s = Scene::new(run, "hybrid: resize+revert");
+    let opts = s.system_host();
+    s.host(opts).await?;
+    let net = run.env.network_id.clone();
+    let (id, vifs, _) = spawn_allocated(&mut s, 0, &net, 1).await;
+    let h = s.a();
+    resize_revert(&s, h, id, &vifs, &[]).await;
+    destroy(&s, h, id).await;
+    s.finish().await
+}
+
+/// A port whose `network-vif-plugged` can never come (bound to the second host, where
+/// nothing wires it, after Nova read its `network_info`): the build times out, is rolled
+/// back and may be rescheduled; the user port is unbound.
+async fn build_fails_port_never_active(run: &Run) -> R {
+    let mut s = Scene::new(run, "build fails: silent port");
+    let mut opts = s.system_host();
+    opts.wait_timeout = Duration::from_secs(6);
+    s.host(opts).await?;
+    let id = s.instance();
+    let net = s.a().network.clone();
+    let p = s.user_port(&*net, &run.env.network_id).await;
+    let vif = s.bind_user_port(&*net, p, &run.env.second_host, id).await;
+    let args = s.spawn_args(NetworkRequest::Allocated(NetworkInfo { vifs: vec![vif] }));
+    let h = s.a();
+    let e = s
+        .op(h, "spawn (silent port)", id, h.driver.spawn(id, args))
+        .await
+        .expect_err("a build whose port never goes ACTIVE fails");
+    match &e {
+        InstanceError::BuildFailed {
+            reschedule,
+            released,
+            cause,
+        } => {
+            assert!(*reschedule, "{e:?}");
+            assert_eq!(released.unbound, vec![p], "{e:?}");
+            assert!(
+                matches!(**cause, InstanceError::EventWait { .. }),
+                "cause: {}",
+                vireo_integration::chain(&e)
+            );
+        }
+        other => panic!("want BuildFailed, got {}", vireo_integration::chain(other)),
+    }
+    assert!(h.driver.show(id).await.is_err(), "no instance left");
+    s.finish().await
+}
+
+/// A plug that fails (the user port's `qbr` name is taken by a non-bridge link): the build
+/// is rolled back — the port vireo created is deleted, the user port unbound, nothing left
+/// on the host — and may be rescheduled.
+async fn build_fails_bad_bridge(run: &Run) -> R {
+    let mut s = Scene::new(run, "build fails: bad bridge");
+    let opts = s.system_host();
+    s.host(opts).await?;
+    let id = s.instance();
+    let net = s.a().network.clone();
+    let p = s.user_port(&*net, &run.env.network_id).await;
+    let qbr: String = format!("qbr{p}").chars().take(14).collect();
+    // A tap: no dummy/veth kernel modules are needed for it.
+    run_cmd("ip", &["tuntap", "add", "dev", &qbr, "mode", "tap"]);
+    s.fixture(Fixture::Link(qbr.clone()));
+    let args = s.spawn_args(NetworkRequest::Allocate(vec![
+        PortRequest::Network {
+            network_id: run.env.network_id.clone(),
+        },
+        PortRequest::Port { port_id: p },
+    ]));
+    let h = s.a();
+    let e = s
+        .op(h, "spawn (bad bridge)", id, h.driver.spawn(id, args))
+        .await
+        .expect_err("a build whose plug fails fails");
+    match &e {
+        InstanceError::BuildFailed {
+            reschedule,
+            released,
+            cause,
+        } => {
+            assert!(*reschedule, "{e:?}");
+            assert_eq!(released.unbound, vec![p], "{e:?}");
+            assert_eq!(released.deleted.len(), 1, "{e:?}");
+            assert!(
+                matches!(**cause, InstanceError::Plug { .. }),
+                "cause: {}",
+                vireo_integration::chain(&e)
+            );
+            for d in &released.deleted {
+                s.book.vireo(*d);
+            }
+        }
+        other => panic!("want BuildFailed, got {}", vireo_integration::chain(other)),
+    }
+    run_cmd("ip", &["link", "del", "dev", &qbr]);
+    s.finish().await
+}
+
+/// Hot-plug a port into a running guest (plug-time wait for its event), then unplug it.
+async fn hybrid_attach_detach(run: &Run) -> R {
+    let mut s = Scene::new(run, "hybrid: attach+detach");
+    let opts = s.system_host();
+    s.host(opts).await?;
+    let net_id = run.env.network_id.clone();
+    let (id, vifs, _) = spawn_allocated(&mut s, 0, &net_id, 1).await;
+    let net = s.a().network.clone();
+    let p = s.user_port(&*net, &net_id).await;
+    let host = run.env.host.clone();
+    let vif = s.bind_user_port(&*net, p, &host, id).await;
+    let h = s.a();
+    let r = s
+        .ok(
+            h,
+            "attach interface",
+            id,
+            h.driver.attach_interface(id, vif.clone()),
+        )
+        .await;
+    assert_waits(&s, "attach", &r, &[], &[p]);
+    assert_devices(&vif, DomainForm::LibvirtManaged, true);
+    let xml = h.driver.libvirt().xml_desc(id, false).await.unwrap();
+    assert!(
+        xml.contains(&format!("ua-{p}")),
+        "live XML has the interface"
+    );
+    let view = h.driver.show(id).await.unwrap();
+    assert_eq!(view.vifs.len(), 2);
+    let r = s
+        .ok(h, "detach interface", id, h.driver.detach_interface(id, p))
+        .await;
+    assert_waits(&s, "detach", &r, &[], &[]);
+    assert_devices(&vif, DomainForm::LibvirtManaged, false);
+    let inactive = h.driver.libvirt().xml_desc(id, true).await.unwrap();
+    assert!(
+        !inactive.contains(&format!("ua-{p}")),
+        "definition lost the interface"
+    );
+    assert_eq!(h.driver.show(id).await.unwrap().vifs.len(), 1);
+    // Nova's part after a detach: the port leaves the instance.
+    net.update_port(
+        p,
+        &vireo_actors::network::unbind_update(&net.get_port(p).await.unwrap()),
+    )
+    .await
+    .unwrap();
+    assert_devices(&vifs[0], DomainForm::LibvirtManaged, true);
+    destroy(&s, h, id).await;
+    s.finish().await
+}
+
+/// A live migration to a host whose libvirt cannot be reached fails and is rolled back from
+/// the source, whatever the storage flags: no `migrating_to`, no inactive destination
+/// binding, the guest still running here, nothing left on the destination.
+async fn live_migration_rollback(run: &Run) -> R {
+    let mut s = Scene::new(run, "live migration rollback");
+    let opts = s.system_host();
+    s.host(opts).await?;
+    let dir = tempfile::tempdir().unwrap();
+    let node = dir.path().join("h2.xml");
+    std::fs::write(&node, "<node/>\n").unwrap();
+    let dest = run.env.second_host.clone();
+    let mut b = HostOptions::system(&dest);
+    b.uri = format!("test://{}", node.display());
+    b.plugging = Plugging::Recording;
+    b.domain_type = DomainType::Test;
+    b.migration_uri = Some("qemu+tcp://127.0.0.1:1/system".into());
+    s.host(b).await?;
+    let net = run.env.network_id.clone();
+    let (id, vifs, _) = spawn_allocated(&mut s, 0, &net, 1).await;
+    let (a, bh) = (&s.hosts[0], &s.hosts[1]);
+    for (sbs, sip) in [(false, false), (true, false), (false, true), (true, true)] {
+        let label = format!("live-migrate fails {}{}", u8::from(sbs), u8::from(sip));
+        let e = s
+            .op(
+                a,
+                &label,
+                id,
+                a.driver.live_migrate(
+                    id,
+                    LiveMigrateArgs {
+                        migration: Migration {
+                            id: Uuid::new_v4(),
+                            source_host: a.name.clone(),
+                            dest_host: dest.clone(),
+                        },
+                        shared_block_storage: sbs,
+                        shared_instance_path: sip,
+                    },
+                ),
+            )
+            .await
+            .expect_err("migration to an unreachable libvirt fails");
+        assert!(
+            matches!(e, InstanceError::RolledBack { .. }),
+            "{label}: {}",
+            vireo_integration::chain(&e)
+        );
+        assert_state(a, id, InstanceState::Running).await;
+        for v in &vifs {
+            let port = a.network.get_port(v.id).await.unwrap();
+            assert_eq!(port.host_id, a.name, "{label}: still bound here");
+            assert!(port.migrating_to().is_none(), "{label}: migrating_to left");
+            let bindings = a.network.show_bindings(v.id).await.unwrap();
+            assert_eq!(
+                bindings.len(),
+                1,
+                "{label}: only the active binding: {bindings:?}"
+            );
+            assert_devices(v, DomainForm::LibvirtManaged, true);
+        }
+        assert!(
+            bh.driver.list().await.is_empty(),
+            "{label}: destination holds nothing"
+        );
+        assert!(bh.recording.as_ref().unwrap().plugged().is_empty());
+    }
+    destroy(&s, a, id).await;
+    s.finish().await
+}
+
+// ----------------------------------------------------------------------------------------
+// Scenarios: Linux bridge through the embedded service
+
+async fn linuxbridge_spawn_lifecycle(run: &Run) -> R {
+    let mut s = Scene::new(run, "linux bridge: spawn+lifecycle");
+    let (net, cfg) = lb_network();
+    s.fixture(Fixture::Link(brq(&net)));
+    let mut opts = s.system_host();
+    opts.network = NetChoice::Embedded(cfg);
+    s.host(opts).await?;
+    let (id, vifs, report) = spawn_allocated(&mut s, 0, &net, 1).await;
+    assert_eq!(vifs[0].vif_type, VifType::Bridge);
+    assert_devices(&vifs[0], DomainForm::LibvirtManaged, true);
+    assert_waits(&s, "spawn", &report, &[], &ids(&vifs));
+    let h = s.a();
+    lifecycle(&s, h, id, &vifs, DomainForm::LibvirtManaged, &ids(&vifs)).await;
+    resize_revert(&s, h, id, &vifs, &ids(&vifs)).await;
+    destroy(&s, h, id).await;
+    s.finish().await
+}
+
+// ----------------------------------------------------------------------------------------
+// Scenarios: OVS native (openvswitch firewall)
+
+async fn native_spawn_lifecycle(run: &Run, form: DomainForm) -> R {
+    let name = match form {
+        DomainForm::LibvirtManaged => "native libvirt-managed: spawn+lifecycle",
+        DomainForm::PreCreated => "native pre-created: spawn+lifecycle",
+    };
+    let mut s = Scene::new(run, name);
+    let mut opts = s.system_host();
+    opts.ovs_native_form = form;
+    s.host(opts).await?;
+    let net = run.env.network_id.clone();
+    let (id, vifs, report) = spawn_allocated(&mut s, 0, &net, 1).await;
+    assert!(!vifs[0].details.ovs_hybrid_plug, "Neutron bound it native");
+    assert_devices(&vifs[0], form, true);
+    assert_waits(&s, "spawn", &report, &[], &ids(&vifs));
+    let recreated = match form {
+        DomainForm::LibvirtManaged => ids(&vifs),
+        DomainForm::PreCreated => vec![],
+    };
+    let h = s.a();
+    lifecycle(&s, h, id, &vifs, form, &recreated).await;
+    if form == DomainForm::LibvirtManaged {
+        resize_revert(&s, h, id, &vifs, &ids(&vifs)).await;
+    }
+    destroy(&s, h, id).await;
+    s.finish().await
+}
+
+/// The hybrid port of the booted guest, bound while the firewall was `iptables_hybrid`
+/// (Neutron keeps a binding's `vif_details` until it is rebound).
+#[derive(Debug)]
+struct Carried {
+    instance: Uuid,
+    port: PortId,
+    vif: Vif,
+}
+
+async fn bind_hybrid_port_for_later(run: &Run) -> Result<Carried, HarnessError> {
+    let client = vireo::network::neutron::NeutronClient::new(
+        vireo::network::neutron::NeutronConfig::new(run.env.neutron_url.clone()),
+    )
+    .map_err(|e| HarnessError::Setup(e.to_string()))?;
+    let instance = Uuid::new_v4();
+    let p = client
+        .create_port(&run.env.network_id)
+        .await
+        .map_err(|e| HarnessError::Setup(vireo_integration::chain(&e)))?;
+    let vif = bind_port(&client, p.id, &run.env.host, instance).await;
+    assert!(vif.details.ovs_hybrid_plug, "bound hybrid");
+    Ok(Carried {
+        instance,
+        port: p.id,
+        vif,
+    })
+}
+
+/// A guest that really boots (TCG, direct kernel boot) with an OVS hybrid, an OVS native and
+/// a Linux-bridge NIC, prints every NIC with its MAC, and gets one more NIC hot-plugged and
+/// removed again.
+async fn boot_mixed_nics(run: &Run, carried: Carried) -> R {
+    let mut s = Scene::new(run, "booted guest: hybrid+native+lb");
+    s.book.instance(carried.instance);
+    s.book.user(carried.port);
+    s.watch(carried.port.prefix(11));
+    let guest = run.guest().await?;
+    let consoles = open_dir("vireo-it-console-")?;
+    let (lb_net, cfg) = lb_network();
+    s.fixture(Fixture::Link(brq(&lb_net)));
+    let mut opts = s.system_host();
+    opts.network = NetChoice::Split(cfg);
+    opts.domain_type = DomainType::Qemu;
+    opts.console_dir = Some(consoles.path().display().to_string());
+    opts.ovs_native_form = DomainForm::LibvirtManaged;
+    s.host(opts).await?;
+    let id = carried.instance;
+    let host = run.env.host.clone();
+    let net = s.a().network.clone();
+    let native = s.user_port(&*net, &run.env.network_id).await;
+    let native_vif = s.bind_user_port(&*net, native, &host, id).await;
+    assert!(!native_vif.details.ovs_hybrid_plug);
+    let lb = s.user_port(&*net, &lb_net).await;
+    let lb_vif = s.bind_user_port(&*net, lb, &host, id).await;
+    assert_eq!(lb_vif.vif_type, VifType::Bridge);
+    let mut vifs = vec![carried.vif.clone(), native_vif, lb_vif];
+    for (i, v) in vifs.iter_mut().enumerate() {
+        v.index = i;
+    }
+    let dir = consoles.path().join(id.to_string());
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+    let log = dir.join("console.log");
+    let mut args = s.spawn_args(NetworkRequest::Allocated(NetworkInfo {
+        vifs: vifs.clone(),
+    }));
+    args.flavor = flavor("m1.boot", 1, 256);
+    args.boot = BootSource::Kernel {
+        kernel: guest.kernel.display().to_string(),
+        initrd: Some(guest.initrd.display().to_string()),
+        cmdline: Some(format!("{} vireo.nics=3", guest.cmdline)),
+    };
+    let h = s.a();
+    let r = s
+        .ok(h, "spawn (booted guest)", id, h.driver.spawn(id, args))
+        .await;
+    assert_waits(&s, "spawn", &r, &[], &ids(&vifs));
+    let boot = wait_ready(&log, 1, Duration::from_secs(180)).await?;
+    let seen: BTreeSet<String> = boot.nics.iter().map(|n| n.mac.clone()).collect();
+    let want: BTreeSet<String> = vifs.iter().map(|v| v.address.to_string()).collect();
+    assert_eq!(
+        seen, want,
+        "the guest sees every NIC with its MAC: {boot:?}"
+    );
+    for n in &boot.nics {
+        assert_eq!(n.driver, "virtio_net", "{n:?}");
+        assert_eq!(n.carrier, "1", "{n:?}");
+    }
+    println!(
+        "guest READY at uptime {} s with {:?}",
+        boot.uptime, boot.nics
+    );
+
+    // Hot-plug a fourth NIC (native) into the booted guest, then remove it: the guest
+    // acknowledges the removal, so the live definition loses it.
+    let extra = s.user_port(&*net, &run.env.network_id).await;
+    let extra_vif = s.bind_user_port(&*net, extra, &host, id).await;
+    let r = s
+        .ok(
+            h,
+            "attach interface",
+            id,
+            h.driver.attach_interface(id, extra_vif.clone()),
+        )
+        .await;
+    assert_waits(&s, "attach", &r, &[], &[extra]);
+    let alias = format!("ua-{extra}");
+    assert!(h
+        .driver
+        .libvirt()
+        .xml_desc(id, false)
+        .await
+        .unwrap()
+        .contains(&alias));
+    s.ok(
+        h,
+        "detach interface",
+        id,
+        h.driver.detach_interface(id, extra),
+    )
+    .await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while h
+        .driver
+        .libvirt()
+        .xml_desc(id, false)
+        .await
+        .unwrap()
+        .contains(&alias)
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the guest never released the detached NIC"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    net.update_port(
+        extra,
+        &vireo_actors::network::unbind_update(&net.get_port(extra).await.unwrap()),
+    )
+    .await
+    .unwrap();
+    destroy(&s, h, id).await;
+    s.finish().await
+}
+
+// ----------------------------------------------------------------------------------------
+// Scenarios: two hosts (host B of two-host.sh runs the real `vireo agent` in its namespaces)
+
+/// Run `action` on `uuid` through an agent's API and wait for it: its report, or its error
+/// as the agent's stable code.
+async fn api_op(
+    client: &AgentClient,
+    host: &str,
+    uuid: Uuid,
+    action: Action,
+) -> Result<OpReport, InstanceError> {
+    let remote = |code: &str, message: String| InstanceError::Remote {
+        host: host.to_owned(),
+        code: code.to_owned(),
+        message,
+    };
+    let op = client
+        .action(uuid, &action)
+        .await
+        .map_err(|e| remote("api", vireo_integration::chain(&e)))?;
+    let done = client
+        .wait(op.id, Duration::from_millis(100), |_, _| {})
+        .await
+        .map_err(|e| remote("api", vireo_integration::chain(&e)))?;
+    match (done.state, done.report, done.error) {
+        (OpState::Succeeded, Some(report), _) => {
+            wire_report(report).map_err(|m| remote("bad-answer", m))
+        }
+        (_, _, Some(e)) => Err(remote(&e.code, e.message)),
+        (state, _, _) => Err(remote("bad-answer", format!("{state:?} without a report"))),
+    }
+}
+
+fn wire_report(v: serde_json::Value) -> Result<OpReport, String> {
+    let r: WireReport = serde_json::from_value(v).map_err(|e| e.to_string())?;
+    vireo::agent::view::op_report(&r)
+}
+
+/// The last report an agent kept for `uuid` (the peer request it served for it).
+async fn last_report(client: &AgentClient, uuid: Uuid) -> OpReport {
+    let i = client.show_instance(uuid).await.unwrap();
+    wire_report(i.last_operation.expect("a last operation")).unwrap()
+}
+
+/// Every wait of `r` completed, and together they awaited an event of every port of
+/// `ports` (the real events Neutron sent for that host's half); prints them.
+fn assert_peer_waits(what: &str, r: &OpReport, ports: &[PortId]) {
+    let mut awaited = BTreeSet::new();
+    for w in &r.waits {
+        assert!(
+            w.complete,
+            "{what}: wait {:?} incomplete: {}",
+            w.timing, w.outcome
+        );
+        let names: Vec<String> = w
+            .expected
+            .iter()
+            .map(|e| format!("{}[{}]", e.name.as_str(), e.tag.prefix(8)))
+            .collect();
+        awaited.extend(w.expected.iter().map(|e| e.tag));
+        println!(
+            "{what}: {} wait for {names:?} complete in {} ms",
+            w.timing.as_str(),
+            w.took.as_millis()
+        );
+    }
+    assert_eq!(awaited, set(ports), "{what}: ports awaited");
+}
+
+fn hb_link_master(b: &HostBEnv, name: &str) -> Option<Option<String>> {
+    let out = Command::new("ip")
+        .args(["-n", &b.netns, "-o", "link", "show", "dev", name])
+        .output()
+        .unwrap();
+    if !out.status.success() {
+        return None;
+    }
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let mut words = text.split_whitespace();
+    let mut master = None;
+    while let Some(w) = words.next() {
+        if w == "master" {
+            master = words.next().map(str::to_owned);
+        }
+    }
+    Some(master)
+}
+
+fn hb_ovs_bridge_of(b: &HostBEnv, port: &str) -> Option<String> {
+    let out = Command::new("ovs-vsctl")
+        .arg(format!("--db=unix:{}", b.ovsdb_socket.display()))
+        .args(["--timeout=10", "port-to-br", port])
+        .output()
+        .unwrap();
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
+}
+
+/// The hybrid devices of `v` inside host B are there (qbr, qvb in it, qvo in B's br-int)
+/// or all gone.
+fn assert_devices_b(b: &HostBEnv, v: &Vif, present: bool) {
+    assert!(v.details.ovs_hybrid_plug, "hybrid VIFs only");
+    let (qbr, qvb, qvo) = (v.qbr_name(), v.qvb_name(), v.qvo_name());
+    assert_eq!(
+        hb_link_master(b, &qbr).is_some(),
+        present,
+        "host B: qbr {qbr}"
+    );
+    assert_eq!(
+        hb_link_master(b, &qvb).flatten().as_deref() == Some(qbr.as_str()),
+        present,
+        "host B: qvb {qvb} in {qbr}"
+    );
+    assert_eq!(
+        hb_ovs_bridge_of(b, &qvo).as_deref() == Some("br-int"),
+        present,
+        "host B: qvo {qvo} in B's br-int"
+    );
+}
+
+fn hb_domain_state(b: &HostBEnv, id: Uuid) -> Option<String> {
+    let out = Command::new("virsh")
+        .args(["-c", &b.unix_uri, "domstate", &id.to_string()])
+        .output()
+        .unwrap();
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
+}
+
+/// Every port of `vifs` is bound to `host` only, without `migrating_to`, and goes ACTIVE.
+async fn assert_bound_active(s: &Scene<'_>, vifs: &[Vif], host: &str) {
+    let net = s.a().network.clone();
+    for v in vifs {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let port = net.get_port(v.id).await.unwrap();
+            assert_eq!(port.host_id, host, "port {} bound to {host}", v.id);
+            assert!(port.migrating_to().is_none(), "{}: migrating_to left", v.id);
+            if port.status == vireo_actors::network::PortStatus::Active {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "port {} never ACTIVE on {host}: {port:?}",
+                v.id
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let bindings = net.show_bindings(v.id).await.unwrap();
+        assert_eq!(bindings.len(), 1, "{}: one binding: {bindings:?}", v.id);
+        assert_eq!(bindings[0].host, host);
+    }
+}
+
+/// The scenario's leak check on host B too (its agent, libvirt, links, OVS), then A's.
+async fn finish_two_hosts(s: Scene<'_>, b: &HostBAgent) -> R {
+    let mut fragments = vec![format!("vit{}", s.id)];
+    fragments.extend(s.book.all_ports().iter().map(|p| p.prefix(11)));
+    let instances: Vec<Uuid> = s.book.instances().into_iter().collect();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let found = loop {
+        let found = b.leaks(&instances, &fragments).await;
+        if found.is_empty() || Instant::now() >= deadline {
+            break found;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let a = s.finish().await;
+    match (found.is_empty(), a) {
+        (true, a) => a,
+        (false, Ok(())) => Err(HarnessError::Leak(found.join("\n  "))),
+        (false, Err(e)) => Err(HarnessError::Leak(format!(
+            "{}\n  {}",
+            found.join("\n  "),
+            vireo_integration::chain(&e)
+        ))),
+    }
+}
+
+/// A real live migration A → B through vireo: host A's driver (called through A's agent
+/// API) prepares B over HTTP (B's `vireo agent` plugs the hybrid devices in B's namespace and
+/// OVS), libvirt migrates peer-to-peer to B's libvirtd, B activates its bindings and waits
+/// for the `network-vif-plugged` B's Neutron agent causes (Neutron posts it to A's endpoint,
+/// which forwards it to B), A cleans up. Then the instance is deleted on B.
+async fn two_host_live_migration(run: &Run, b: &HostBAgent) -> R {
+    let mut s = Scene::new(run, "two hosts: live migrate A>B");
+    s.peers.insert(b.peer()?);
+    let opts = s.system_host();
+    s.host(opts).await?;
+    let net = run.env.network_id.clone();
+    let (id, vifs, report) = spawn_allocated(&mut s, 0, &net, 2).await;
+    assert_waits(&s, "spawn", &report, &[], &ids(&vifs));
+    let h = s.a();
+    let a_api = run.api_client()?;
+    let bname = b.env.name.clone();
+    let r = s
+        .remote_ok(
+            "live-migrate A>B",
+            id,
+            api_op(
+                &a_api,
+                &h.name,
+                id,
+                Action::LiveMigrate {
+                    dest_host: bname.clone(),
+                    shared_block_storage: false,
+                    shared_instance_path: false,
+                },
+            ),
+        )
+        .await;
+    assert!(
+        r.total(StepKind::Peer) > Duration::ZERO,
+        "host B was called"
+    );
+    // Host A: nothing left of the instance.
+    assert!(
+        h.driver.show(id).await.is_err(),
+        "host A forgot the instance"
+    );
+    assert!(
+        !h.driver
+            .libvirt()
+            .list_all()
+            .await
+            .unwrap()
+            .iter()
+            .any(|d| d.uuid == id),
+        "host A's libvirt has no domain"
+    );
+    for v in &vifs {
+        assert_devices(v, DomainForm::LibvirtManaged, false);
+    }
+    // Host B: the guest runs there (the same domain: libvirt moved it), wired in B.
+    assert_eq!(hb_domain_state(&b.env, id).as_deref(), Some("running"));
+    let view = b.client.show_instance(id).await.unwrap();
+    assert_eq!(
+        (view.host.as_str(), view.state.as_str()),
+        (bname.as_str(), "running")
+    );
+    for v in &vifs {
+        assert_devices_b(&b.env, v, true);
+    }
+    assert_bound_active(&s, &vifs, &bname).await;
+    // B's half: it waited for the plug-time events of B's wiring, and they came.
+    let post = last_report(&b.client, id).await;
+    assert_eq!(post.request, "post-live-migration-at-destination");
+    assert_peer_waits("post-live-migration on B", &post, &ids(&vifs));
+    s.peer_row("post-live-migr. (B)", id, &post);
+    // Neutron posted them to host A's endpoint, which forwarded them to B.
+    let metrics = a_api.metrics().await.unwrap();
+    let forwarded: f64 = metrics
+        .lines()
+        .filter(|l| l.starts_with("vireo_events_forwarded_total{result=\"accepted\"}"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert!(forwarded >= 1.0, "host A forwarded events to B:\n{metrics}");
+
+    let del = s
+        .remote_ok("delete on B", id, async {
+            let op =
+                b.client
+                    .delete_instance(id, true)
+                    .await
+                    .map_err(|e| InstanceError::Remote {
+                        host: bname.clone(),
+                        code: "api".into(),
+                        message: vireo_integration::chain(&e),
+                    })?;
+            let done = b
+                .client
+                .wait(op.id, Duration::from_millis(100), |_, _| {})
+                .await
+                .unwrap();
+            assert_eq!(done.state, OpState::Succeeded, "{done:?}");
+            wire_report(done.report.unwrap()).map_err(InstanceError::Invalid)
+        })
+        .await;
+    assert_eq!(
+        del.released.as_ref().map(|r| r.deleted.len()),
+        Some(vifs.len())
+    );
+    for v in &vifs {
+        assert_devices_b(&b.env, v, false);
+    }
+    assert!(hb_domain_state(&b.env, id).is_none(), "no domain left on B");
+    finish_two_hosts(s, b).await
+}
+
+/// A cross-host resize A → B and its revert: A powers the guest off and hands it to B
+/// (define with the new flavor, bind the ports to B, plug in B, start, await B's events), then
+/// the revert on B removes B's copy and has A bring the instance back (bind back, plug,
+/// start, await A's events).
+async fn two_host_resize_revert(run: &Run, b: &HostBAgent) -> R {
+    let mut s = Scene::new(run, "two hosts: resize A>B+revert");
+    s.peers.insert(b.peer()?);
+    let opts = s.system_host();
+    s.host(opts).await?;
+    let net = run.env.network_id.clone();
+    let (id, vifs, _) = spawn_allocated(&mut s, 0, &net, 1).await;
+    let h = s.a();
+    let a_api = run.api_client()?;
+    let bname = b.env.name.clone();
+    let small = ModelFlavor {
+        name: "m1.small".into(),
+        vcpus: 1,
+        memory_mb: 192,
+        root_gb: 0,
+        extra_specs: Default::default(),
+    };
+    let r = s
+        .remote_ok(
+            "resize A>B",
+            id,
+            api_op(
+                &a_api,
+                &h.name,
+                id,
+                Action::Resize {
+                    flavor: small,
+                    dest_host: Some(bname.clone()),
+                },
+            ),
+        )
+        .await;
+    assert!(
+        r.total(StepKind::Peer) > Duration::ZERO,
+        "host B was called"
+    );
+    assert_state(h, id, InstanceState::ResizeSource).await;
+    let view = b.client.show_instance(id).await.unwrap();
+    assert_eq!(view.state, "resize-target", "{view:?}");
+    assert_eq!(view.flavor.as_deref(), Some("m1.small"));
+    assert_eq!(hb_domain_state(&b.env, id).as_deref(), Some("running"));
+    for v in &vifs {
+        assert_devices_b(&b.env, v, true);
+    }
+    assert_bound_active(&s, &vifs, &bname).await;
+    let finish = last_report(&b.client, id).await;
+    assert_eq!(finish.request, "finish-resize");
+    assert_peer_waits("finish-resize on B", &finish, &ids(&vifs));
+    s.peer_row("finish-resize (B)", id, &finish);
+
+    let r = s
+        .remote_ok(
+            "revert on B",
+            id,
+            api_op(&b.client, &bname, id, Action::RevertResize),
+        )
+        .await;
+    assert!(
+        r.total(StepKind::Peer) > Duration::ZERO,
+        "host A was called"
+    );
+    assert_state(h, id, InstanceState::Running).await;
+    assert_eq!(
+        h.driver.show(id).await.unwrap().flavor.as_deref(),
+        Some("m1.tiny")
+    );
+    assert!(hb_domain_state(&b.env, id).is_none(), "no domain left on B");
+    for v in &vifs {
+        assert_devices_b(&b.env, v, false);
+        assert_devices(v, DomainForm::LibvirtManaged, true);
+    }
+    assert_bound_active(&s, &vifs, &h.name).await;
+    let back = h.driver.show(id).await.unwrap().last_operation.unwrap();
+    assert_eq!(back.request, "finish-revert-resize");
+    assert_peer_waits("finish-revert-resize on A", &back, &ids(&vifs));
+    s.peer_row("finish-revert (A)", id, &back);
+    destroy(&s, h, id).await;
+    finish_two_hosts(s, b).await
+}
+
+// ----------------------------------------------------------------------------------------
+
+const HYBRID: [&str; 5] = [
+    "hybrid: spawn+lifecycle",
+    "hybrid: resize+revert",
+    "hybrid: attach+detach",
+    "build fails",
+    "live migration rollback",
+];
+const TWO_HOSTS: [&str; 2] = [
+    "two hosts: live migrate A>B",
+    "two hosts: resize A>B+revert",
+];
+const NATIVE: [&str; 3] = [
+    "native libvirt-managed: spawn+lifecycle",
+    "native pre-created: spawn+lifecycle",
+    "booted guest: hybrid+native+lb",
+];
+
+/// Host B's facts and its agent's API token, or why host B cannot be used.
+type HostBPlan = Result<(HostBEnv, String), HarnessError>;
+
+/// Host B for the two-host scenarios: its facts and its agent's API token (None: not
+/// selected).
+fn plan_host_b(runner: &mut Runner) -> (EndpointOptions, Option<HostBPlan>) {
+    let mut opts = EndpointOptions::alone();
+    if runner.listing() || !runner.any_selected(&TWO_HOSTS) {
+        return (opts, None);
+    }
+    let plan = HostBEnv::load().map(|env| {
+        let secret = Uuid::new_v4().simple().to_string();
+        opts.peers.push(hostb::link(&env, &secret));
+        (env, secret)
+    });
+    (opts, Some(plan))
+}
+
+async fn two_hosts(runner: &mut Runner, run: &Run, plan: Option<HostBPlan>) {
+    let (env, secret) = match plan {
+        None => return,
+        Some(Err(e)) => {
+            runner.fail("host B", &e);
+            return;
+        }
+        Some(Ok(p)) => p,
+    };
+    let side = HostASide {
+        name: run.env.host.clone(),
+        api: run.endpoint.addr(),
+        api_secret: run.endpoint.api_secret().to_owned(),
+        neutron: run
+            .env
+            .neutron_url
+            .trim_start_matches("http://")
+            .trim_end_matches('/')
+            .parse()
+            .expect("Neutron's URL is http://ADDR:PORT"),
+    };
+    let start = Instant::now();
+    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_vireo-it-agent"));
+    let b = match HostBAgent::start(env, &secret, bin, &side, "qemu").await {
+        Ok(b) => b,
+        Err(e) => {
+            runner.fail("host B's vireo agent", &e);
+            return;
+        }
+    };
+    println!(
+        "host B's vireo agent ({}) answers at {} after {:.1} s",
+        b.env.name,
+        b.link.url,
+        start.elapsed().as_secs_f64()
+    );
+    runner
+        .run(TWO_HOSTS[0], || two_host_live_migration(run, &b))
+        .await;
+    runner
+        .run(TWO_HOSTS[1], || two_host_resize_revert(run, &b))
+        .await;
+    if runner
+        .results()
+        .iter()
+        .any(|(n, o, _)| TWO_HOSTS.contains(&n.as_str()) && *o != Outcome::Passed)
+    {
+        println!("host B's agent log (last lines):\n{}", b.log_tail());
+    }
+    b.stop().await;
+}
+
+async fn run_all(runner: &mut Runner) {
+    let (endpoint, plan) = plan_host_b(runner);
+    let run = match Run::start(endpoint).await {
+        Ok(r) => r,
+        Err(e) => {
+            runner.fail("set-up", &e);
+            return;
+        }
+    };
+    println!(
+        "events endpoint on {}, Neutron at {}",
+        run.endpoint.addr(),
+        run.env.neutron_url
+    );
+    let hybrid = match FirewallGuard::to(&run.raw, &run.env.host, Firewall::IptablesHybrid).await {
+        Ok(g) => g,
+        Err(e) => {
+            runner.fail("firewall iptables_hybrid", &e);
+            return;
+        }
+    };
+    runner.run(HYBRID[0], || hybrid_spawn_lifecycle(&run)).await;
+    runner.run(HYBRID[1], || hybrid_resize_revert(&run)).await;
+    runner.run(HYBRID[2], || hybrid_attach_detach(&run)).await;
+    runner
+        .run("build fails: silent port", || {
+            build_fails_port_never_active(&run)
+        })
+        .await;
+    runner
+        .run("build fails: bad bridge", || build_fails_bad_bridge(&run))
+        .await;
+    runner
+        .run(HYBRID[4], || live_migration_rollback(&run))
+        .await;
+    runner
+        .run("linux bridge: spawn+lifecycle", || {
+            linuxbridge_spawn_lifecycle(&run)
+        })
+        .await;
+    if runner.listing() {
+        for n in TWO_HOSTS {
+            runner.run(n, || async { Ok(()) }).await;
+        }
+    } else {
+        two_hosts(runner, &run, plan).await;
+    }
+
+    if runner.any_selected(&NATIVE) && !runner.listing() {
+        let carried = if runner.selected(NATIVE[2]) {
+            match bind_hybrid_port_for_later(&run).await {
+                Ok(c) => Some(c),
+                Err(e) => {
+                    runner.fail("bind the hybrid port", &e);
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        let start = Instant::now();
+        match FirewallGuard::to(&run.raw, &run.env.host, Firewall::Openvswitch).await {
+            Ok(native) => {
+                println!(
+                    "firewall -> openvswitch in {:.1} s",
+                    start.elapsed().as_secs_f64()
+                );
+                runner
+                    .run(NATIVE[0], || {
+                        native_spawn_lifecycle(&run, DomainForm::LibvirtManaged)
+                    })
+                    .await;
+                runner
+                    .run(NATIVE[1], || {
+                        native_spawn_lifecycle(&run, DomainForm::PreCreated)
+                    })
+                    .await;
+                if let Some(c) = carried {
+                    runner.run(NATIVE[2], || boot_mixed_nics(&run, c)).await;
+                }
+                let start = Instant::now();
+                if let Err(e) = tokio::task::spawn_blocking(move || native.restore())
+                    .await
+                    .unwrap()
+                {
+                    runner.fail("firewall back", &e);
+                }
+                println!(
+                    "firewall restored in {:.1} s",
+                    start.elapsed().as_secs_f64()
+                );
+            }
+            Err(e) => runner.fail("firewall openvswitch", &e),
+        }
+    } else {
+        for n in NATIVE {
+            runner.run(n, || async { Ok(()) }).await;
+        }
+    }
+    let _ = tokio::task::spawn_blocking(move || drop(hybrid)).await;
+
+    let walls: Vec<(String, Duration)> = runner
+        .results()
+        .iter()
+        .map(|(n, _, t)| (n.clone(), *t))
+        .collect();
+    let table = format!(
+        "{}\nper scenario (ops: the operations' wall times; nested rows of another host's half left out)\n{}",
+        run.timings.render(),
+        run.timings.render_scenarios(&walls)
+    );
+    println!("\ntimings (ms; waits: offsets from the operation's start; events: +ms name[port]source#batch)\n{table}");
+    let file = timings_file();
+    if let Some(d) = file.parent() {
+        let _ = std::fs::create_dir_all(d);
+    }
+    if std::fs::write(&file, &table).is_ok() {
+        println!("written to {}", file.display());
+    }
+}
+
+fn main() -> ExitCode {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .try_init();
+    let mut runner = Runner::from_args();
+    let start = Instant::now();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(run_all(&mut runner));
+    runner.finish(start.elapsed())
+}
