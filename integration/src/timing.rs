@@ -34,12 +34,15 @@ pub struct WaitLag {
 }
 
 /// The waits of `report` (an operation that began at `start`) against `arrivals`: for each
-/// awaited event the first matching `completed` arrival at or after `start` counts.
+/// awaited event the first matching `completed` arrival at or after `start` that an earlier
+/// wait of the same operation did not take counts (an operation may wait twice for the same
+/// port, e.g. a rollback's two binding-profile updates).
 pub fn wait_lags(report: &OpReport, start: Instant, arrivals: &[Arrival]) -> Vec<WaitLag> {
     let steps = report
         .steps
         .iter()
         .filter(|s| s.kind == StepKind::EventWait);
+    let mut taken = vec![false; arrivals.len()];
     report
         .waits
         .iter()
@@ -50,14 +53,19 @@ pub fn wait_lags(report: &OpReport, start: Instant, arrivals: &[Arrival]) -> Vec
                 let tag = e.tag.to_string();
                 let first = arrivals
                     .iter()
-                    .filter(|a| {
-                        a.at >= start
+                    .enumerate()
+                    .filter(|(i, a)| {
+                        !taken[*i]
+                            && a.at >= start
                             && a.name == e.name
                             && a.status == EventStatus::Completed
                             && a.tag.as_deref() == Some(tag.as_str())
                     })
-                    .map(|a| a.at.duration_since(start))
-                    .min();
+                    .min_by_key(|(_, a)| a.at);
+                if let Some((i, _)) = first {
+                    taken[i] = true;
+                }
+                let first = first.map(|(_, a)| a.at.duration_since(start));
                 last = match (last, first) {
                     (Some(l), Some(f)) => Some(l.max(f)),
                     _ => None,
@@ -242,6 +250,59 @@ impl Timings {
     }
 }
 
+/// The event-wait criterion of the network issue: a wait must end within 5 % of its
+/// duration, or 50 ms, of the arrival of the last event it needed, never by timeout.
+pub fn wait_within_bound(w: &WaitLag) -> bool {
+    let Some(lag) = w.lag else { return false };
+    let took = w.end_at.saturating_sub(w.await_at);
+    w.complete
+        && (lag <= Duration::from_millis(50) || lag.as_secs_f64() <= took.as_secs_f64() * 0.05)
+}
+
+impl Timings {
+    /// Every wait of every row against [`wait_within_bound`]: how many, how many whose events
+    /// were seen at the endpoint, the largest lag, and each wait outside the bound.
+    pub fn render_wait_lags(&self) -> String {
+        let rows = self.rows();
+        let waits: Vec<(&OpTiming, &WaitLag)> = rows
+            .iter()
+            .flat_map(|r| {
+                r.waits
+                    .iter()
+                    .filter(|w| w.expected > 0)
+                    .map(move |w| (r, w))
+            })
+            .collect();
+        let seen: Vec<&(&OpTiming, &WaitLag)> =
+            waits.iter().filter(|(_, w)| w.lag.is_some()).collect();
+        let max = seen
+            .iter()
+            .filter_map(|(_, w)| w.lag)
+            .max()
+            .unwrap_or_default();
+        let mut out = format!(
+            "event waits: {} ({} with every event seen at the endpoint); largest lag after the \
+             last event {:?}\n",
+            waits.len(),
+            seen.len(),
+            max
+        );
+        for (r, w) in seen.iter().filter(|(_, w)| !wait_within_bound(w)) {
+            let _ = writeln!(
+                out,
+                "  outside 5 % / 50 ms: {} / {}: {} x{} lag {:?}{}",
+                r.scenario,
+                r.op,
+                w.timing.as_str(),
+                w.expected,
+                w.lag.unwrap_or_default(),
+                if w.complete { "" } else { " (incomplete)" }
+            );
+        }
+        out
+    }
+}
+
 impl Timings {
     /// One line per scenario: its wall time (`walls`, from the runner, set-up and checks
     /// included) and the sums of its operations' rows (nested rows left out).
@@ -323,6 +384,25 @@ mod tests {
     use vireo_actors::vif::PortId;
 
     #[test]
+    fn the_wait_bound_is_5_percent_or_50_ms_and_never_a_timeout() {
+        let w = |took_ms: u64, lag_ms: Option<u64>, complete: bool| WaitLag {
+            timing: Timing::BindTime,
+            expected: 1,
+            complete,
+            await_at: Duration::from_millis(100),
+            end_at: Duration::from_millis(100 + took_ms),
+            last_arrival_at: None,
+            lag: lag_ms.map(Duration::from_millis),
+        };
+        assert!(wait_within_bound(&w(200, Some(50), true)));
+        assert!(!wait_within_bound(&w(200, Some(51), true)));
+        assert!(wait_within_bound(&w(4000, Some(200), true)));
+        assert!(!wait_within_bound(&w(4000, Some(201), true)));
+        assert!(!wait_within_bound(&w(4000, Some(0), false)));
+        assert!(!wait_within_bound(&w(4000, None, true)));
+    }
+
+    #[test]
     fn lag_is_measured_from_the_later_of_arrival_and_await_start() {
         let start = Instant::now();
         let (p1, p2) = (PortId(Uuid::new_v4()), PortId(Uuid::new_v4()));
@@ -355,12 +435,14 @@ mod tests {
             waits: vec![wait(vec![p1, p2]), wait(vec![p1])],
             ..OpReport::default()
         };
-        // p1 twice: the first arrival counts; p2 last at 990 ms; the wait ended at 1000 ms.
+        // p1 twice: the first arrival counts for the first wait; p2 last at 990 ms; the wait ended at 1000 ms.
         let arrivals = vec![arrival(p1, 300), arrival(p1, 400), arrival(p2, 990)];
         let lags = wait_lags(&report, start, &arrivals);
         assert_eq!(lags[0].last_arrival_at, Some(Duration::from_millis(990)));
         assert_eq!(lags[0].lag, Some(Duration::from_millis(10)));
-        // Already arrived before the await began: no lag beyond the await start.
+        // The second wait for p1 gets p1's second arrival (the first went to the first wait);
+        // already arrived before the await began: no lag beyond the await start.
+        assert_eq!(lags[1].last_arrival_at, Some(Duration::from_millis(400)));
         assert_eq!(lags[1].lag, Some(Duration::ZERO));
         // An event never seen: unknown.
         let lags = wait_lags(&report, start, &arrivals[..1]);

@@ -1387,9 +1387,10 @@ async fn run_all(runner: &mut Runner) {
         .map(|(n, _, t)| (n.clone(), *t))
         .collect();
     let table = format!(
-        "{}\nper scenario (ops: the operations' wall times; nested rows of another host's half left out)\n{}",
+        "{}\nper scenario (ops: the operations' wall times; nested rows of another host's half left out)\n{}\n{}",
         run.timings.render(),
-        run.timings.render_scenarios(&walls)
+        run.timings.render_scenarios(&walls),
+        run.timings.render_wait_lags()
     );
     println!("\ntimings (ms; waits: offsets from the operation's start; events: +ms name[port]source#batch)\n{table}");
     let file = timings_file();
