@@ -1,0 +1,248 @@
+//! Load: N instances on two local hosts (libvirt's test driver, embedded network service),
+//! all spawned, then every instance runs a mix of operations concurrently (soft and hard
+//! reboot, power off/on, resize + confirm and resize + revert across the hosts, attach and
+//! detach an interface, a live migration — which the test driver cannot do, so it is rolled
+//! back), then all destroyed. Twice: quiet, then under an event storm (`--storm` injected
+//! events per real one: duplicates, events for ended waits, strays, `failed` for ports nobody
+//! waits for, ignored ones). Prints per-kind p50/p99, the storm/quiet p99 ratio, peak RSS and
+//! the event counters, writes them as JSON (`target/load-report.json` unless `--json PATH`),
+//! and exits non-zero if an invariant broke (an operation hung or failed, something leaked).
+//!
+//! `cargo bench -p vireo --bench load [-- --instances N --storm F --event-delay-ms D
+//! --op-timeout-secs S --json PATH]` (defaults: 200 instances, storm 10, no event delay).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+#[path = "../tests/load_support/mod.rs"]
+mod load_support;
+
+use std::time::Duration;
+
+use load_support::{percentiles, LoadConfig, LoadReport, OpKind};
+
+/// Peak RSS target (MiB).
+const RSS_TARGET_MIB: f64 = 200.0;
+/// p99 under the storm over p99 quiet, target.
+const P99_RATIO_TARGET: f64 = 2.0;
+
+struct Args {
+    cfg: LoadConfig,
+    storm: u32,
+    json: std::path::PathBuf,
+}
+
+fn args() -> Args {
+    let mut cfg = LoadConfig::default();
+    let mut storm = 10;
+    let mut json = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join("target")
+        .join("load-report.json");
+    let mut it = std::env::args().skip(1);
+    while let Some(a) = it.next() {
+        let mut value = |name: &str| it.next().unwrap_or_else(|| panic!("{name} needs a value"));
+        match a.as_str() {
+            "--instances" => cfg.instances = value(&a).parse().expect("--instances: a number"),
+            "--storm" => storm = value(&a).parse().expect("--storm: a number"),
+            "--event-delay-ms" => {
+                cfg.event_delay_ms = value(&a).parse().expect("--event-delay-ms: a number")
+            }
+            "--op-timeout-secs" => {
+                cfg.op_timeout =
+                    Duration::from_secs(value(&a).parse().expect("--op-timeout-secs: a number"))
+            }
+            "--json" => json = value(&a).into(),
+            // cargo bench passes --bench; anything else is ignored too.
+            _ => {}
+        }
+    }
+    Args { cfg, storm, json }
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+fn mib(kib: u64) -> f64 {
+    kib as f64 / 1024.0
+}
+
+fn json_of(r: &LoadReport) -> serde_json::Value {
+    let ops: serde_json::Map<String, serde_json::Value> = OpKind::ALL
+        .iter()
+        .map(|k| {
+            let p = percentiles(r.times.get(k).map_or(&[][..], Vec::as_slice));
+            (
+                k.name().to_owned(),
+                serde_json::json!({
+                    "count": p.count, "p50_ms": ms(p.p50), "p99_ms": ms(p.p99), "max_ms": ms(p.max),
+                }),
+            )
+        })
+        .collect();
+    let s = &r.stats;
+    serde_json::json!({
+        "instances": r.instances,
+        "storm_factor": r.storm,
+        "wall_s": r.wall.as_secs_f64(),
+        "operations_started": r.started,
+        "operations_finished": r.finished,
+        "peak_rss_mib": mib(r.peak_rss_kib),
+        "sampled_max_rss_mib": mib(r.sampled_rss_kib),
+        "vmhwm_reset_per_run": r.hwm_reset,
+        "events": {
+            "sent_by_network_service": r.real_events,
+            "injected": r.injected,
+            "delivered_to_actors": s.delivered,
+            "matched": s.matched,
+            "matched_from_buffer": s.matched_from_buffer,
+            "buffered": s.buffered,
+            "buffer_dropped_full": s.buffer_dropped_count,
+            "buffer_dropped_age": s.buffer_dropped_age,
+            "buffer_dropped_forgotten": s.buffer_dropped_forgotten,
+            "unknown_instance_dropped": s.unknown_instance_dropped,
+            "duplicates": s.duplicates,
+            "ignored": s.ignored,
+            "timeouts": s.timeouts,
+            "failed": s.failed,
+            "waits_left": s.waits_now,
+            "buffered_left": s.buffered_now,
+        },
+        "operations": ops,
+        "violations": r.violations,
+    })
+}
+
+fn print_events(r: &LoadReport) {
+    let s = &r.stats;
+    println!(
+        "  events: sent by the service {}, injected {} (x{} hosts), delivered {}, matched {} \
+         (+{} from buffer), buffered {}, dropped: buffer full {} / age {} / forgotten {} / \
+         unknown instance {}, duplicates {}, ignored {}, wait timeouts {}, waits failed {}; \
+         left: {} waits, {} buffered",
+        r.real_events,
+        r.injected,
+        load_support::HOSTS.len(),
+        s.delivered,
+        s.matched,
+        s.matched_from_buffer,
+        s.buffered,
+        s.buffer_dropped_count,
+        s.buffer_dropped_age,
+        s.buffer_dropped_forgotten,
+        s.unknown_instance_dropped,
+        s.duplicates,
+        s.ignored,
+        s.timeouts,
+        s.failed,
+        s.waits_now,
+        s.buffered_now
+    );
+}
+
+fn main() {
+    let Args { cfg, storm, json } = args();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    println!(
+        "load: {} instances on {} hosts (libvirt test driver, embedded network service, event \
+         delay {} ms), storm x{storm}; every operation bounded by {:?}",
+        cfg.instances,
+        load_support::HOSTS.len(),
+        cfg.event_delay_ms,
+        cfg.op_timeout
+    );
+    let quiet = rt.block_on(load_support::run(&LoadConfig {
+        storm: 0,
+        ..cfg.clone()
+    }));
+    let stormy = rt.block_on(load_support::run(&LoadConfig { storm, ..cfg }));
+
+    println!(
+        "\n{:<22} {:>6} {:>10} {:>10} {:>10} {:>10} {:>8}",
+        "operation", "count", "quiet p50", "quiet p99", "storm p50", "storm p99", "p99 x"
+    );
+    let mut worst: f64 = 0.0;
+    for k in OpKind::ALL {
+        let q = percentiles(quiet.times.get(&k).map_or(&[][..], Vec::as_slice));
+        let s = percentiles(stormy.times.get(&k).map_or(&[][..], Vec::as_slice));
+        let ratio = if q.p99.is_zero() {
+            0.0
+        } else {
+            s.p99.as_secs_f64() / q.p99.as_secs_f64()
+        };
+        worst = worst.max(ratio);
+        println!(
+            "{:<22} {:>6} {:>8.1}ms {:>8.1}ms {:>8.1}ms {:>8.1}ms {:>8.2}",
+            k.name(),
+            format!("{}/{}", q.count, s.count),
+            ms(q.p50),
+            ms(q.p99),
+            ms(s.p50),
+            ms(s.p99),
+            ratio
+        );
+    }
+    println!(
+        "(* the test driver cannot migrate: every live migration is rolled back, timed to its end)"
+    );
+    for (name, r) in [("quiet", &quiet), ("storm", &stormy)] {
+        println!(
+            "\n{name}: wall {:.1} s, {} operations started, {} finished, peak RSS {:.1} MiB \
+             (VmHWM{}; sampled max {:.1} MiB)",
+            r.wall.as_secs_f64(),
+            r.started,
+            r.finished,
+            mib(r.peak_rss_kib),
+            if r.hwm_reset {
+                ", reset before the run"
+            } else {
+                " of the process"
+            },
+            mib(r.sampled_rss_kib)
+        );
+        print_events(r);
+        if r.violations.is_empty() {
+            println!("  invariants: all held (no hung or failed operation; nothing left)");
+        } else {
+            println!("  INVARIANTS BROKEN ({}):", r.violations.len());
+            for v in r.violations.iter().take(20) {
+                println!("    {v}");
+            }
+        }
+    }
+    let peak = mib(quiet.peak_rss_kib.max(stormy.peak_rss_kib));
+    println!(
+        "\ntargets: peak RSS {peak:.1} MiB (target <= {RSS_TARGET_MIB}: {}); worst storm/quiet \
+         p99 ratio {worst:.2} (target <= {P99_RATIO_TARGET}: {})",
+        if peak <= RSS_TARGET_MIB {
+            "met"
+        } else {
+            "MISSED"
+        },
+        if worst <= P99_RATIO_TARGET {
+            "met"
+        } else {
+            "MISSED"
+        },
+    );
+    let report = serde_json::json!({
+        "quiet": json_of(&quiet),
+        "storm": json_of(&stormy),
+        "peak_rss_mib": peak,
+        "worst_p99_ratio": worst,
+        "targets": {"peak_rss_mib": RSS_TARGET_MIB, "p99_ratio": P99_RATIO_TARGET},
+    });
+    if let Some(dir) = json.parent() {
+        let _ = std::fs::create_dir_all(dir);
+    }
+    match std::fs::write(&json, serde_json::to_string_pretty(&report).unwrap()) {
+        Ok(()) => println!("written: {}", json.display()),
+        Err(e) => println!("could not write {}: {e}", json.display()),
+    }
+    if !quiet.violations.is_empty() || !stormy.violations.is_empty() {
+        std::process::exit(1);
+    }
+}
