@@ -8,8 +8,13 @@
 //! the event counters, writes them as JSON (`target/load-report.json` unless `--json PATH`),
 //! and exits non-zero if an invariant broke (an operation hung or failed, something leaked).
 //!
-//! `cargo bench -p vireo --bench load [-- --instances N --storm F --event-delay-ms D
-//! --op-timeout-secs S --json PATH]` (defaults: 200 instances, storm 10, no event delay).
+//! Machines are noisy (here: 2 cores shared by several builds), so quiet and storm runs
+//! alternate for `--rounds` rounds and the table shows, per kind, the median over rounds of
+//! each run's p50 and p99. CPU time of the process and of the actor thread is reported too.
+//!
+//! `cargo bench -p vireo --bench load [-- --instances N --storm F --rounds R
+//! --event-delay-ms D --op-timeout-secs S --json PATH]` (defaults: 200 instances, storm 10,
+//! 3 rounds, no event delay).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 #[path = "../tests/load_support/mod.rs"]
@@ -27,12 +32,14 @@ const P99_RATIO_TARGET: f64 = 2.0;
 struct Args {
     cfg: LoadConfig,
     storm: u32,
+    rounds: usize,
     json: std::path::PathBuf,
 }
 
 fn args() -> Args {
     let mut cfg = LoadConfig::default();
     let mut storm = 10;
+    let mut rounds = 3;
     let mut json = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("..")
         .join("target")
@@ -50,12 +57,23 @@ fn args() -> Args {
                 cfg.op_timeout =
                     Duration::from_secs(value(&a).parse().expect("--op-timeout-secs: a number"))
             }
+            "--rounds" => {
+                rounds = value(&a)
+                    .parse::<usize>()
+                    .expect("--rounds: a number")
+                    .max(1)
+            }
             "--json" => json = value(&a).into(),
             // cargo bench passes --bench; anything else is ignored too.
             _ => {}
         }
     }
-    Args { cfg, storm, json }
+    Args {
+        cfg,
+        storm,
+        rounds,
+        json,
+    }
 }
 
 fn ms(d: Duration) -> f64 {
@@ -87,6 +105,8 @@ fn json_of(r: &LoadReport) -> serde_json::Value {
         "operations_started": r.started,
         "operations_finished": r.finished,
         "peak_rss_mib": mib(r.peak_rss_kib),
+        "cpu_process_s": r.process_cpu.as_secs_f64(),
+        "cpu_actor_thread_s": r.actor_cpu.as_secs_f64(),
         "sampled_max_rss_mib": mib(r.sampled_rss_kib),
         "vmhwm_reset_per_run": r.hwm_reset,
         "events": {
@@ -139,8 +159,47 @@ fn print_events(r: &LoadReport) {
     );
 }
 
+/// Median of a few values.
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v.get(v.len() / 2).copied().unwrap_or_default()
+}
+
+fn print_run(name: &str, r: &LoadReport) {
+    println!(
+        "{name}: wall {:.1} s, {} operations started, {} finished, peak RSS {:.1} MiB \
+         (VmHWM{}; sampled max {:.1} MiB), CPU: process {:.1} s, actor thread {:.1} s",
+        r.wall.as_secs_f64(),
+        r.started,
+        r.finished,
+        mib(r.peak_rss_kib),
+        if r.hwm_reset {
+            ", reset before the run"
+        } else {
+            " of the process"
+        },
+        mib(r.sampled_rss_kib),
+        r.process_cpu.as_secs_f64(),
+        r.actor_cpu.as_secs_f64(),
+    );
+    print_events(r);
+    if r.violations.is_empty() {
+        println!("  invariants: all held (no hung or failed operation; nothing left)");
+    } else {
+        println!("  INVARIANTS BROKEN ({}):", r.violations.len());
+        for v in r.violations.iter().take(20) {
+            println!("    {v}");
+        }
+    }
+}
+
 fn main() {
-    let Args { cfg, storm, json } = args();
+    let Args {
+        cfg,
+        storm,
+        rounds,
+        json,
+    } = args();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -148,75 +207,100 @@ fn main() {
         .unwrap();
     println!(
         "load: {} instances on {} hosts (libvirt test driver, embedded network service, event \
-         delay {} ms), storm x{storm}; every operation bounded by {:?}",
+         delay {} ms), storm x{storm}, {rounds} rounds of quiet then storm; every operation \
+         bounded by {:?}",
         cfg.instances,
         load_support::HOSTS.len(),
         cfg.event_delay_ms,
         cfg.op_timeout
     );
-    let quiet = rt.block_on(load_support::run(&LoadConfig {
-        storm: 0,
-        ..cfg.clone()
-    }));
-    let stormy = rt.block_on(load_support::run(&LoadConfig { storm, ..cfg }));
+    let mut quiet = Vec::new();
+    let mut stormy = Vec::new();
+    for round in 0..rounds {
+        let q = rt.block_on(load_support::run(&LoadConfig {
+            storm: 0,
+            ..cfg.clone()
+        }));
+        print_run(&format!("round {round} quiet"), &q);
+        let s = rt.block_on(load_support::run(&LoadConfig {
+            storm,
+            ..cfg.clone()
+        }));
+        print_run(&format!("round {round} storm"), &s);
+        quiet.push(q);
+        stormy.push(s);
+    }
 
     println!(
-        "\n{:<22} {:>6} {:>10} {:>10} {:>10} {:>10} {:>8}",
-        "operation", "count", "quiet p50", "quiet p99", "storm p50", "storm p99", "p99 x"
+        "\nmedian over {rounds} rounds of each run's per-kind p50 and p99:\n{:<22} {:>5} {:>10} {:>10} {:>10} {:>10} {:>7}",
+        "operation", "n/run", "quiet p50", "quiet p99", "storm p50", "storm p99", "p99 x"
     );
     let mut worst: f64 = 0.0;
+    let mut table = serde_json::Map::new();
     for k in OpKind::ALL {
-        let q = percentiles(quiet.times.get(&k).map_or(&[][..], Vec::as_slice));
-        let s = percentiles(stormy.times.get(&k).map_or(&[][..], Vec::as_slice));
-        let ratio = if q.p99.is_zero() {
+        let per = |runs: &[LoadReport]| -> Vec<load_support::Percentiles> {
+            runs.iter()
+                .map(|r| percentiles(r.times.get(&k).map_or(&[][..], Vec::as_slice)))
+                .collect()
+        };
+        let (q, s) = (per(&quiet), per(&stormy));
+        let qp50 = median(q.iter().map(|p| p.p50).collect());
+        let qp99 = median(q.iter().map(|p| p.p99).collect());
+        let sp50 = median(s.iter().map(|p| p.p50).collect());
+        let sp99 = median(s.iter().map(|p| p.p99).collect());
+        let ratio = if qp99.is_zero() {
             0.0
         } else {
-            s.p99.as_secs_f64() / q.p99.as_secs_f64()
+            sp99.as_secs_f64() / qp99.as_secs_f64()
         };
         worst = worst.max(ratio);
         println!(
-            "{:<22} {:>6} {:>8.1}ms {:>8.1}ms {:>8.1}ms {:>8.1}ms {:>8.2}",
+            "{:<22} {:>5} {:>8.1}ms {:>8.1}ms {:>8.1}ms {:>8.1}ms {:>7.2}",
             k.name(),
-            format!("{}/{}", q.count, s.count),
-            ms(q.p50),
-            ms(q.p99),
-            ms(s.p50),
-            ms(s.p99),
+            q.first().map_or(0, |p| p.count),
+            ms(qp50),
+            ms(qp99),
+            ms(sp50),
+            ms(sp99),
             ratio
+        );
+        table.insert(
+            k.name().to_owned(),
+            serde_json::json!({
+                "quiet_p50_ms": ms(qp50), "quiet_p99_ms": ms(qp99),
+                "storm_p50_ms": ms(sp50), "storm_p99_ms": ms(sp99), "p99_ratio": ratio,
+                "quiet_p99_ms_per_round": q.iter().map(|p| ms(p.p99)).collect::<Vec<_>>(),
+                "storm_p99_ms_per_round": s.iter().map(|p| ms(p.p99)).collect::<Vec<_>>(),
+            }),
         );
     }
     println!(
         "(* the test driver cannot migrate: every live migration is rolled back, timed to its end)"
     );
-    for (name, r) in [("quiet", &quiet), ("storm", &stormy)] {
-        println!(
-            "\n{name}: wall {:.1} s, {} operations started, {} finished, peak RSS {:.1} MiB \
-             (VmHWM{}; sampled max {:.1} MiB)",
-            r.wall.as_secs_f64(),
-            r.started,
-            r.finished,
-            mib(r.peak_rss_kib),
-            if r.hwm_reset {
-                ", reset before the run"
-            } else {
-                " of the process"
-            },
-            mib(r.sampled_rss_kib)
-        );
-        print_events(r);
-        if r.violations.is_empty() {
-            println!("  invariants: all held (no hung or failed operation; nothing left)");
-        } else {
-            println!("  INVARIANTS BROKEN ({}):", r.violations.len());
-            for v in r.violations.iter().take(20) {
-                println!("    {v}");
-            }
-        }
-    }
-    let peak = mib(quiet.peak_rss_kib.max(stormy.peak_rss_kib));
+    let cpu = |runs: &[LoadReport], f: fn(&LoadReport) -> Duration| {
+        median(runs.iter().map(f).collect()).as_secs_f64()
+    };
+    println!(
+        "median CPU: quiet process {:.1} s / actor thread {:.1} s; storm process {:.1} s / actor \
+         thread {:.1} s",
+        cpu(&quiet, |r| r.process_cpu),
+        cpu(&quiet, |r| r.actor_cpu),
+        cpu(&stormy, |r| r.process_cpu),
+        cpu(&stormy, |r| r.actor_cpu),
+    );
+    let peak = quiet
+        .iter()
+        .chain(&stormy)
+        .map(|r| mib(r.peak_rss_kib))
+        .fold(0.0, f64::max);
+    let broken = quiet
+        .iter()
+        .chain(&stormy)
+        .map(|r| r.violations.len())
+        .sum::<usize>();
     println!(
         "\ntargets: peak RSS {peak:.1} MiB (target <= {RSS_TARGET_MIB}: {}); worst storm/quiet \
-         p99 ratio {worst:.2} (target <= {P99_RATIO_TARGET}: {})",
+         p99 ratio {worst:.2} (target <= {P99_RATIO_TARGET}: {}); invariants: {}",
         if peak <= RSS_TARGET_MIB {
             "met"
         } else {
@@ -227,13 +311,24 @@ fn main() {
         } else {
             "MISSED"
         },
+        if broken == 0 {
+            "all held".to_owned()
+        } else {
+            format!("{broken} BROKEN")
+        }
     );
     let report = serde_json::json!({
-        "quiet": json_of(&quiet),
-        "storm": json_of(&stormy),
+        "instances": quiet.first().map_or(0, |r| r.instances),
+        "storm_factor": storm,
+        "rounds": rounds,
+        "operations": table,
         "peak_rss_mib": peak,
         "worst_p99_ratio": worst,
         "targets": {"peak_rss_mib": RSS_TARGET_MIB, "p99_ratio": P99_RATIO_TARGET},
+        "runs": {
+            "quiet": quiet.iter().map(json_of).collect::<Vec<_>>(),
+            "storm": stormy.iter().map(json_of).collect::<Vec<_>>(),
+        },
     });
     if let Some(dir) = json.parent() {
         let _ = std::fs::create_dir_all(dir);
@@ -242,7 +337,7 @@ fn main() {
         Ok(()) => println!("written: {}", json.display()),
         Err(e) => println!("could not write {}: {e}", json.display()),
     }
-    if !quiet.violations.is_empty() || !stormy.violations.is_empty() {
+    if broken > 0 {
         std::process::exit(1);
     }
 }

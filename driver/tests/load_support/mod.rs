@@ -173,8 +173,44 @@ pub struct LoadReport {
     pub sampled_rss_kib: u64,
     /// Whether VmHWM could be reset for this run.
     pub hwm_reset: bool,
+    /// CPU time of the process during the run (user + system).
+    pub process_cpu: Duration,
+    /// CPU time of the actor thread (every actor of the cloud runs on it).
+    pub actor_cpu: Duration,
     /// Broken invariants (empty: all held).
     pub violations: Vec<String>,
+}
+
+/// utime + stime of a `/proc/.../stat` line (clock ticks of 10 ms).
+fn stat_cpu(stat: &str) -> Duration {
+    // The command name may hold spaces: fields count from after its closing parenthesis.
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<u64> = rest
+        .split_whitespace()
+        .skip(11)
+        .take(2)
+        .filter_map(|v| v.parse().ok())
+        .collect();
+    Duration::from_millis(f.iter().sum::<u64>() * 10)
+}
+
+/// CPU time of this process so far.
+pub fn process_cpu() -> Duration {
+    std::fs::read_to_string("/proc/self/stat")
+        .map(|s| stat_cpu(&s))
+        .unwrap_or_default()
+}
+
+/// CPU time so far of this process's threads named `name`.
+pub fn threads_cpu(name: &str) -> Duration {
+    let Ok(dir) = std::fs::read_dir("/proc/self/task") else {
+        return Duration::ZERO;
+    };
+    dir.flatten()
+        .filter(|t| std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == name))
+        .filter_map(|t| std::fs::read_to_string(t.path().join("stat")).ok())
+        .map(|s| stat_cpu(&s))
+        .sum()
 }
 
 fn status_kib(field: &str) -> u64 {
@@ -785,6 +821,9 @@ pub async fn run(cfg: &LoadConfig) -> LoadReport {
         user_ports: Default::default(),
     });
     let hwm_reset = reset_hwm();
+    let cpu0 = process_cpu();
+    // Every cloud has its own actor thread; earlier ones have stopped.
+    let actor0 = threads_cpu(vireo_actors::runtime::ACTOR_THREAD_NAME);
     let sampler = RssSampler::start();
     let start = Instant::now();
     let storm = Storm::start(cloud.clone(), cfg.storm);
@@ -918,6 +957,8 @@ pub async fn run(cfg: &LoadConfig) -> LoadReport {
         violations.push(format!("{started} operations started, {finished} finished"));
     }
     let sampled = sampler.finish();
+    let process_cpu = process_cpu().saturating_sub(cpu0);
+    let actor_cpu = threads_cpu(vireo_actors::runtime::ACTOR_THREAD_NAME).saturating_sub(actor0);
     let peak = if hwm_reset {
         hwm_kib()
     } else {
@@ -938,6 +979,8 @@ pub async fn run(cfg: &LoadConfig) -> LoadReport {
         peak_rss_kib: peak,
         sampled_rss_kib: sampled,
         hwm_reset,
+        process_cpu,
+        actor_cpu,
         violations,
     }
 }
