@@ -13,8 +13,10 @@
 //! each run's p50 and p99. CPU time of the process and of the actor thread is reported too.
 //!
 //! `cargo bench -p vireo --bench load [-- --instances N --storm F --rounds R
-//! --event-delay-ms D --op-timeout-secs S --json PATH]` (defaults: 200 instances, storm 10,
-//! 3 rounds, no event delay).
+//! --waves W --event-delay-ms D --op-timeout-secs S --json PATH]` (defaults: 200 instances, storm 10,
+//! 3 rounds, 1 wave, no event delay). With `--waves W` each run does W waves of spawn, mix
+//! and destroy on the same cloud and prints RSS after each: memory must not grow wave over
+//! wave.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 #[path = "../tests/load_support/mod.rs"]
@@ -63,6 +65,7 @@ fn args() -> Args {
                     .expect("--rounds: a number")
                     .max(1)
             }
+            "--waves" => cfg.waves = value(&a).parse().expect("--waves: a number"),
             "--json" => json = value(&a).into(),
             // cargo bench passes --bench; anything else is ignored too.
             _ => {}
@@ -108,6 +111,7 @@ fn json_of(r: &LoadReport) -> serde_json::Value {
         "cpu_process_s": r.process_cpu.as_secs_f64(),
         "cpu_actor_thread_s": r.actor_cpu.as_secs_f64(),
         "sampled_max_rss_mib": mib(r.sampled_rss_kib),
+        "rss_after_waves_mib": r.rss_after_waves.iter().map(|k| mib(*k)).collect::<Vec<_>>(),
         "vmhwm_reset_per_run": r.hwm_reset,
         "events": {
             "sent_by_network_service": r.real_events,
@@ -182,6 +186,14 @@ fn print_run(name: &str, r: &LoadReport) {
         r.process_cpu.as_secs_f64(),
         r.actor_cpu.as_secs_f64(),
     );
+    if r.rss_after_waves.len() > 1 {
+        let w: Vec<String> = r
+            .rss_after_waves
+            .iter()
+            .map(|k| format!("{:.1}", mib(*k)))
+            .collect();
+        println!("  RSS after each wave (MiB): {}", w.join(", "));
+    }
     print_events(r);
     if r.violations.is_empty() {
         println!("  invariants: all held (no hung or failed operation; nothing left)");

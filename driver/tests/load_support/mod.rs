@@ -53,6 +53,8 @@ pub struct LoadConfig {
     pub wait_timeout: Duration,
     /// The embedded service's delay before each event.
     pub event_delay_ms: u64,
+    /// Waves of spawn, mix, destroy on the same cloud (memory must not grow wave over wave).
+    pub waves: usize,
 }
 
 impl Default for LoadConfig {
@@ -63,6 +65,7 @@ impl Default for LoadConfig {
             op_timeout: Duration::from_secs(120),
             wait_timeout: Duration::from_secs(60),
             event_delay_ms: 0,
+            waves: 1,
         }
     }
 }
@@ -169,6 +172,8 @@ pub struct LoadReport {
     pub stats: EventStats,
     /// Peak RSS of the process during the run (VmHWM after a reset, or the sampled maximum).
     pub peak_rss_kib: u64,
+    /// VmRSS after each wave.
+    pub rss_after_waves: Vec<u64>,
     /// Largest sampled VmRSS.
     pub sampled_rss_kib: u64,
     /// Whether VmHWM could be reset for this run.
@@ -802,33 +807,11 @@ async fn warm_up_libvirt(dir: &std::path::Path) {
     lv.undefine(id).await.unwrap();
 }
 
-/// One load run on a fresh cloud.
-pub async fn run(cfg: &LoadConfig) -> LoadReport {
-    vireo_actors::libvirt::init_event_loop().unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    warm_up_libvirt(dir.path()).await;
-    let cloud = Arc::new(start_cloud(dir.path(), cfg).await);
-    let books = Arc::new(Books {
-        times: Default::default(),
-        violations: Default::default(),
-        started: AtomicU64::new(0),
-        finished: AtomicU64::new(0),
-        timeout: cfg.op_timeout,
-    });
-    let ctx = Arc::new(Ctx {
-        cloud: cloud.clone(),
-        books: books.clone(),
-        user_ports: Default::default(),
-    });
-    let hwm_reset = reset_hwm();
-    let cpu0 = process_cpu();
-    // Every cloud has its own actor thread; earlier ones have stopped.
-    let actor0 = threads_cpu(vireo_actors::runtime::ACTOR_THREAD_NAME);
-    let sampler = RssSampler::start();
-    let start = Instant::now();
-    let storm = Storm::start(cloud.clone(), cfg.storm);
-
+/// One wave: spawn every instance, run every instance's mix, destroy them all; then check
+/// that nothing is left. Returns the violations.
+async fn one_wave(ctx: &Arc<Ctx>, cfg: &LoadConfig, wave: usize) -> Vec<String> {
     // 1. Spawn them all, alternating hosts.
+    let cloud = &ctx.cloud;
     let ids: Vec<Uuid> = (0..cfg.instances).map(|_| Uuid::new_v4()).collect();
     let mut tasks = Vec::new();
     for (i, id) in ids.iter().copied().enumerate() {
@@ -836,7 +819,7 @@ pub async fn run(cfg: &LoadConfig) -> LoadReport {
         tasks.push(tokio::spawn(async move {
             let host = i % 2;
             let args = SpawnArgs {
-                name: format!("load-{i}"),
+                name: format!("load-{wave}-{i}"),
                 flavor: flavor("m1.tiny", 1, 256),
                 boot: BootSource::None,
                 network: NetworkRequest::Allocate(vec![
@@ -921,18 +904,15 @@ pub async fn run(cfg: &LoadConfig) -> LoadReport {
     for t in tasks {
         t.await.unwrap();
     }
-    let wall = start.elapsed();
-    let (real_events, injected) = storm.finish().await;
-
     // 4. Invariants.
     let user_ports = std::mem::take(&mut *ctx.user_ports.lock().unwrap());
-    let mut violations = std::mem::take(&mut *books.violations.lock().unwrap());
+    let mut violations = std::mem::take(&mut *ctx.books.violations.lock().unwrap());
     // The service learns of unplugs through its watcher, a moment later.
     let deadline = Instant::now() + Duration::from_secs(5);
-    let mut leaks = leak_check(&cloud, &user_ports).await;
+    let mut leaks = leak_check(cloud, &user_ports).await;
     while !leaks.is_empty() && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(50)).await;
-        leaks = leak_check(&cloud, &user_ports).await;
+        leaks = leak_check(cloud, &user_ports).await;
     }
     violations.extend(leaks);
     for p in &user_ports {
@@ -944,13 +924,51 @@ pub async fn run(cfg: &LoadConfig) -> LoadReport {
     if left > 0 {
         violations.push(format!("{left} ports left in the network service"));
     }
-    let stats = event_stats(&cloud).await;
+    let stats = event_stats(cloud).await;
     if stats.waits_now > 0 {
         violations.push(format!("{} event waits left", stats.waits_now));
     }
     if stats.buffered_now > 0 {
         violations.push(format!("{} buffered events left", stats.buffered_now));
     }
+    violations
+}
+
+/// One load run on a fresh cloud.
+pub async fn run(cfg: &LoadConfig) -> LoadReport {
+    vireo_actors::libvirt::init_event_loop().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    warm_up_libvirt(dir.path()).await;
+    let cloud = Arc::new(start_cloud(dir.path(), cfg).await);
+    let books = Arc::new(Books {
+        times: Default::default(),
+        violations: Default::default(),
+        started: AtomicU64::new(0),
+        finished: AtomicU64::new(0),
+        timeout: cfg.op_timeout,
+    });
+    let ctx = Arc::new(Ctx {
+        cloud: cloud.clone(),
+        books: books.clone(),
+        user_ports: Default::default(),
+    });
+    let hwm_reset = reset_hwm();
+    let cpu0 = process_cpu();
+    // Every cloud has its own actor thread; earlier ones have stopped.
+    let actor0 = threads_cpu(vireo_actors::runtime::ACTOR_THREAD_NAME);
+    let sampler = RssSampler::start();
+    let start = Instant::now();
+    let storm = Storm::start(cloud.clone(), cfg.storm);
+
+    let mut violations = Vec::new();
+    let mut rss_after_waves = Vec::new();
+    for wave in 0..cfg.waves.max(1) {
+        violations.extend(one_wave(&ctx, cfg, wave).await);
+        rss_after_waves.push(rss_kib());
+    }
+    let wall = start.elapsed();
+    let (real_events, injected) = storm.finish().await;
+    let stats = event_stats(&cloud).await;
     let started = books.started.load(Ordering::Relaxed);
     let finished = books.finished.load(Ordering::Relaxed);
     if started != finished {
@@ -978,6 +996,7 @@ pub async fn run(cfg: &LoadConfig) -> LoadReport {
         stats,
         peak_rss_kib: peak,
         sampled_rss_kib: sampled,
+        rss_after_waves,
         hwm_reset,
         process_cpu,
         actor_cpu,
