@@ -110,6 +110,7 @@ fn json_of(r: &LoadReport) -> serde_json::Value {
         "peak_rss_mib": mib(r.peak_rss_kib),
         "cpu_process_s": r.process_cpu.as_secs_f64(),
         "cpu_actor_thread_s": r.actor_cpu.as_secs_f64(),
+        "cpu_by_thread_s": r.thread_cpu.iter().map(|(n, t)| (n.clone(), serde_json::json!(t.as_secs_f64()))).collect::<serde_json::Map<_, _>>(),
         "sampled_max_rss_mib": mib(r.sampled_rss_kib),
         "rss_after_waves_mib": r.rss_after_waves.iter().map(|k| mib(*k)).collect::<Vec<_>>(),
         "vmhwm_reset_per_run": r.hwm_reset,
@@ -194,6 +195,13 @@ fn print_run(name: &str, r: &LoadReport) {
             .collect();
         println!("  RSS after each wave (MiB): {}", w.join(", "));
     }
+    let top: Vec<String> = r
+        .thread_cpu
+        .iter()
+        .take(6)
+        .map(|(n, t)| format!("{n} {:.1} s", t.as_secs_f64()))
+        .collect();
+    println!("  CPU by thread: {}", top.join(", "));
     print_events(r);
     if r.violations.is_empty() {
         println!("  invariants: all held (no hung or failed operation; nothing left)");

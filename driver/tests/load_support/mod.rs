@@ -182,6 +182,8 @@ pub struct LoadReport {
     pub process_cpu: Duration,
     /// CPU time of the actor thread (every actor of the cloud runs on it).
     pub actor_cpu: Duration,
+    /// CPU time of the run by thread name, largest first (a cheap profile).
+    pub thread_cpu: Vec<(String, Duration)>,
     /// Broken invariants (empty: all held).
     pub violations: Vec<String>,
 }
@@ -204,6 +206,26 @@ pub fn process_cpu() -> Duration {
     std::fs::read_to_string("/proc/self/stat")
         .map(|s| stat_cpu(&s))
         .unwrap_or_default()
+}
+
+/// CPU time so far of this process's live threads, by name (trailing digits dropped, so
+/// that a pool of workers is one line).
+pub fn cpu_by_thread() -> BTreeMap<String, Duration> {
+    let mut out = BTreeMap::new();
+    let Ok(dir) = std::fs::read_dir("/proc/self/task") else {
+        return out;
+    };
+    for t in dir.flatten() {
+        let (Ok(comm), Ok(stat)) = (
+            std::fs::read_to_string(t.path().join("comm")),
+            std::fs::read_to_string(t.path().join("stat")),
+        ) else {
+            continue;
+        };
+        let name = comm.trim().trim_end_matches(|c: char| c.is_ascii_digit());
+        *out.entry(name.to_owned()).or_insert(Duration::ZERO) += stat_cpu(&stat);
+    }
+    out
 }
 
 /// CPU time so far of this process's threads named `name`.
@@ -956,6 +978,7 @@ pub async fn run(cfg: &LoadConfig) -> LoadReport {
     let cpu0 = process_cpu();
     // Every cloud has its own actor thread; earlier ones have stopped.
     let actor0 = threads_cpu(vireo_actors::runtime::ACTOR_THREAD_NAME);
+    let threads0 = cpu_by_thread();
     let sampler = RssSampler::start();
     let start = Instant::now();
     let storm = Storm::start(cloud.clone(), cfg.storm);
@@ -977,6 +1000,16 @@ pub async fn run(cfg: &LoadConfig) -> LoadReport {
     let sampled = sampler.finish();
     let process_cpu = process_cpu().saturating_sub(cpu0);
     let actor_cpu = threads_cpu(vireo_actors::runtime::ACTOR_THREAD_NAME).saturating_sub(actor0);
+    // Threads that ended during the run are missing; threads started during it count whole.
+    let mut thread_cpu: Vec<(String, Duration)> = cpu_by_thread()
+        .into_iter()
+        .map(|(name, t)| {
+            let before = threads0.get(&name).copied().unwrap_or_default();
+            (name, t.saturating_sub(before))
+        })
+        .filter(|(_, t)| !t.is_zero())
+        .collect();
+    thread_cpu.sort_by_key(|t| std::cmp::Reverse(t.1));
     let peak = if hwm_reset {
         hwm_kib()
     } else {
@@ -1000,6 +1033,7 @@ pub async fn run(cfg: &LoadConfig) -> LoadReport {
         hwm_reset,
         process_cpu,
         actor_cpu,
+        thread_cpu,
         violations,
     }
 }
