@@ -131,6 +131,7 @@ fn json_of(r: &LoadReport) -> serde_json::Value {
             "failed": s.failed,
             "waits_left": s.waits_now,
             "buffered_left": s.buffered_now,
+            "instances_known_left": s.instances_now,
         },
         "operations": ops,
         "violations": r.violations,
@@ -143,7 +144,7 @@ fn print_events(r: &LoadReport) {
         "  events: sent by the service {}, injected {} (x{} hosts), delivered {}, matched {} \
          (+{} from buffer), buffered {}, dropped: buffer full {} / age {} / forgotten {} / \
          unknown instance {}, duplicates {}, ignored {}, wait timeouts {}, waits failed {}; \
-         left: {} waits, {} buffered",
+         left: {} waits, {} buffered, {} instances known",
         r.real_events,
         r.injected,
         load_support::HOSTS.len(),
@@ -160,7 +161,8 @@ fn print_events(r: &LoadReport) {
         s.timeouts,
         s.failed,
         s.waits_now,
-        s.buffered_now
+        s.buffered_now,
+        s.instances_now
     );
 }
 
