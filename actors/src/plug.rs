@@ -11,7 +11,7 @@
 //! - unplug of something already gone (or half there) succeeds;
 //! - a plug that fails part-way removes what that call created before returning the error.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fmt;
 use std::str::FromStr;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -724,12 +724,17 @@ pub struct RecordedCall {
     pub outcome: CallOutcome,
 }
 
+/// How many calls a [`RecordingPlugger`] keeps (the oldest are dropped first), so that a
+/// long-running process on the `test:///` tier does not grow with every operation.
+pub const RECORDED_CALLS_CAPACITY: usize = 4096;
+
 #[derive(Debug, Default)]
 struct RecordingState {
     plugged: BTreeMap<PortId, Plugged>,
     /// Ports whose libvirt-made devices exist (their domain runs).
     attached: BTreeSet<PortId>,
-    calls: Vec<RecordedCall>,
+    /// The last [`RECORDED_CALLS_CAPACITY`] calls.
+    calls: VecDeque<RecordedCall>,
 }
 
 /// True when libvirt, not the plugger, makes the device the L2 agent watches: the tap of a
@@ -753,7 +758,7 @@ fn libvirt_made(p: &Plugged) -> bool {
 
 /// The plugger of the `test:///` tier, where libvirt's test driver creates no devices: it
 /// creates nothing on the host either. It keeps the set of plugged ports in memory, records
-/// every call, keeps the plugger contract (idempotent plug and unplug, nothing left after an
+/// the last [`RECORDED_CALLS_CAPACITY`] calls, keeps the plugger contract (idempotent plug and unplug, nothing left after an
 /// injected failure), honours a [`FaultPlan`], and is a [`WiringSource`] so the embedded
 /// network service can follow it: a device the plugger makes is wired at plug; a device
 /// libvirt makes (the tap of a libvirt-managed OVS native or Linux-bridge port) is wired
@@ -795,9 +800,9 @@ impl RecordingPlugger {
         &self.faults
     }
 
-    /// Every call so far, in order.
+    /// The calls so far (the last [`RECORDED_CALLS_CAPACITY`]), in order.
     pub fn calls(&self) -> Vec<RecordedCall> {
-        self.lock().calls.clone()
+        self.lock().calls.iter().cloned().collect()
     }
 
     /// The calls for one port.
@@ -821,7 +826,11 @@ impl RecordingPlugger {
     }
 
     fn record(&self, op: PlugOp, ctx: &PlugContext, port: PortId, outcome: CallOutcome) {
-        self.lock().calls.push(RecordedCall {
+        let mut state = self.lock();
+        if state.calls.len() >= RECORDED_CALLS_CAPACITY {
+            state.calls.pop_front();
+        }
+        state.calls.push_back(RecordedCall {
             op,
             port,
             instance_uuid: ctx.instance_uuid,
@@ -1308,6 +1317,32 @@ mod tests {
                 (PlugOp::Unplug, CallOutcome::AlreadyDone),
             ]
         );
+    }
+
+    #[tokio::test]
+    async fn the_call_log_keeps_only_the_newest_calls() {
+        let p = RecordingPlugger::new();
+        let v = ovs(false);
+        let c = ctx(DomainForm::PreCreated);
+        // Plug, then the rest unplugs (all but the first of them already done).
+        p.plug(&c, &v).await.unwrap();
+        for _ in 0..RECORDED_CALLS_CAPACITY + 9 {
+            p.unplug(&c, &v).await.unwrap();
+        }
+        let calls = p.calls();
+        assert_eq!(calls.len(), RECORDED_CALLS_CAPACITY);
+        // The plug and the first unplug were the oldest: dropped.
+        assert!(calls
+            .iter()
+            .all(|c| (c.op, c.outcome) == (PlugOp::Unplug, CallOutcome::AlreadyDone)));
+        assert_eq!(p.calls_for(v.id).len(), RECORDED_CALLS_CAPACITY);
+        // Still a plugger: plug again, and it is the newest call.
+        p.plug(&c, &v).await.unwrap();
+        assert_eq!(
+            p.calls().last().map(|c| (c.op, c.outcome)),
+            Some((PlugOp::Plug, CallOutcome::Done))
+        );
+        assert_eq!(p.calls().len(), RECORDED_CALLS_CAPACITY);
     }
 
     #[tokio::test]
