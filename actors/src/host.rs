@@ -3,10 +3,16 @@
 //! instance actor rebuilt from the domains libvirt has and the vireo metadata in each, with
 //! the operations that were in flight finished or rolled back.
 //!
+//! Several agents may share one libvirtd (a benchmark next to a test, two hosts of a demo):
+//! recovery adopts only the domains whose record names this host, or no host at all
+//! (metadata older than the owner field). A domain another host saved last is left alone —
+//! no actor, no roll back, no destroy — and libvirt's events for it are not routed (events
+//! only ever reach existing actors).
+//!
 //! [`HostHandle`] is the cheap, cloneable way in; it is also this host's [`PeerHost`] for the
 //! flows that cross hosts.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
@@ -72,6 +78,8 @@ pub struct RecoveryReport {
     pub instances: Vec<RecoveredInstance>,
     /// Domains without vireo metadata (left alone).
     pub foreign_domains: usize,
+    /// Domains with vireo metadata another host saved last (left alone): uuid and owner.
+    pub other_hosts: Vec<(Uuid, String)>,
 }
 
 /// One recovered instance.
@@ -91,6 +99,8 @@ pub struct HostActor {
     deps: Arc<HostDeps>,
     instances: HashMap<Uuid, Addr<InstanceActor>>,
     op_ids: Arc<AtomicU64>,
+    /// Domains of other hosts already logged (a resync finds them again).
+    others_seen: HashSet<Uuid>,
 }
 
 impl HostActor {
@@ -100,6 +110,7 @@ impl HostActor {
             deps,
             instances: HashMap::new(),
             op_ids: Arc::new(AtomicU64::new(0)),
+            others_seen: HashSet::new(),
         }
     }
 
@@ -294,6 +305,9 @@ impl Handler<Recover> for HostActor {
 
     fn handle(&mut self, _msg: Recover, _ctx: &mut Self::Context) -> Self::Result {
         let lv = self.deps.libvirt.clone();
+        let host = self.deps.host.clone();
+        // Only unknown domains are adopted: an existing actor (an incoming live migration's,
+        // whose domain names the source until this host saves it) is never filtered.
         let known: Vec<Uuid> = self.instances.keys().copied().collect();
         let fut = async move {
             let domains = lv
@@ -305,6 +319,7 @@ impl Handler<Recover> for HostActor {
                 })?;
             let mut found = Vec::new();
             let mut foreign = 0;
+            let mut others = Vec::new();
             for d in domains {
                 if known.contains(&d.uuid) {
                     continue;
@@ -321,22 +336,33 @@ impl Handler<Recover> for HostActor {
                 };
                 match VireoMetadata::from_xml(&meta)
                     .map_err(Into::into)
-                    .and_then(|m| InstanceRecord::from_metadata(&d.name, &m).map(|r| (m, r)))
-                {
-                    Ok((m, r)) => found.push((d, m, r)),
+                    .and_then(|m| {
+                        let owner = InstanceRecord::owner(&m)?;
+                        InstanceRecord::from_metadata(&d.name, &m).map(|r| (m, r, owner))
+                    }) {
+                    Ok((_, _, Some(owner))) if owner != host => others.push((d.uuid, owner)),
+                    Ok((m, r, _)) => found.push((d, m, r)),
                     Err(e) => {
                         warn!(uuid = %d.uuid, error = %e, "domain with unreadable vireo metadata left alone");
                         foreign += 1;
                     }
                 }
             }
-            Ok::<_, InstanceError>((found, foreign))
+            Ok::<_, InstanceError>((found, foreign, others))
         };
         Box::pin(fut.into_actor(self).map(|res, act, ctx| {
-            let (found, foreign) = res?;
+            let (found, foreign, others) = res?;
+            for (uuid, owner) in &others {
+                if act.others_seen.insert(*uuid) {
+                    info!(instance = %uuid, %owner, "domain of another host left alone");
+                } else {
+                    debug!(instance = %uuid, %owner, "domain of another host left alone");
+                }
+            }
             let mut report = RecoveryReport {
                 instances: Vec::new(),
                 foreign_domains: foreign,
+                other_hosts: others,
             };
             for (d, meta, record) in found {
                 let power = power_of(d.state);
@@ -360,7 +386,13 @@ impl Handler<Recover> for HostActor {
                     interrupted,
                 });
             }
-            info!(host = %act.deps.host, recovered = report.instances.len(), foreign, "recovery done");
+            info!(
+                host = %act.deps.host,
+                recovered = report.instances.len(),
+                foreign,
+                other_hosts = report.other_hosts.len(),
+                "recovery done"
+            );
             Ok(report)
         }))
     }

@@ -412,6 +412,18 @@ async fn destination_waits_only_for_its_activation_events() {
     h2.driver.libvirt().define_xml(xml, false).await.unwrap();
     h2.driver.libvirt().start(id, false).await.unwrap();
     h2.plugger.devices_attached(&ports).await;
+    // The incoming domain names the source until the destination saves; a resync meanwhile
+    // (a libvirt reconnect) keeps it with the destination's existing actor.
+    assert_eq!(
+        owner_of(h2.driver.libvirt(), id).await.as_deref(),
+        Some("h1")
+    );
+    let resync = h2.driver.host_handle().recover().await.unwrap();
+    assert!(resync.other_hosts.is_empty(), "{resync:?}");
+    assert_eq!(
+        h2.driver.show(id).await.unwrap().state,
+        InstanceState::Incoming
+    );
     // Devices on the destination with migrating_to set: the agent reports them, Neutron
     // sends vif-plugged — before the destination's wait exists.
     let t0 = Instant::now();
@@ -444,6 +456,11 @@ async fn destination_waits_only_for_its_activation_events() {
     assert_eq!(set(c.sink.plugged(id, t0, t1)), set(ports.iter().copied()));
     // The earlier events did not count.
     assert_eq!(after.matched_from_buffer, before.matched_from_buffer);
+    // The destination saved: it owns the domain now.
+    assert_eq!(
+        owner_of(h2.driver.libvirt(), id).await.as_deref(),
+        Some("h2")
+    );
     for p in &ports {
         let port = c.port(*p).await;
         assert_eq!(port.host_id, "h2");

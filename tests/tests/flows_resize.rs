@@ -74,6 +74,15 @@ async fn cross_host_resize_then_confirm() {
     let dst = h2.driver.show(id).await.unwrap();
     assert_eq!(dst.state, InstanceState::ResizeTarget);
     assert_eq!(dst.flavor.as_deref(), Some("m1.small"));
+    // Each side's domain names the host that saved it.
+    assert_eq!(
+        owner_of(h1.driver.libvirt(), id).await.as_deref(),
+        Some("h1")
+    );
+    assert_eq!(
+        owner_of(h2.driver.libvirt(), id).await.as_deref(),
+        Some("h2")
+    );
     assert_eq!(h2.plugger.plugged(), set([hy, na, lb]));
     assert_bound(&c, &[hy, na, lb], "h2").await;
     // Finish on another host: every agent-served port at plug time.
@@ -122,6 +131,10 @@ async fn cross_host_revert_waits_exactly_for_the_events_the_service_sends() {
     assert_eq!(view.state, InstanceState::Running);
     assert_eq!(view.flavor.as_deref(), Some("m1.tiny"));
     assert_bound(&c, &[hy, na, lb], "h1").await;
+    assert_eq!(
+        owner_of(h1.driver.libvirt(), id).await.as_deref(),
+        Some("h1")
+    );
 
     // h1 brought it back: bind-time = [hybrid] (its qvo stayed wired on h1), plug-time =
     // [native, linux bridge] (their taps went with the stopped domain).

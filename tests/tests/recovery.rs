@@ -368,3 +368,153 @@ async fn a_resize_interrupted_on_both_hosts_is_reverted_to_the_source() {
     c.destroy_everywhere(id).await;
     c.assert_clean(&[]).await;
 }
+
+/// `dump` (the domains of one host, as [`TestCloud::dump_domains`] writes them) with the
+/// record of domain `id` naming `owner` instead of `from` (`None`: no owner at all, as
+/// metadata written before vireo recorded it). Exactly one record changes.
+fn with_owner(dump: &str, id: uuid::Uuid, from: &str, owner: Option<&str>) -> String {
+    let mut out = String::new();
+    let mut changed = 0;
+    for chunk in dump.split_inclusive("</domain>") {
+        if !chunk.contains(&format!("<uuid>{id}</uuid>")) {
+            out.push_str(chunk);
+            continue;
+        }
+        let mut chunk = chunk.to_owned();
+        for q in ["\"", "&quot;"] {
+            let field = format!("{q}host{q}:{q}{from}{q}");
+            if !chunk.contains(&field) {
+                continue;
+            }
+            chunk = match owner {
+                Some(o) => chunk.replacen(&field, &format!("{q}host{q}:{q}{o}{q}"), 1),
+                None if chunk.contains(&format!("{field},")) => {
+                    chunk.replacen(&format!("{field},"), "", 1)
+                }
+                None => chunk.replacen(&format!(",{field}"), "", 1),
+            };
+            changed += 1;
+        }
+        out.push_str(&chunk);
+    }
+    assert_eq!(changed, 1, "the record of {id} names no {from}: {dump}");
+    out
+}
+
+/// Another agent on the same libvirtd (a benchmark next to a test) owns a domain whose build
+/// it is in the middle of: this host's recovery leaves it exactly as it is. Once the record
+/// names this host, the same interrupted build is this host's to roll back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_build_another_host_owns_is_left_alone_by_recovery() {
+    let c = spec(&["h1"]).start().await;
+    let id = uuid();
+    let (user, vif) = silent_port(&c, id, NET_NATIVE).await;
+    let mut args = spawn_args("vm-crash-other", vec![]);
+    args.network = NetworkRequest::Allocated(NetworkInfo { vifs: vec![vif] });
+    let d = c.host("h1").driver.clone();
+    let build = tokio::spawn(async move { d.spawn(id, args).await });
+    at_phase(&c.host("h1").driver, id, "wait for events").await;
+    let before = c.port(user).await;
+    let mut domains = c.dump_domains().await;
+    build.abort();
+    assert!(build.await.unwrap_err().is_cancelled());
+    let ours = domains["h1"].clone();
+    domains.insert("h1".into(), with_owner(&ours, id, "h1", Some("h-bench")));
+    let c = TestCloud::restart(c.crash(), domains).await;
+
+    let h1 = c.host("h1");
+    let report = h1.driver.recovery().clone();
+    assert_eq!(report.other_hosts, vec![(id, "h-bench".to_owned())]);
+    assert!(report.instances.iter().all(|i| i.uuid != id), "{report:?}");
+    assert!(matches!(
+        h1.driver.show(id).await,
+        Err(InstanceError::NotFound(_))
+    ));
+    assert!(h1.driver.list().await.iter().all(|v| v.uuid != id));
+    // A resync (what a libvirt reconnect runs) leaves it alone too.
+    let again = h1.driver.host_handle().recover().await.unwrap();
+    assert_eq!(again.other_hosts, vec![(id, "h-bench".to_owned())]);
+    assert!(again.instances.is_empty(), "{again:?}");
+    // Untouched: still defined, still paused mid-build, its operation still recorded, its
+    // port as the build left it.
+    let lv = h1.driver.libvirt();
+    let domain = lv
+        .list_all()
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|d| d.uuid == id)
+        .expect("the other host's domain is gone");
+    assert_eq!(domain.state, vireo_actors::libvirt::DomainState::Paused);
+    let xml = lv.xml_desc(id, false).await.unwrap();
+    assert!(xml.contains("<vireo:operation"), "{xml}");
+    assert!(xml.contains("h-bench"), "{xml}");
+    let port = c.port(user).await;
+    assert_eq!(port.device_id, id.to_string());
+    assert_eq!(
+        (&port.host_id, port.status, &port.profile),
+        (&before.host_id, before.status, &before.profile)
+    );
+
+    // The same domain recorded as this host's: adopted and its build rolled back.
+    let mut domains = c.dump_domains().await;
+    let theirs = domains["h1"].clone();
+    domains.insert("h1".into(), with_owner(&theirs, id, "h-bench", Some("h1")));
+    let c = TestCloud::restart(c.crash(), domains).await;
+    assert!(c.host("h1").driver.recovery().other_hosts.is_empty());
+    assert!(
+        recovered(&c, id).starts_with("spawn/"),
+        "{}",
+        recovered(&c, id)
+    );
+    let h1 = c.host("h1");
+    eventually(Duration::from_secs(5), "the build rolled back", || async {
+        matches!(h1.driver.show(id).await, Err(InstanceError::NotFound(_))).then_some(())
+    })
+    .await;
+    c.assert_clean(&[user]).await;
+    c.delete_ports(&[user]).await;
+}
+
+/// A domain this host saved and one whose record names no host (metadata written before
+/// vireo recorded the owner) are both adopted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn domains_of_this_host_and_of_no_recorded_host_are_adopted() {
+    let c = spec(&["h1"]).start().await;
+    let (mine, old) = (uuid(), uuid());
+    let h1 = c.host("h1");
+    for (id, name) in [(mine, "vm-owned-mine"), (old, "vm-owned-none")] {
+        h1.driver
+            .spawn(id, spawn_args(name, vec![on(NET_HYBRID)]))
+            .await
+            .unwrap();
+    }
+    let mut domains = c.dump_domains().await;
+    let dump = domains["h1"].clone();
+    assert!(dump.contains("h1"), "{dump}");
+    domains.insert("h1".into(), with_owner(&dump, old, "h1", None));
+    let c = TestCloud::restart(c.crash(), domains).await;
+
+    let h1 = c.host("h1");
+    let report = h1.driver.recovery().clone();
+    assert!(report.other_hosts.is_empty(), "{report:?}");
+    let mut adopted: Vec<_> = report.instances.iter().map(|i| i.uuid).collect();
+    adopted.sort();
+    let mut both = vec![mine, old];
+    both.sort();
+    assert_eq!(adopted, both);
+    for id in [mine, old] {
+        assert_eq!(
+            h1.driver.show(id).await.unwrap().state,
+            InstanceState::Running
+        );
+    }
+    // The next save names this host.
+    h1.driver.power_off(old, None).await.unwrap();
+    let xml = h1.driver.libvirt().xml_desc(old, false).await.unwrap();
+    with_owner(&xml, old, "h1", Some("h1"));
+    for id in [mine, old] {
+        c.destroy_everywhere(id).await;
+    }
+    c.assert_clean(&[]).await;
+}

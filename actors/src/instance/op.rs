@@ -316,7 +316,7 @@ impl OpCtx {
     // ------------------------------------------------------------------------------------
     // libvirt
 
-    /// Define (or redefine) the domain from the record.
+    /// Define (or redefine) the domain from the record, naming this host its owner.
     pub async fn define(
         &mut self,
         record: &InstanceRecord,
@@ -327,7 +327,7 @@ impl OpCtx {
             .prepare_console_log_dir(&self.deps.config.domain)
             .map_err(InstanceError::Record)?;
         let xml = record
-            .domain(&self.deps.config.domain, devices, op)
+            .domain(&self.deps.config.domain, &self.deps.host, devices, op)
             .and_then(|d| d.to_xml().map_err(Into::into))
             .map_err(InstanceError::Record)?;
         let lv = self.deps.libvirt.clone();
@@ -336,14 +336,15 @@ impl OpCtx {
             .map(|_| ())
     }
 
-    /// Store the record (and the operation in flight) in the domain's metadata.
+    /// Store the record (and the operation in flight) in the domain's metadata, naming this
+    /// host its owner (a migrated domain keeps its source's name until the destination saves).
     pub async fn save(
         &mut self,
         record: &InstanceRecord,
         op: Option<InFlightOperation>,
     ) -> Result<(), InstanceError> {
         let xml = record
-            .metadata(op)
+            .metadata(&self.deps.host, op)
             .and_then(|m| m.to_xml().map_err(Into::into))
             .map_err(InstanceError::Record)?;
         let meta = Metadata {

@@ -108,6 +108,10 @@ struct StoredRecord {
     boot: BootSource,
     #[serde(default)]
     resize: Option<ResizeRecord>,
+    /// The host whose agent saved the record last: the domain's owner. Absent in records
+    /// written before vireo recorded it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    host: Option<String>,
 }
 
 /// Everything an instance actor knows about its instance.
@@ -141,15 +145,18 @@ pub struct DomainSettings {
 }
 
 impl InstanceRecord {
-    /// The metadata element for this record, with `operation` in flight.
+    /// The metadata element for this record as `host` saves it (the host is recorded as the
+    /// domain's owner), with `operation` in flight.
     pub fn metadata(
         &self,
+        host: &str,
         operation: Option<InFlightOperation>,
     ) -> Result<VireoMetadata, RecordError> {
         let stored = StoredRecord {
             state: self.state,
             boot: self.boot.clone(),
             resize: self.resize.clone(),
+            host: Some(host.to_owned()),
         };
         Ok(VireoMetadata {
             instance_uuid: self.uuid,
@@ -169,6 +176,7 @@ impl InstanceRecord {
                 state: InstanceState::Stopped,
                 boot: BootSource::None,
                 resize: None,
+                host: None,
             },
         };
         Ok(InstanceRecord {
@@ -180,6 +188,15 @@ impl InstanceRecord {
             state: stored.state,
             resize: stored.resize,
         })
+    }
+
+    /// The host that saved `meta` last (the domain's owner); None for a record written
+    /// before vireo recorded the host, or metadata without a record.
+    pub fn owner(meta: &VireoMetadata) -> Result<Option<String>, RecordError> {
+        match &meta.record {
+            Some(v) => Ok(serde_json::from_value::<StoredRecord>(v.clone())?.host),
+            None => Ok(None),
+        }
     }
 
     /// The directory of its serial console log (`<console_dir>/<uuid>`), when the settings
@@ -203,11 +220,12 @@ impl InstanceRecord {
             .map_err(|source| RecordError::ConsoleDir { path: dir, source })
     }
 
-    /// The domain definition: flavor, boot source, the VIF devices (in `network_info`
-    /// order), a serial console, and the metadata.
+    /// The domain definition as `host` defines it: flavor, boot source, the VIF devices (in
+    /// `network_info` order), a serial console, and the metadata (naming `host` the owner).
     pub fn domain(
         &self,
         settings: &DomainSettings,
+        host: &str,
         devices: Vec<DeviceConfig>,
         operation: Option<InFlightOperation>,
     ) -> Result<Domain, RecordError> {
@@ -215,7 +233,7 @@ impl InstanceRecord {
         let mut d = Domain::new(name);
         d.domain_type = settings.domain_type;
         d.uuid = Some(self.uuid);
-        d.metadata = Some(self.metadata(operation)?);
+        d.metadata = Some(self.metadata(host, operation)?);
         d.memory_kib = self
             .flavor
             .memory_mb
@@ -309,6 +327,49 @@ mod tests {
     }
 
     #[test]
+    fn the_saving_host_is_recorded_as_the_owner_and_older_records_have_none() {
+        let r = record();
+        let meta = r.metadata("h1", None).unwrap();
+        let xml = meta.to_xml().unwrap();
+        let back = VireoMetadata::from_xml(&xml).unwrap();
+        assert_eq!(InstanceRecord::owner(&back).unwrap().as_deref(), Some("h1"));
+        assert_eq!(InstanceRecord::from_metadata("vm-1", &back).unwrap(), r);
+        // Another host saving the same record (a migration's or resize's destination)
+        // becomes its owner.
+        let moved = r.metadata("h2", None).unwrap();
+        assert_eq!(
+            InstanceRecord::owner(&moved).unwrap().as_deref(),
+            Some("h2")
+        );
+        // The definition carries it too.
+        let settings = DomainSettings {
+            domain_type: DomainType::Test,
+            machine: None,
+            console_dir: None,
+        };
+        let d = r.domain(&settings, "h3", vec![], None).unwrap();
+        let m = d.metadata.unwrap();
+        assert_eq!(InstanceRecord::owner(&m).unwrap().as_deref(), Some("h3"));
+        // A record written before the owner was recorded: no owner, still readable.
+        let mut old = back.clone();
+        old.record = Some(serde_json::json!({"state": "running", "boot": {"type": "none"}}));
+        assert_eq!(InstanceRecord::owner(&old).unwrap(), None);
+        assert_eq!(
+            InstanceRecord::from_metadata("vm-1", &old).unwrap().state,
+            InstanceState::Running
+        );
+        old.record = None;
+        assert_eq!(InstanceRecord::owner(&old).unwrap(), None);
+        // An owner that is not a string: a typed error, not a panic.
+        old.record =
+            Some(serde_json::json!({"state": "running", "boot": {"type": "none"}, "host": 7}));
+        assert!(matches!(
+            InstanceRecord::owner(&old),
+            Err(RecordError::Json(_))
+        ));
+    }
+
+    #[test]
     fn qemu_and_kvm_domains_have_acpi_for_hotplug_and_the_power_button() {
         for (t, acpi) in [
             (DomainType::Kvm, true),
@@ -320,7 +381,7 @@ mod tests {
                 machine: None,
                 console_dir: None,
             };
-            let d = record().domain(&settings, vec![], None).unwrap();
+            let d = record().domain(&settings, "h1", vec![], None).unwrap();
             assert_eq!(d.features.acpi, acpi, "{t:?}");
             assert_eq!(d.features.apic, acpi, "{t:?}");
             let xml = d.to_xml().unwrap();
@@ -350,7 +411,11 @@ mod tests {
             Some(dir.to_str().unwrap())
         );
         // The serial log the definition names lives in that directory.
-        let xml = r.domain(&settings, vec![], None).unwrap().to_xml().unwrap();
+        let xml = r
+            .domain(&settings, "h1", vec![], None)
+            .unwrap()
+            .to_xml()
+            .unwrap();
         assert!(
             xml.contains(&format!("{}/console.log", dir.display())),
             "{xml}"

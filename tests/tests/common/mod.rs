@@ -1724,3 +1724,18 @@ impl Cloud {
         leak_check(&hosts, &self.cloud.network, &events, user_ports).await;
     }
 }
+
+/// The host domain `id`'s vireo record names as its owner on `lv` (None: no owner recorded).
+pub async fn owner_of(lv: &vireo_actors::libvirt::LibvirtHandle, id: Uuid) -> Option<String> {
+    let xml = lv
+        .get_metadata(
+            id,
+            vireo_xml::metadata::NAMESPACE_URI,
+            vireo_actors::libvirt::Affect::Current,
+        )
+        .await
+        .unwrap()
+        .expect("no vireo metadata");
+    let meta = vireo_xml::metadata::VireoMetadata::from_xml(&xml).unwrap();
+    vireo_actors::instance::InstanceRecord::owner(&meta).unwrap()
+}
