@@ -16,7 +16,7 @@
 //!   </vireo:flavor>
 //!   <vireo:network_info>[…Nova network_info JSON…]</vireo:network_info>
 //!   <vireo:operation id="…" kind="resize" phase="…" started_at="1764000000000">{…}</vireo:operation>
-//!   <vireo:record>{"state": "running", "boot": {…}, "resize": null}</vireo:record>
+//!   <vireo:record>{"host": "compute-1", "state": "running", "boot": {…}, "resize": null}</vireo:record>
 //! </vireo:instance>
 //! ```
 
@@ -83,7 +83,7 @@ pub struct VireoMetadata {
     pub network_info: serde_json::Value,
     /// The operation in flight, if any.
     pub operation: Option<InFlightOperation>,
-    /// vireo's own record of the instance (lifecycle state, boot source, resize in
+    /// vireo's own record of the instance (owning host, lifecycle state, boot source, resize in
     /// progress, ...), as JSON. Opaque to this crate.
     pub record: Option<serde_json::Value>,
 }
