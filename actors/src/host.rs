@@ -223,10 +223,13 @@ impl Handler<ShowInstance> for HostActor {
         let addr = self.instances.get(&uuid).cloned();
         Box::pin(async move {
             match addr {
+                // A gone instance (one that left leftovers behind) is not here.
                 Some(a) => a
                     .send(Show)
                     .await
-                    .map_err(|_| InstanceError::NotFound(uuid)),
+                    .ok()
+                    .filter(|v| v.state != InstanceState::Gone)
+                    .ok_or(InstanceError::NotFound(uuid)),
                 None => Err(InstanceError::NotFound(uuid)),
             }
         })
@@ -242,7 +245,7 @@ impl Handler<ListInstances> for HostActor {
             let mut out = Vec::with_capacity(addrs.len());
             for a in addrs {
                 if let Ok(v) = a.send(Show).await {
-                    if v.state != InstanceState::Absent {
+                    if !matches!(v.state, InstanceState::Absent | InstanceState::Gone) {
                         out.push(v);
                     }
                 }
