@@ -257,10 +257,24 @@ impl Handler<ListInstances> for HostActor {
 }
 
 impl Handler<Knows> for HostActor {
-    type Result = bool;
+    type Result = ResponseFuture<bool>;
 
-    fn handle(&mut self, msg: Knows, _ctx: &mut Self::Context) -> bool {
-        self.instances.get(&msg.0).is_some_and(|a| a.connected())
+    fn handle(&mut self, msg: Knows, _ctx: &mut Self::Context) -> Self::Result {
+        let addr = self
+            .instances
+            .get(&msg.0)
+            .filter(|a| a.connected())
+            .cloned();
+        Box::pin(async move {
+            match addr {
+                // A gone instance (one that left leftovers behind) is not here.
+                Some(a) => a
+                    .send(Show)
+                    .await
+                    .is_ok_and(|v| v.state != InstanceState::Gone),
+                None => false,
+            }
+        })
     }
 }
 
