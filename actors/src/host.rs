@@ -234,10 +234,13 @@ impl Handler<ShowInstance> for HostActor {
         let addr = self.instances.get(&uuid).cloned();
         Box::pin(async move {
             match addr {
+                // A gone instance (one that left leftovers behind) is not here.
                 Some(a) => a
                     .send(Show)
                     .await
-                    .map_err(|_| InstanceError::NotFound(uuid)),
+                    .ok()
+                    .filter(|v| v.state != InstanceState::Gone)
+                    .ok_or(InstanceError::NotFound(uuid)),
                 None => Err(InstanceError::NotFound(uuid)),
             }
         })
@@ -253,7 +256,7 @@ impl Handler<ListInstances> for HostActor {
             let mut out = Vec::with_capacity(addrs.len());
             for a in addrs {
                 if let Ok(v) = a.send(Show).await {
-                    if v.state != InstanceState::Absent {
+                    if !matches!(v.state, InstanceState::Absent | InstanceState::Gone) {
                         out.push(v);
                     }
                 }
@@ -265,10 +268,24 @@ impl Handler<ListInstances> for HostActor {
 }
 
 impl Handler<Knows> for HostActor {
-    type Result = bool;
+    type Result = ResponseFuture<bool>;
 
-    fn handle(&mut self, msg: Knows, _ctx: &mut Self::Context) -> bool {
-        self.instances.get(&msg.0).is_some_and(|a| a.connected())
+    fn handle(&mut self, msg: Knows, _ctx: &mut Self::Context) -> Self::Result {
+        let addr = self
+            .instances
+            .get(&msg.0)
+            .filter(|a| a.connected())
+            .cloned();
+        Box::pin(async move {
+            match addr {
+                // A gone instance (one that left leftovers behind) is not here.
+                Some(a) => a
+                    .send(Show)
+                    .await
+                    .is_ok_and(|v| v.state != InstanceState::Gone),
+                None => false,
+            }
+        })
     }
 }
 

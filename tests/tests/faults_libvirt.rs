@@ -410,3 +410,90 @@ async fn detach() {
 async fn destroy() {
     libvirtd_matrix(Op::Destroy).await;
 }
+
+/// Regression: a resize whose destination's libvirtd froze while it waited for its events.
+/// The destination's rollback could not remove the domain (the connection was lost), the
+/// source took the instance back; once libvirtd was back, the recovery after the reconnect
+/// adopted the half-made domain again from its metadata (a resize target: the instance on two
+/// hosts). The destination keeps what is left as gone (hidden, not adopted again) and removes
+/// it once libvirt is back; a recovery pass run then finds nothing to adopt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resize_destination_frozen_in_its_wait_is_not_adopted_again() {
+    let op = Op::Resize;
+    let mut d = Daemons::start(op.hosts());
+    let mut sp = spec(op.hosts());
+    for (h, daemon) in &d.0 {
+        sp = sp.remote(h, daemon.socket());
+    }
+    let c = Arc::new(sp.start().await);
+    let s = setup(op, &c, &name("lv-resize-frozen-reg", 0), false).await;
+    let lv = c.host("h2").driver.libvirt().clone();
+    let before = lv.generation().unwrap();
+    c.sink.set_event_fault(Some(EventRule {
+        instance: s.id,
+        fault: EventFault::Held,
+    }));
+    let task = start(op, &c, &s);
+    let h2 = c.host("h2").driver.clone();
+    eventually(Duration::from_secs(10), "the event wait on h2", || async {
+        match h2.show(s.id).await {
+            Ok(v)
+                if v.operation
+                    .as_ref()
+                    .is_some_and(|o| o.phase.starts_with("wait for")) =>
+            {
+                Some(())
+            }
+            _ => None,
+        }
+    })
+    .await;
+    // The half-made domain (its metadata: a resize target, finish-resize in flight) is what
+    // libvirtd has when it comes back.
+    c.persist_domains("h2").await;
+    d.get("h2").freeze().unwrap();
+    c.sink.set_event_fault(None);
+    c.sink.release_held();
+    let r: Result<OpReport, InstanceError> = task.await.unwrap();
+    assert_eq!(Outcome::of(&r), Outcome::RolledBack, "{r:?}");
+    d.get("h2").thaw().unwrap();
+    // From the thaw until the leftover domain is gone (the reconnect, its recovery pass and
+    // resync), the instance is on the source only: watched closely, as the destination's
+    // half-made domain was adopted for a few milliseconds before.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut gone_since = None;
+    loop {
+        let at = places(&c, s.id).await;
+        assert_eq!(
+            at,
+            vec![("h1".to_owned(), S::Running)],
+            "the instance is on the source only"
+        );
+        let back = lv.generation().is_some_and(|g| g > before);
+        let left = match lv.list_all().await {
+            Ok(domains) => domains.iter().any(|d| d.uuid == s.id),
+            Err(_) => true,
+        };
+        if back && !left {
+            let since = *gone_since.get_or_insert_with(Instant::now);
+            if since.elapsed() > Duration::from_millis(300) {
+                break;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "h2's leftover domain not removed"
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    // A recovery pass now finds nothing of it to adopt.
+    c.host("h2").driver.host_handle().recover().await.unwrap();
+    assert_eq!(places(&c, s.id).await, vec![("h1".to_owned(), S::Running)]);
+    let want = expect(op, Fault::Frozen, Point::EventWait);
+    check(&c, &s, "resize frozen on h2 in its wait", &want, &r).await;
+    cleanup(&c, &s).await;
+    for h in op.hosts() {
+        c.persist_domains(h).await;
+    }
+    c.shutdown().await;
+}

@@ -4,6 +4,13 @@
 //! Concurrency rule: a second mutating request while an operation runs is refused with
 //! [`InstanceError::Busy`] (HTTP 409) — except destroy, which cancels the running
 //! operation's event waits (so it rolls back promptly) and runs right after it.
+//!
+//! Left behind: an instance that left this host (`gone`) while libvirt kept part of it (a
+//! finish-resize whose rollback lost the libvirt connection; the source took the instance
+//! back) keeps its actor and record, hidden from show and list. Its actor removes the
+//! leftovers on the next resync (libvirt reconnected) or destroy — never releasing the
+//! networking, which belongs to the host that has the instance — and then leaves. While it
+//! stays registered, the recovery after a reconnect does not adopt the domain again.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -133,6 +140,30 @@ impl InstanceActor {
         }
     }
 
+    /// Gone from this host, with leftovers in libvirt still to remove (see the module doc).
+    fn left_behind(&self) -> bool {
+        self.state == InstanceState::Gone && self.record.is_some()
+    }
+
+    /// Remove what a left-behind instance left in libvirt; the actor leaves once it is gone.
+    fn remove_leftovers(&mut self, ctx: &mut Context<Self>) {
+        if !self.left_behind() || self.running.is_some() || self.stopping {
+            return;
+        }
+        info!(instance = %self.uuid, "removing what libvirt kept of an instance that left this host");
+        let fut = self.start(
+            InstanceRequest::Destroy(DestroyArgs {
+                deallocate_network: false,
+            }),
+            ctx,
+        );
+        ctx.spawn(fut.map(|reply, act, _ctx| {
+            if let Err(e) = reply {
+                warn!(instance = %act.uuid, error = %error_chain(&e), "leftovers not removed yet; again on the next resync");
+            }
+        }));
+    }
+
     fn refuse(&self, request: Request) -> Option<InstanceError> {
         if let Some(running) = &self.running {
             return Some(InstanceError::Busy {
@@ -238,6 +269,12 @@ impl InstanceActor {
             // A flow returned a state the lifecycle does not allow: a bug, logged loudly.
             warn!(instance = %self.uuid, %from, to = %fin.state, "unexpected lifecycle transition");
         }
+        let mut fin = fin;
+        if from == InstanceState::Gone && fin.result.is_err() {
+            // Removing a left-behind instance's leftovers failed: it stays gone from this
+            // host, with what is left for the next attempt.
+            fin.state = InstanceState::Gone;
+        }
         self.state = fin.state;
         self.record = fin.record;
         self.running = None;
@@ -256,7 +293,9 @@ impl InstanceActor {
         if !self.queued_destroys.is_empty() {
             let waiters = std::mem::take(&mut self.queued_destroys);
             let args = DestroyArgs {
-                deallocate_network: waiters.iter().any(|(a, _)| a.deallocate_network),
+                // A left-behind instance's networking belongs to the host that has it.
+                deallocate_network: !self.left_behind()
+                    && waiters.iter().any(|(a, _)| a.deallocate_network),
             };
             let fut = self.start(InstanceRequest::Destroy(args), ctx);
             ctx.spawn(fut.map(move |reply, _act, _ctx| {
@@ -267,6 +306,10 @@ impl InstanceActor {
                     });
                 }
             }));
+            return;
+        }
+        if self.left_behind() && !self.stopping {
+            info!(instance = %self.uuid, "gone from this host; libvirt keeps some of it: removed on the next resync or destroy");
             return;
         }
         if matches!(self.state, InstanceState::Gone) || self.stopping {
@@ -453,6 +496,15 @@ impl Handler<Run> for InstanceActor {
                         }),
                 );
             }
+            if self.left_behind() {
+                // Its networking belongs to the host that has the instance now.
+                return self.start(
+                    InstanceRequest::Destroy(DestroyArgs {
+                        deallocate_network: false,
+                    }),
+                    ctx,
+                );
+            }
             if matches!(self.state, InstanceState::Absent | InstanceState::Gone)
                 && self.record.is_none()
             {
@@ -505,7 +557,11 @@ impl Handler<Resync> for InstanceActor {
     type Result = ();
 
     fn handle(&mut self, _msg: Resync, ctx: &mut Self::Context) {
-        self.reconcile(ctx);
+        if self.left_behind() {
+            self.remove_leftovers(ctx);
+        } else {
+            self.reconcile(ctx);
+        }
     }
 }
 

@@ -31,7 +31,9 @@ use super::types::{
 pub(crate) struct Finished {
     /// The state now.
     pub state: InstanceState,
-    /// The record now (None: nothing of the instance is left on this host).
+    /// The record now (None: nothing of the instance is left on this host). With
+    /// [`InstanceState::Gone`]: the instance left this host, but libvirt still has what
+    /// could not be removed (see [`super::actor`]: removed on the next resync or destroy).
     pub record: Option<InstanceRecord>,
     /// The operation's result.
     pub result: Result<(), InstanceError>,
@@ -773,11 +775,21 @@ pub(crate) async fn finish_resize(op: &mut OpCtx, migration: Migration, h: Hando
         Ok(()) => Finished::ok(InstanceState::ResizeTarget, Some(record)),
         Err(e) => {
             op.cancel_waits().await;
-            let _ = op.destroy_domain().await;
-            let _ = op.unplug_all(&record).await;
-            let _ = op.undefine_domain().await;
+            // The source takes the instance back: this host gives it up whatever happens
+            // here. What libvirt could not remove (its connection lost) stays with the
+            // record, gone but kept, and the actor removes it once libvirt is back
+            // (never adopted again as a resize target by the recovery after a reconnect).
+            let destroyed = op.destroy_domain().await;
+            let unplugged = op.unplug_all(&record).await;
+            let undefined = op.undefine_domain().await;
             op.deps.events.forget(op.uuid);
-            Finished::err(InstanceState::Gone, None, e)
+            match destroyed.and(unplugged).and(undefined) {
+                Ok(()) => Finished::err(InstanceState::Gone, None, e),
+                Err(left) => {
+                    warn!(instance = %op.uuid, error = %left, "finish-resize rollback left the domain behind; it goes once libvirt is back");
+                    Finished::err(InstanceState::Gone, Some(record), e)
+                }
+            }
         }
     }
 }
