@@ -90,30 +90,4 @@ async fn network_matrix(op: Op) {
     );
 }
 
-macro_rules! network_tests {
-    ($($name:ident => $op:expr),* $(,)?) => {$(
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn $name() {
-            network_matrix($op).await;
-        }
-    )*};
-}
-
-network_tests! {
-    spawn => Op::Spawn,
-    hard_reboot => Op::HardReboot,
-    soft_reboot => Op::SoftReboot,
-    power_off => Op::PowerOff,
-    power_on => Op::PowerOn,
-    resize => Op::Resize,
-    resize_same_host => Op::ResizeSameHost,
-    confirm => Op::Confirm,
-    revert => Op::Revert,
-    revert_same_host => Op::RevertSameHost,
-    live_migration => Op::LiveMigration,
-    rollback => Op::Rollback,
-    reschedule => Op::Reschedule,
-    attach => Op::Attach,
-    detach => Op::Detach,
-    destroy => Op::Destroy,
-}
+faults_support::row_tests!(network_matrix);

@@ -1510,3 +1510,38 @@ pub fn render_matrix() -> String {
     out.push('\n');
     out
 }
+
+/// One `#[tokio::test]` per row of the matrix, named after the operation, each running
+/// `$matrix(Op::...)`: every family's file runs its column with
+/// `faults_support::row_tests!(its_matrix);` (faults_doc.rs checks both).
+#[allow(unused_macros)]
+macro_rules! row_tests {
+    ($matrix:ident) => {
+        faults_support::row_tests!(@rows $matrix;
+            spawn => Op::Spawn,
+            hard_reboot => Op::HardReboot,
+            soft_reboot => Op::SoftReboot,
+            power_off => Op::PowerOff,
+            power_on => Op::PowerOn,
+            resize => Op::Resize,
+            resize_same_host => Op::ResizeSameHost,
+            confirm => Op::Confirm,
+            revert => Op::Revert,
+            revert_same_host => Op::RevertSameHost,
+            live_migration => Op::LiveMigration,
+            rollback => Op::Rollback,
+            reschedule => Op::Reschedule,
+            attach => Op::Attach,
+            detach => Op::Detach,
+            destroy => Op::Destroy,
+        );
+    };
+    (@rows $matrix:ident; $($name:ident => $op:expr),* $(,)?) => {$(
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $name() {
+            $matrix($op).await;
+        }
+    )*};
+}
+#[allow(unused_imports)]
+pub(crate) use row_tests;
