@@ -826,18 +826,7 @@ async fn power_paths_from_paused_and_stopped() {
     h1.driver.pause(id).await.unwrap();
     let e = h1
         .driver
-        .live_migrate(
-            id,
-            LiveMigrateArgs {
-                migration: Migration {
-                    id: uuid(),
-                    source_host: "h1".into(),
-                    dest_host: "h2".into(),
-                },
-                shared_block_storage: false,
-                shared_instance_path: false,
-            },
-        )
+        .live_migrate(id, lm("h2", false, false))
         .await
         .unwrap_err();
     assert!(

@@ -6,7 +6,7 @@ mod common;
 
 use common::*;
 use vireo::compute::ComputeDriver;
-use vireo_actors::instance::{DestroyArgs, InstanceError, LiveMigrateArgs, Migration};
+use vireo_actors::instance::{DestroyArgs, InstanceError, Migration};
 use vireo_actors::lifecycle::{InstanceState, Request};
 use vireo_actors::network::{BindingStatus, NetworkApi, PortRequest};
 
@@ -36,18 +36,7 @@ async fn destroy_removes_what_a_failed_migration_rollback_left_on_a_user_port() 
         .fail_with(NetCall::SetupNetworks, 1, NetFailure::Down);
     let e = h1
         .driver
-        .live_migrate(
-            id,
-            LiveMigrateArgs {
-                migration: Migration {
-                    id: uuid(),
-                    source_host: "h1".into(),
-                    dest_host: "h2".into(),
-                },
-                shared_block_storage: false,
-                shared_instance_path: false,
-            },
-        )
+        .live_migrate(id, lm("h2", false, false))
         .await
         .unwrap_err();
     assert!(

@@ -15,8 +15,7 @@ use async_trait::async_trait;
 use common::*;
 use vireo::compute::ComputeDriver;
 use vireo_actors::instance::{
-    Handover, InstanceError, InstanceReply, InstanceRequest, LiveMigrateArgs, Migration, PeerHost,
-    PowerState,
+    Handover, InstanceError, InstanceReply, InstanceRequest, Migration, PeerHost, PowerState,
 };
 use vireo_actors::lifecycle::{InstanceState, Request};
 use vireo_actors::network::{BindingStatus, NetworkApi, PortStatus};
@@ -25,18 +24,6 @@ use vireo_actors::predict::Timing;
 use vireo_actors::vif::PortId;
 
 const COMBOS: [(bool, bool); 4] = [(false, false), (true, false), (false, true), (true, true)];
-
-fn lm(dest: &str, shared_block: bool, shared_path: bool) -> LiveMigrateArgs {
-    LiveMigrateArgs {
-        migration: Migration {
-            id: uuid(),
-            source_host: "h1".into(),
-            dest_host: dest.into(),
-        },
-        shared_block_storage: shared_block,
-        shared_instance_path: shared_path,
-    }
-}
 
 async fn spawn3(c: &TestCloud, name: &str) -> (uuid::Uuid, Vec<PortId>) {
     let id = uuid();

@@ -16,8 +16,8 @@ use async_trait::async_trait;
 use common::*;
 use vireo::compute::ComputeDriver;
 use vireo_actors::instance::{
-    DestroyArgs, InstanceError, InstanceReply, InstanceRequest, LiveMigrateArgs, Migration,
-    NetworkRequest, PeerHost, RebootKind, ResizeArgs,
+    DestroyArgs, InstanceError, InstanceReply, InstanceRequest, Migration, NetworkRequest,
+    PeerHost, RebootKind, ResizeArgs,
 };
 use vireo_actors::lifecycle::InstanceState;
 use vireo_actors::network::{NetworkApi, PortStatus, PortUpdate};
@@ -192,21 +192,7 @@ async fn a_live_migration_interrupted_before_the_guest_moved_is_rolled_back() {
         .unwrap();
     let ports = ports(&h1.driver.show(id).await.unwrap());
     let d = h1.driver.clone();
-    let lm = tokio::spawn(async move {
-        d.live_migrate(
-            id,
-            LiveMigrateArgs {
-                migration: Migration {
-                    id: uuid(),
-                    source_host: "h1".into(),
-                    dest_host: "h2".into(),
-                },
-                shared_block_storage: false,
-                shared_instance_path: true,
-            },
-        )
-        .await
-    });
+    let lm = tokio::spawn(async move { d.live_migrate(id, lm("h2", false, true)).await });
     at_phase(&h1.driver, id, "pre-wire the destination").await;
     for p in &ports {
         assert_eq!(c.port(*p).await.migrating_to(), Some("h2"));

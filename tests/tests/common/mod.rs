@@ -9,7 +9,9 @@ use uuid::Uuid;
 use vireo::local::{LocalCloud, LocalCloudConfig};
 use vireo::network::embedded::{EmbeddedConfig, EmbeddedNetworkDef, Mechanism};
 use vireo_actors::events::{EventConfig, WaitPolicy};
-use vireo_actors::instance::{BootSource, InstanceConfig, NetworkRequest, SpawnArgs};
+use vireo_actors::instance::{
+    BootSource, InstanceConfig, LiveMigrateArgs, Migration, NetworkRequest, SpawnArgs,
+};
 use vireo_actors::network::{NetworkApi, PortRequest, PortUpdate};
 use vireo_actors::vif::{PortId, VnicType};
 use vireo_xml::metadata::Flavor;
@@ -129,6 +131,19 @@ pub async fn sriov_port(net: &dyn NetworkApi, vnic: VnicType, pci: &str) -> Port
     .await
     .unwrap();
     PortRequest::Port { port_id: port.id }
+}
+
+/// A live migration from h1 to `dest` with the given storage flags.
+pub fn lm(dest: &str, shared_block: bool, shared_path: bool) -> LiveMigrateArgs {
+    LiveMigrateArgs {
+        migration: Migration {
+            id: uuid(),
+            source_host: "h1".into(),
+            dest_host: dest.into(),
+        },
+        shared_block_storage: shared_block,
+        shared_instance_path: shared_path,
+    }
 }
 
 pub fn uuid() -> Uuid {
