@@ -1,70 +1,88 @@
 //! [`predict_json`]: prediction straight from `network_info` JSON text, reading only the
 //! fields prediction needs (`id`, `type`, `vnic_type`, `active`, `details.ovs_hybrid_plug`)
-//! with the same strict rules and [`Problem`]s as the full model in [`crate::vif`]; every
-//! other key is skipped unparsed. A key given twice counts once, with its last value, as in
-//! the full parser (`serde_json::Value`). An item that is not an object is reported as
-//! [`VifError::Json`]; a `details` that is not an object as the full parser reports it.
+//! with the same strict rules and [`Problem`]s as the full model in [`crate::vif`].
+//!
+//! ## Layout
+//! - [`Scan`]: reads the levels prediction looks into (the list, each VIF dict, `details`)
+//!   token by token, checking their grammar in full. A string is found sixteen bytes at a
+//!   time ([`string_end`]); a number, literal or string value of a key prediction does not
+//!   read is checked and stepped over ([`skip_value`]).
+//! - [`skip_container`]: an object or array value of a key prediction does not read
+//!   (`network` with its subnets, `profile`, `meta`, ...: most of a real document's bytes)
+//!   is stepped over 64 bytes at a time. Each block is classified with SSE2 (quotes,
+//!   brackets, and the rare bytes: `\` and control bytes); which bytes lie inside strings
+//!   follows from the quotes by a prefix XOR, and only brackets outside strings are looked
+//!   at one by one, to match them. A block holding a rare byte is walked a byte at a time
+//!   ([`bytewise`]).
+//! - [`predict_json`]: reads the whole document, then checks each VIF's fields in list
+//!   order as [`crate::vif::Vif::from_value`] does for those fields, so that a JSON error
+//!   anywhere is reported before a field error, as by the full parser.
+//!
+//! ## Contract (checked by the `predict_json` fuzz target)
+//! For any text [`crate::vif::NetworkInfo::parse`] accepts, the result equals parsing with it
+//! and calling [`super::predict`]. Where this path refuses a text, the full path refuses it
+//! too. It accepts some texts the full parser refuses, because it reads fewer fields:
+//! - a bad value in a field prediction does not read (a malformed `address`, say);
+//! - inside an object or array it skips, only structure is checked, as simdjson's
+//!   On-Demand API checks what it skips: strings end, escapes are well formed, no control
+//!   byte is inside a string, brackets balance and match in kind, and bytes below 0x20
+//!   outside strings are whitespace. Commas, colons, numbers and literals inside are not
+//!   checked (`{"network": {"mtu": 14x2}}` passes);
+//! - a number out of `f64` range, an unpaired UTF-16 surrogate escape in a skipped string,
+//!   or nesting deeper than `serde_json`'s 128 levels (this path allows 128 levels below
+//!   each VIF field).
+//!
+//! What is stored or acted on never comes from here: the agent, `vireo events explain` and
+//! every flow parse `network_info` with the full parser. A key given twice counts once, with
+//! its last value, as in the full parser (`serde_json::Value`).
 
 use std::borrow::Cow;
 use std::collections::HashSet;
-use std::fmt;
 
-use serde::de::value::{MapAccessDeserializer, SeqAccessDeserializer};
-use serde::de::{Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
-use serde::Deserialize;
 use serde_json::Value;
 
 use super::{classify, table_cell, Operation, PredictError, Prediction, VifPrediction, Wiring};
 use crate::vif::{PortId, Problem, VifError, VifType, VnicType};
 
-/// A JSON scalar as prediction needs it, or anything else (always an error for the fields
-/// read, kept whole so the error shows it as the full parser does).
-#[derive(Debug)]
+/// A JSON scalar as prediction needs it. `null` is read as absent, as the full parser does.
+#[derive(Debug, Clone, Copy)]
 enum Scalar<'a> {
     Bool(bool),
-    Str(Cow<'a, str>),
-    Other(Value),
+    /// A string's contents as written, and whether they hold an escape (decoded only when
+    /// the field is checked).
+    Str(&'a str, bool),
+    /// Any other JSON value (always an error for the fields read): its text, turned into a
+    /// `Value` only to show it in the error as the full parser does.
+    Other(&'a str),
 }
 
-impl<'de: 'a, 'a> Deserialize<'de> for Scalar<'a> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V<'a>(std::marker::PhantomData<&'a ()>);
-        impl<'de: 'a, 'a> Visitor<'de> for V<'a> {
-            type Value = Scalar<'a>;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a JSON value")
-            }
-            fn visit_bool<E>(self, v: bool) -> Result<Scalar<'a>, E> {
-                Ok(Scalar::Bool(v))
-            }
-            fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Scalar<'a>, E> {
-                Ok(Scalar::Str(Cow::Borrowed(v)))
-            }
-            fn visit_str<E>(self, v: &str) -> Result<Scalar<'a>, E> {
-                Ok(Scalar::Str(Cow::Owned(v.to_owned())))
-            }
-            fn visit_i64<E>(self, v: i64) -> Result<Scalar<'a>, E> {
-                Ok(Scalar::Other(Value::from(v)))
-            }
-            fn visit_u64<E>(self, v: u64) -> Result<Scalar<'a>, E> {
-                Ok(Scalar::Other(Value::from(v)))
-            }
-            fn visit_f64<E>(self, v: f64) -> Result<Scalar<'a>, E> {
-                Ok(Scalar::Other(Value::from(v)))
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, a: A) -> Result<Scalar<'a>, A::Error> {
-                Value::deserialize(SeqAccessDeserializer::new(a)).map(Scalar::Other)
-            }
-            fn visit_map<A: MapAccess<'de>>(self, a: A) -> Result<Scalar<'a>, A::Error> {
-                Value::deserialize(MapAccessDeserializer::new(a)).map(Scalar::Other)
-            }
+/// A string's contents with escapes decoded (by serde_json, the quotes put back around them).
+fn decoded(raw: &str, escaped: bool) -> Result<Cow<'_, str>, PredictError> {
+    if !escaped {
+        return Ok(Cow::Borrowed(raw));
+    }
+    serde_json::from_str::<String>(&format!("\"{raw}\""))
+        .map(Cow::Owned)
+        .map_err(|e| PredictError::NetworkInfo(VifError::Json(e.to_string())))
+}
+
+impl Scalar<'_> {
+    /// The value as compact JSON text, as `serde_json::Value` prints it.
+    fn shown(&self) -> String {
+        match *self {
+            Scalar::Bool(b) => b.to_string(),
+            Scalar::Str(raw, escaped) => match decoded(raw, escaped) {
+                Ok(s) => Value::String(s.into_owned()).to_string(),
+                Err(_) => format!("\"{raw}\""),
+            },
+            Scalar::Other(text) => serde_json::from_str::<Value>(text)
+                .map_or_else(|_| text.to_owned(), |v| v.to_string()),
         }
-        d.deserialize_any(V(std::marker::PhantomData))
     }
 }
 
 /// `details`, as far as prediction reads it.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone, Copy)]
 enum LeanDetails<'a> {
     /// Absent or null.
     #[default]
@@ -75,7 +93,7 @@ enum LeanDetails<'a> {
     NotObject,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone, Copy)]
 struct LeanVif<'a> {
     id: Option<Scalar<'a>>,
     vif_type: Option<Scalar<'a>>,
@@ -85,6 +103,7 @@ struct LeanVif<'a> {
 }
 
 /// A key of a VIF dict (or of its `details`): the ones prediction reads, or any other.
+#[derive(Clone, Copy, PartialEq, Eq)]
 enum Key {
     Id,
     Type,
@@ -95,107 +114,754 @@ enum Key {
     Other,
 }
 
-impl<'de> Deserialize<'de> for Key {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl Visitor<'_> for V {
-            type Value = Key;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a key")
-            }
-            fn visit_str<E>(self, v: &str) -> Result<Key, E> {
-                Ok(match v {
-                    "id" => Key::Id,
-                    "type" => Key::Type,
-                    "vnic_type" => Key::VnicType,
-                    "active" => Key::Active,
-                    "details" => Key::Details,
-                    "ovs_hybrid_plug" => Key::OvsHybridPlug,
-                    _ => Key::Other,
-                })
-            }
+impl Key {
+    fn of(name: &[u8]) -> Key {
+        match name {
+            b"id" => Key::Id,
+            b"type" => Key::Type,
+            b"vnic_type" => Key::VnicType,
+            b"active" => Key::Active,
+            b"details" => Key::Details,
+            b"ovs_hybrid_plug" => Key::OvsHybridPlug,
+            _ => Key::Other,
         }
-        d.deserialize_identifier(V)
     }
 }
 
-impl<'de: 'a, 'a> Deserialize<'de> for LeanVif<'a> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V<'a>(std::marker::PhantomData<&'a ()>);
-        impl<'de: 'a, 'a> Visitor<'de> for V<'a> {
-            type Value = LeanVif<'a>;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a VIF object")
-            }
-            // Later keys overwrite earlier ones, as in `serde_json::Value`.
-            fn visit_map<A: MapAccess<'de>>(self, mut a: A) -> Result<LeanVif<'a>, A::Error> {
-                let mut v = LeanVif::default();
-                while let Some(key) = a.next_key::<Key>()? {
-                    match key {
-                        Key::Id => v.id = a.next_value()?,
-                        Key::Type => v.vif_type = a.next_value()?,
-                        Key::VnicType => v.vnic_type = a.next_value()?,
-                        Key::Active => v.active = a.next_value()?,
-                        Key::Details => v.details = a.next_value()?,
-                        Key::OvsHybridPlug | Key::Other => {
-                            a.next_value::<IgnoredAny>()?;
-                        }
-                    }
+/// A grammar error: what was expected and the byte offset where it was not found.
+#[derive(Debug)]
+struct Syntax {
+    at: usize,
+    what: &'static str,
+}
+
+impl Syntax {
+    /// The error as `serde_json` words its position: 1-based line and column.
+    fn into_error(self, text: &str) -> PredictError {
+        let before = text.as_bytes().get(..self.at).unwrap_or(text.as_bytes());
+        let line = 1 + before.iter().filter(|&&c| c == b'\n').count();
+        let column = 1 + before.iter().rev().take_while(|&&c| c != b'\n').count();
+        PredictError::NetworkInfo(VifError::Json(format!(
+            "{} at line {line} column {column}",
+            self.what
+        )))
+    }
+}
+
+type Scanned<T> = Result<T, Syntax>;
+
+/// Sixteen bytes at a time with SSE2, which every x86-64 processor has (`safe_arch` wraps
+/// the intrinsics; no `unsafe` here).
+#[cfg(target_arch = "x86_64")]
+mod sse2 {
+    use safe_arch::{
+        bitor_m128i, cmp_eq_mask_i8_m128i, load_unaligned_m128i, max_u8_m128i, move_mask_i8_m128i,
+        set_splat_i8_m128i,
+    };
+
+    /// Bit `n` set where byte `n` is `"`, `\\` or a control byte (below 0x20).
+    #[inline(always)]
+    pub(super) fn string_stops(chunk: &[u8; 16]) -> u32 {
+        let v = load_unaligned_m128i(chunk);
+        let quote = cmp_eq_mask_i8_m128i(v, set_splat_i8_m128i(b'"' as i8));
+        let backslash = cmp_eq_mask_i8_m128i(v, set_splat_i8_m128i(b'\\' as i8));
+        let top = set_splat_i8_m128i(0x1f);
+        let control = cmp_eq_mask_i8_m128i(max_u8_m128i(v, top), top);
+        move_mask_i8_m128i(bitor_m128i(bitor_m128i(quote, backslash), control)) as u32
+    }
+
+    /// The byte classes a skipped container is walked by.
+    #[inline(always)]
+    pub(super) fn classes(chunk: &[u8; 16]) -> super::Classes {
+        let v = load_unaligned_m128i(chunk);
+        let quote = cmp_eq_mask_i8_m128i(v, set_splat_i8_m128i(b'"' as i8));
+        let backslash = cmp_eq_mask_i8_m128i(v, set_splat_i8_m128i(b'\\' as i8));
+        let top = set_splat_i8_m128i(0x1f);
+        let control = cmp_eq_mask_i8_m128i(max_u8_m128i(v, top), top);
+        // `[` and `]` are `{` and `}` without bit 5.
+        let folded = bitor_m128i(v, set_splat_i8_m128i(0x20));
+        let bracket = bitor_m128i(
+            cmp_eq_mask_i8_m128i(folded, set_splat_i8_m128i(b'{' as i8)),
+            cmp_eq_mask_i8_m128i(folded, set_splat_i8_m128i(b'}' as i8)),
+        );
+        // A mask has 16 bits (the `i32` is never negative; `as u16` keeps them all).
+        let bits = |v| u64::from(move_mask_i8_m128i(v) as u16);
+        super::Classes {
+            quote: bits(quote),
+            bracket: bits(bracket),
+            rare: bits(bitor_m128i(backslash, control)),
+        }
+    }
+}
+
+/// Deepest nesting [`Scan::skip_value`] follows (one bit of its stack per level).
+const MAX_SKIP_DEPTH: u32 = 128;
+
+/// The byte at `i`, or 0 past the end. A 0 byte is never valid where one is looked at, so
+/// the fast paths need no separate test for the end.
+#[inline(always)]
+fn at(b: &[u8], i: usize) -> u8 {
+    b.get(i).copied().unwrap_or(0)
+}
+
+#[inline(always)]
+fn skip_ws(b: &[u8], i: usize) -> usize {
+    next(b, i).0
+}
+
+/// Skips whitespace from `i`: the index of the next other byte, and that byte (0 at the end).
+#[inline(always)]
+fn next(b: &[u8], mut i: usize) -> (usize, u8) {
+    loop {
+        let c = at(b, i);
+        // Everything above the space is not whitespace: one test on the common path.
+        if c > b' ' || !matches!(c, b' ' | b'\n' | b'\r' | b'\t') {
+            return (i, c);
+        }
+        i += 1;
+    }
+}
+
+fn fail<T>(at: usize, what: &'static str) -> Scanned<T> {
+    Err(Syntax { at, what })
+}
+
+/// Bytes looked at in one step of a string scan.
+const STEP: usize = 16;
+
+/// The string stops among 16 bytes: bit `n` set when byte `n` is `"`, `\` or a control byte
+/// (below 0x20).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn stops_in(chunk: &[u8; STEP]) -> u32 {
+    sse2::string_stops(chunk)
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+#[inline(always)]
+fn stops_in(chunk: &[u8; STEP]) -> u32 {
+    portable::string_stops(chunk)
+}
+
+/// From just past an opening quote: the index of the closing quote, and whether an escape
+/// came before it.
+#[inline(always)]
+fn string_end(b: &[u8], mut i: usize) -> Scanned<(usize, bool)> {
+    let mut escaped = false;
+    loop {
+        let c = match b.get(i..).and_then(<[u8]>::first_chunk::<STEP>) {
+            Some(chunk) => {
+                let stops = stops_in(chunk);
+                if stops == 0 {
+                    i += STEP;
+                    continue;
                 }
-                Ok(v)
+                let k = stops.trailing_zeros() as usize % STEP;
+                i += k;
+                chunk[k]
+            }
+            // The last few bytes of the text, one at a time.
+            None => {
+                let c = at(b, i);
+                if c >= 0x20 && c != b'"' && c != b'\\' {
+                    i += 1;
+                    continue;
+                }
+                c
+            }
+        };
+        match c {
+            b'"' => return Ok((i, escaped)),
+            b'\\' => {
+                escaped = true;
+                i = escape(b, i)?;
+            }
+            _ if i >= b.len() => return fail(i, "EOF while parsing a string"),
+            _ => {
+                return fail(
+                    i,
+                    "control character (\\u0000-\\u001F) found while parsing a string",
+                )
             }
         }
-        d.deserialize_map(V(std::marker::PhantomData))
     }
 }
 
-impl<'de: 'a, 'a> Deserialize<'de> for LeanDetails<'a> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V<'a>(std::marker::PhantomData<&'a ()>);
-        impl<'de: 'a, 'a> Visitor<'de> for V<'a> {
-            type Value = LeanDetails<'a>;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a JSON value")
+/// At `\`: the index just past the escape sequence.
+#[cold]
+fn escape(b: &[u8], i: usize) -> Scanned<usize> {
+    match at(b, i + 1) {
+        b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' => Ok(i + 2),
+        b'u' => {
+            let hex = b.get(i + 2..i + 6);
+            if hex.is_some_and(|h| h.iter().all(u8::is_ascii_hexdigit)) {
+                Ok(i + 6)
+            } else {
+                fail(i + 2, "invalid escape")
             }
-            fn visit_unit<E>(self) -> Result<LeanDetails<'a>, E> {
-                Ok(LeanDetails::Absent)
+        }
+        _ => fail(i + 1, "invalid escape"),
+    }
+}
+
+/// A literal (`true`, `false`, `null`) at `i`: the index past it.
+#[inline(always)]
+fn literal(b: &[u8], i: usize, word: &'static [u8]) -> Scanned<usize> {
+    if b.get(i..i + word.len()) == Some(word) {
+        Ok(i + word.len())
+    } else {
+        fail(i, "expected value")
+    }
+}
+
+#[inline(always)]
+fn digits(b: &[u8], mut i: usize) -> usize {
+    while at(b, i).is_ascii_digit() {
+        i += 1;
+    }
+    i
+}
+
+/// A number at `i`, by the JSON grammar: the index past it.
+fn number(b: &[u8], mut i: usize) -> Scanned<usize> {
+    if at(b, i) == b'-' {
+        i += 1;
+    }
+    match at(b, i) {
+        b'0' => i += 1,
+        b'1'..=b'9' => i = digits(b, i + 1),
+        _ => return fail(i, "invalid number"),
+    }
+    if at(b, i) == b'.' {
+        if !at(b, i + 1).is_ascii_digit() {
+            return fail(i + 1, "invalid number");
+        }
+        i = digits(b, i + 1);
+    }
+    if let b'e' | b'E' = at(b, i) {
+        i += 1;
+        if let b'+' | b'-' = at(b, i) {
+            i += 1;
+        }
+        if !at(b, i).is_ascii_digit() {
+            return fail(i, "invalid number");
+        }
+        i = digits(b, i);
+    }
+    Ok(i)
+}
+
+/// Skips whitespace and one JSON value from `i`: the index past the value. A string, number
+/// or literal is checked in full; an object or array is checked for structure only (see
+/// [`skip_container`]).
+#[inline(always)]
+fn skip_value(b: &[u8], i: usize) -> Scanned<usize> {
+    let (i, c) = next(b, i);
+    match c {
+        b'"' => Ok(string_end(b, i + 1)?.0 + 1),
+        b'{' | b'[' => skip_container(b, i),
+        b't' => literal(b, i, b"true"),
+        b'f' => literal(b, i, b"false"),
+        b'n' => literal(b, i, b"null"),
+        b'-' | b'0'..=b'9' => number(b, i),
+        _ if i >= b.len() => fail(i, "EOF while parsing a value"),
+        _ => fail(i, "expected value"),
+    }
+}
+
+/// The open containers of a skipped value: one bit per level, innermost lowest, 1 for an
+/// object and 0 for an array.
+#[derive(Clone, Copy)]
+struct Nesting {
+    kinds: u128,
+    depth: u32,
+}
+
+impl Nesting {
+    /// Opens the container whose bracket is `open`.
+    #[inline(always)]
+    fn open(&mut self, at: usize, open: u8) -> Scanned<()> {
+        if self.depth == MAX_SKIP_DEPTH {
+            return fail(at, "recursion limit exceeded");
+        }
+        self.depth += 1;
+        self.kinds = (self.kinds << 1) | u128::from(open == b'{');
+        Ok(())
+    }
+
+    /// Closes the innermost container with `close`: `true` when none is left open.
+    #[inline(always)]
+    fn close(&mut self, at: usize, close: u8) -> Scanned<bool> {
+        let object = self.kinds & 1 == 1;
+        if object != (close == b'}') {
+            return fail(
+                at,
+                if object {
+                    "expected `,` or `}`"
+                } else {
+                    "expected `,` or `]`"
+                },
+            );
+        }
+        self.depth -= 1;
+        self.kinds >>= 1;
+        Ok(self.depth == 0)
+    }
+
+    fn eof<T>(&self, at: usize) -> Scanned<T> {
+        fail(
+            at,
+            if self.kinds & 1 == 1 {
+                "EOF while parsing an object"
+            } else {
+                "EOF while parsing a list"
+            },
+        )
+    }
+}
+
+/// At `{` or `[`: the index past the matching bracket. What lies between is checked for
+/// structure, not grammar (see the module's contract).
+#[inline(never)]
+fn skip_container(b: &[u8], start: usize) -> Scanned<usize> {
+    let open = at(b, start);
+    // `{}` and `[]` are common (`meta`, `profile`, `routes`): no block for them.
+    let (first, c) = next(b, start + 1);
+    if c == open + 2 {
+        return Ok(first + 1);
+    }
+    let mut nest = Nesting { kinds: 0, depth: 0 };
+    nest.open(start, open)?;
+    let mut i = start + 1;
+    let mut in_string = false;
+    loop {
+        let rest = b.get(i..).unwrap_or_default();
+        let (m, block): (Classes, &[u8]) = if let Some(block) = rest.first_chunk::<64>() {
+            (classes64(block), block)
+        } else if let Some(chunk) = rest.first_chunk::<16>() {
+            (classes16(chunk), chunk)
+        } else {
+            // The last bytes of the text.
+            return match bytewise(b, i, b.len(), in_string, nest)? {
+                Walk::Closed(end) => Ok(end),
+                Walk::Reached(_, true, _) => fail(b.len(), "EOF while parsing a string"),
+                Walk::Reached(_, false, nest) => nest.eof(b.len()),
+            };
+        };
+        let width = block.len();
+        if m.rare != 0 {
+            // A backslash or a control byte in this block: one byte at a time (an escape
+            // may run past it; the walk goes on from where it ended).
+            match bytewise(b, i, i + width, in_string, nest)? {
+                Walk::Closed(end) => return Ok(end),
+                Walk::Reached(next, s, n) => (i, in_string, nest) = (next, s, n),
             }
-            fn visit_none<E>(self) -> Result<LeanDetails<'a>, E> {
-                Ok(LeanDetails::Absent)
+            continue;
+        }
+        // Bit n set when byte n is inside a string (its opening quote in, its closing out).
+        let mut inside = m.quote;
+        inside ^= inside << 1;
+        inside ^= inside << 2;
+        inside ^= inside << 4;
+        inside ^= inside << 8;
+        inside ^= inside << 16;
+        inside ^= inside << 32;
+        if in_string {
+            inside = !inside;
+        }
+        if width < 64 {
+            inside &= (1 << width) - 1;
+        }
+        in_string = (inside >> (width - 1)) & 1 == 1;
+        let mut brackets = m.bracket & !inside;
+        while brackets != 0 {
+            let k = brackets.trailing_zeros() as usize;
+            brackets &= brackets - 1;
+            let c = block.get(k).copied().unwrap_or_default();
+            if c == b'{' || c == b'[' {
+                nest.open(i + k, c)?;
+            } else if nest.close(i + k, c)? {
+                return Ok(i + k + 1);
             }
-            fn visit_bool<E>(self, _: bool) -> Result<LeanDetails<'a>, E> {
-                Ok(LeanDetails::NotObject)
+        }
+        i += width;
+    }
+}
+
+/// Where [`bytewise`] ended.
+enum Walk {
+    /// The outermost container closed: the index past its bracket.
+    Closed(usize),
+    /// The stop was reached (or passed, by an escape): the index to go on from, whether it
+    /// is inside a string, and the containers still open.
+    Reached(usize, bool, Nesting),
+}
+
+/// Walks bytes from `i` up to `stop` (past it when an escape runs on) with the same checks
+/// as [`skip_container`].
+#[cold]
+fn bytewise(
+    b: &[u8],
+    mut i: usize,
+    stop: usize,
+    mut in_string: bool,
+    mut nest: Nesting,
+) -> Scanned<Walk> {
+    while i < stop {
+        let c = at(b, i);
+        if in_string {
+            match c {
+                b'"' => in_string = false,
+                b'\\' => {
+                    i = escape(b, i)?;
+                    continue;
+                }
+                0..=0x1f => {
+                    return fail(
+                        i,
+                        "control character (\\u0000-\\u001F) found while parsing a string",
+                    )
+                }
+                _ => {}
             }
-            fn visit_i64<E>(self, _: i64) -> Result<LeanDetails<'a>, E> {
-                Ok(LeanDetails::NotObject)
+        } else {
+            match c {
+                b'"' => in_string = true,
+                b'{' | b'[' => nest.open(i, c)?,
+                // `close` pops the container whether or not it was the outermost.
+                b'}' | b']' if nest.close(i, c)? => return Ok(Walk::Closed(i + 1)),
+                b'}' | b']' | b' ' | b'\n' | b'\r' | b'\t' => {}
+                0..=0x1f => return fail(i, "expected value"),
+                _ => {}
             }
-            fn visit_u64<E>(self, _: u64) -> Result<LeanDetails<'a>, E> {
-                Ok(LeanDetails::NotObject)
+        }
+        i += 1;
+    }
+    Ok(Walk::Reached(i, in_string, nest))
+}
+
+/// What [`skip_container`] needs to know of a block of up to 64 bytes: bit n for byte n.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Classes {
+    quote: u64,
+    /// `{`, `[`, `}` or `]`.
+    bracket: u64,
+    /// `\` or a byte below 0x20 (tab, line feed and carriage return included: whitespace
+    /// outside a string, an error inside one), handled a byte at a time. Compact JSON, as
+    /// Nova and Python's `json.dumps` write it, has none outside escapes.
+    rare: u64,
+}
+
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn classes16(chunk: &[u8; 16]) -> Classes {
+    sse2::classes(chunk)
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+#[inline(always)]
+fn classes16(chunk: &[u8; 16]) -> Classes {
+    portable::classes(chunk)
+}
+
+/// The byte classes one byte at a time: used where SSE2 is not, and in tests as the
+/// reference the SSE2 versions are checked against.
+#[cfg(any(test, not(target_arch = "x86_64")))]
+mod portable {
+    use super::Classes;
+
+    pub(super) fn string_stops(chunk: &[u8; 16]) -> u32 {
+        let mut stops = 0;
+        for (n, &c) in chunk.iter().enumerate() {
+            if c == b'"' || c == b'\\' || c < 0x20 {
+                stops |= 1 << n;
             }
-            fn visit_f64<E>(self, _: f64) -> Result<LeanDetails<'a>, E> {
-                Ok(LeanDetails::NotObject)
+        }
+        stops
+    }
+
+    pub(super) fn classes(chunk: &[u8; 16]) -> Classes {
+        let mut m = Classes::default();
+        for (n, &c) in chunk.iter().enumerate() {
+            let bit = 1u64 << n;
+            match c {
+                b'"' => m.quote |= bit,
+                b'{' | b'[' | b'}' | b']' => m.bracket |= bit,
+                b'\\' | 0..=0x1f => m.rare |= bit,
+                _ => {}
             }
-            fn visit_str<E>(self, _: &str) -> Result<LeanDetails<'a>, E> {
-                Ok(LeanDetails::NotObject)
+        }
+        m
+    }
+}
+
+/// [`classes16`] over four chunks.
+#[inline(always)]
+fn classes64(block: &[u8; 64]) -> Classes {
+    let mut m = Classes::default();
+    let mut rest: &[u8] = block;
+    let mut shift = 0;
+    while let Some((chunk, tail)) = rest.split_first_chunk::<16>() {
+        let c = classes16(chunk);
+        m.quote |= c.quote << shift;
+        m.bracket |= c.bracket << shift;
+        m.rare |= c.rare << shift;
+        rest = tail;
+        shift += 16;
+    }
+    m
+}
+
+/// A cursor over the text, for the levels prediction reads (the list, each VIF, `details`).
+struct Scan<'a> {
+    text: &'a str,
+    b: &'a [u8],
+    i: usize,
+}
+
+impl<'a> Scan<'a> {
+    fn new(text: &'a str) -> Self {
+        Scan {
+            text,
+            b: text.as_bytes(),
+            i: 0,
+        }
+    }
+
+    fn fail<T>(&self, what: &'static str) -> Scanned<T> {
+        fail(self.i, what)
+    }
+
+    #[inline(always)]
+    fn peek(&self) -> Option<u8> {
+        self.b.get(self.i).copied()
+    }
+
+    #[inline(always)]
+    fn ws(&mut self) {
+        self.i = skip_ws(self.b, self.i);
+    }
+
+    /// Skips whitespace and one value.
+    #[inline(always)]
+    fn skip_value(&mut self) -> Scanned<()> {
+        self.i = skip_value(self.b, self.i)?;
+        Ok(())
+    }
+
+    /// At `"`: steps over the string; its contents' byte range and whether it holds an escape.
+    #[inline(always)]
+    fn string(&mut self) -> Scanned<(usize, usize, bool)> {
+        let start = self.i + 1;
+        let (end, escaped) = string_end(self.b, start)?;
+        self.i = end + 1;
+        Ok((start, end, escaped))
+    }
+
+    /// The text of a string scanned by [`Scan::string`], unescaped.
+    fn unescaped(&self, start: usize, end: usize, escaped: bool) -> Scanned<Cow<'a, str>> {
+        let bad = Syntax {
+            at: start,
+            what: "invalid string",
+        };
+        if !escaped {
+            // Both ends sit next to an ASCII quote, so they are character boundaries.
+            return self.text.get(start..end).map(Cow::Borrowed).ok_or(bad);
+        }
+        // Rare: let serde_json decode the escapes (with the quotes around the contents).
+        let quoted = self.text.get(start - 1..end + 1).ok_or(Syntax {
+            at: start,
+            what: "invalid string",
+        })?;
+        serde_json::from_str::<String>(quoted)
+            .map(Cow::Owned)
+            .map_err(|_| bad)
+    }
+
+    /// Skips whitespace, then reads an object key and its `:`.
+    #[inline(always)]
+    fn key(&mut self) -> Scanned<Key> {
+        self.ws();
+        if self.peek() != Some(b'"') {
+            return self.fail("key must be a string");
+        }
+        let (start, end, escaped) = self.string()?;
+        let key = if escaped {
+            Key::of(self.unescaped(start, end, true)?.as_bytes())
+        } else {
+            Key::of(self.b.get(start..end).unwrap_or_default())
+        };
+        self.ws();
+        if self.peek() != Some(b':') {
+            return self.fail("expected `:`");
+        }
+        self.i += 1;
+        Ok(key)
+    }
+
+    /// A literal at the cursor.
+    #[inline]
+    fn literal(&mut self, word: &'static [u8]) -> Scanned<()> {
+        self.i = literal(self.b, self.i, word)?;
+        Ok(())
+    }
+
+    /// A field prediction reads: `null` is absent; strings and booleans are kept; anything
+    /// else is kept as its text.
+    #[inline(always)]
+    fn scalar(&mut self) -> Scanned<Option<Scalar<'a>>> {
+        self.ws();
+        match self.peek() {
+            Some(b'"') => {
+                let (start, end, escaped) = self.string()?;
+                let raw = self.text.get(start..end).ok_or(Syntax {
+                    at: start,
+                    what: "invalid string",
+                })?;
+                Ok(Some(Scalar::Str(raw, escaped)))
             }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut a: A) -> Result<LeanDetails<'a>, A::Error> {
-                while a.next_element::<IgnoredAny>()?.is_some() {}
-                Ok(LeanDetails::NotObject)
+            Some(b't') => self.literal(b"true").map(|()| Some(Scalar::Bool(true))),
+            Some(b'f') => self.literal(b"false").map(|()| Some(Scalar::Bool(false))),
+            Some(b'n') => self.literal(b"null").map(|()| None),
+            _ => {
+                let start = self.i;
+                self.skip_value()?;
+                let text = self.text.get(start..self.i).ok_or(Syntax {
+                    at: start,
+                    what: "expected value",
+                })?;
+                Ok(Some(Scalar::Other(text)))
             }
-            fn visit_map<A: MapAccess<'de>>(self, mut a: A) -> Result<LeanDetails<'a>, A::Error> {
+        }
+    }
+
+    /// After a member of an object being read: `true` at `,`, `false` at `}`.
+    #[inline]
+    fn more_members(&mut self) -> Scanned<bool> {
+        self.ws();
+        match self.peek() {
+            Some(b',') => {
+                self.i += 1;
+                Ok(true)
+            }
+            Some(b'}') => {
+                self.i += 1;
+                Ok(false)
+            }
+            None => self.fail("EOF while parsing an object"),
+            Some(_) => self.fail("expected `,` or `}`"),
+        }
+    }
+
+    /// At `{`: true when the object is empty (and stepped over).
+    #[inline]
+    fn open_object(&mut self) -> bool {
+        self.i += 1;
+        self.ws();
+        if self.peek() == Some(b'}') {
+            self.i += 1;
+            true
+        } else {
+            false
+        }
+    }
+
+    /// `details`: an object read for `ovs_hybrid_plug`, `null`, or anything else.
+    fn details(&mut self) -> Scanned<LeanDetails<'a>> {
+        self.ws();
+        match self.peek() {
+            Some(b'{') => {
                 let mut hybrid = None;
-                while let Some(key) = a.next_key::<Key>()? {
-                    match key {
-                        Key::OvsHybridPlug => hybrid = a.next_value()?,
-                        _ => {
-                            a.next_value::<IgnoredAny>()?;
+                if !self.open_object() {
+                    loop {
+                        if self.key()? == Key::OvsHybridPlug {
+                            hybrid = self.scalar()?;
+                        } else {
+                            self.skip_value()?;
+                        }
+                        if !self.more_members()? {
+                            break;
                         }
                     }
                 }
                 Ok(LeanDetails::Object(hybrid))
             }
+            Some(b'n') => self.literal(b"null").map(|()| LeanDetails::Absent),
+            _ => self.skip_value().map(|()| LeanDetails::NotObject),
         }
-        d.deserialize_any(V(std::marker::PhantomData))
+    }
+
+    /// At `{`: one VIF dict. Later keys overwrite earlier ones, as in `serde_json::Value`.
+    fn vif(&mut self) -> Scanned<LeanVif<'a>> {
+        let mut v = LeanVif::default();
+        if self.open_object() {
+            return Ok(v);
+        }
+        loop {
+            let slot = match self.key()? {
+                Key::Id => Some(&mut v.id),
+                Key::Type => Some(&mut v.vif_type),
+                Key::VnicType => Some(&mut v.vnic_type),
+                Key::Active => Some(&mut v.active),
+                Key::Details => {
+                    v.details = self.details()?;
+                    None
+                }
+                Key::OvsHybridPlug | Key::Other => {
+                    self.skip_value()?;
+                    None
+                }
+            };
+            if let Some(slot) = slot {
+                *slot = self.scalar()?;
+            }
+            if !self.more_members()? {
+                return Ok(v);
+            }
+        }
+    }
+
+    /// The whole document: the list's items (`None` for an item that is not an object), or
+    /// `Ok(None)` for a well-formed document that is not a list.
+    fn document(&mut self) -> Scanned<Option<Vec<Option<LeanVif<'a>>>>> {
+        self.ws();
+        let list = if self.peek() == Some(b'[') {
+            self.i += 1;
+            self.ws();
+            let mut items = Vec::new();
+            if self.peek() == Some(b']') {
+                self.i += 1;
+            } else {
+                loop {
+                    self.ws();
+                    if self.peek() == Some(b'{') {
+                        items.push(Some(self.vif()?));
+                    } else {
+                        self.skip_value()?;
+                        items.push(None);
+                    }
+                    self.ws();
+                    match self.peek() {
+                        Some(b',') => self.i += 1,
+                        Some(b']') => {
+                            self.i += 1;
+                            break;
+                        }
+                        None => return self.fail("EOF while parsing a list"),
+                        Some(_) => return self.fail("expected `,` or `]`"),
+                    }
+                }
+            }
+            Some(items)
+        } else {
+            self.skip_value()?;
+            None
+        };
+        self.ws();
+        if self.i < self.b.len() {
+            return self.fail("trailing characters");
+        }
+        Ok(list)
     }
 }
 
@@ -216,95 +882,99 @@ impl Ctx<'_> {
 
     fn str<'s>(
         &self,
-        v: &'s Option<Scalar<'_>>,
+        v: Option<Scalar<'s>>,
         field: &str,
-    ) -> Result<Option<&'s str>, PredictError> {
+    ) -> Result<Option<Cow<'s, str>>, PredictError> {
         match v {
             None => Ok(None),
-            Some(Scalar::Str(s)) => Ok(Some(s)),
+            Some(Scalar::Str(raw, escaped)) => decoded(raw, escaped).map(Some),
             Some(_) => Err(self.err(field, Problem::NotString)),
         }
     }
 
-    fn bool(&self, v: &Option<Scalar<'_>>, field: &str) -> Result<bool, PredictError> {
-        match v {
-            None => Ok(false),
-            Some(Scalar::Bool(b)) => Ok(*b),
-            Some(Scalar::Str(s)) if s.eq_ignore_ascii_case("true") => Ok(true),
-            Some(Scalar::Str(s)) if s.eq_ignore_ascii_case("false") => Ok(false),
+    fn bool(&self, v: Option<Scalar<'_>>, field: &str) -> Result<bool, PredictError> {
+        let text = match v {
+            None => return Ok(false),
+            Some(Scalar::Bool(b)) => return Ok(b),
+            Some(Scalar::Str(raw, escaped)) => decoded(raw, escaped)?,
+            Some(Scalar::Other(_)) => Cow::Borrowed(""),
+        };
+        if text.eq_ignore_ascii_case("true") {
+            Ok(true)
+        } else if text.eq_ignore_ascii_case("false") {
+            Ok(false)
+        } else {
             // The value as JSON text, as the full parser shows it.
-            Some(Scalar::Str(s)) => Err(self.err(
+            Err(self.err(
                 field,
-                Problem::NotBool(Value::String(s.to_string()).to_string()),
-            )),
-            Some(Scalar::Other(v)) => Err(self.err(field, Problem::NotBool(v.to_string()))),
+                Problem::NotBool(v.map(|v| v.shown()).unwrap_or_default()),
+            ))
         }
     }
 }
 
 /// Predict from `network_info` JSON text. Same result as parsing with
 /// [`crate::vif::NetworkInfo::parse`] and calling [`super::predict`], for any `network_info`
-/// the full parser accepts; it checks only the fields it reads.
+/// the full parser accepts; it checks only the fields it reads (see the module's contract).
 pub fn predict_json(
     operation: &Operation,
     network_info: &str,
     wiring: &Wiring,
 ) -> Result<Prediction, PredictError> {
     let column = operation.column()?;
-    let list: Vec<LeanVif<'_>> = serde_json::from_str(network_info).map_err(|e| {
-        PredictError::NetworkInfo(
-            if e.classify() == serde_json::error::Category::Data
-                && network_info.trim_start().starts_with('{')
-            {
-                VifError::NotAList
-            } else {
-                VifError::Json(e.to_string())
-            },
-        )
-    })?;
+    let mut scan = Scan::new(network_info);
+    let list = scan
+        .document()
+        .map_err(|e| e.into_error(network_info))?
+        .ok_or(PredictError::NetworkInfo(VifError::NotAList))?;
     let mut out = Vec::with_capacity(list.len());
-    let mut seen: HashSet<PortId> = HashSet::new();
-    for (index, v) in list.iter().enumerate() {
-        let port_text = match &v.id {
-            Some(Scalar::Str(s)) => s.as_ref(),
-            _ => "?",
+    // Made only for lists longer than 32 (creating one costs more than a short scan).
+    let mut seen: Option<HashSet<PortId>> = None;
+    for (index, item) in list.iter().enumerate() {
+        let Some(v) = item else {
+            return Err(PredictError::NetworkInfo(VifError::NotAnObject { index }));
+        };
+        let v = *v;
+        let id_text = match v.id {
+            Some(Scalar::Str(raw, escaped)) => decoded(raw, escaped)?,
+            _ => Cow::Borrowed("?"),
         };
         let c = Ctx {
             index,
-            port: port_text,
+            port: &id_text,
         };
-        let port: PortId = match c.str(&v.id, "id")? {
+        let port: PortId = match c.str(v.id, "id")? {
             None => return Err(c.err("id", Problem::Missing)),
             Some(s) => s.parse().map_err(|p| c.err("id", p))?,
         };
-        let vif_type: VifType = match c.str(&v.vif_type, "type")? {
+        let vif_type: VifType = match c.str(v.vif_type, "type")? {
             None => return Err(c.err("type", Problem::Missing)),
             Some(s) => s.parse().map_err(|p| c.err("type", p))?,
         };
-        let vnic_type: VnicType = match c.str(&v.vnic_type, "vnic_type")? {
+        let vnic_type: VnicType = match c.str(v.vnic_type, "vnic_type")? {
             None => VnicType::Normal,
             Some(s) => s.parse().map_err(|p| c.err("vnic_type", p))?,
         };
-        let active = c.bool(&v.active, "active")?;
-        let hybrid = match &v.details {
+        let active = c.bool(v.active, "active")?;
+        let hybrid = match v.details {
             LeanDetails::Absent => false,
             LeanDetails::Object(h) => c.bool(h, "details.ovs_hybrid_plug")?,
             LeanDetails::NotObject => return Err(c.err("details", Problem::NotObject)),
         };
         // Instances have a handful of VIFs: a linear scan beats hashing up to a few dozen.
-        let dup = if out.len() < 32 {
-            out.iter().position(|p: &VifPrediction| p.port == port)
-        } else if !seen.insert(port) {
-            out.iter().position(|p: &VifPrediction| p.port == port)
-        } else {
+        let new = seen.as_mut().is_some_and(|seen| seen.insert(port));
+        let dup = if new {
             None
+        } else {
+            out.iter().position(|p: &VifPrediction| p.port == port)
         };
         if let Some(first) = dup {
             return Err(c.err("id", Problem::Duplicate(first)));
         }
         if out.len() == 31 {
-            seen.extend(out.iter().map(|p| p.port));
-            seen.insert(port);
+            let mut all: HashSet<PortId> = out.iter().map(|p| p.port).collect();
+            all.insert(port);
+            seen = Some(all);
         }
         let kind = classify(vif_type, vnic_type, hybrid, wiring).map_err(|why| {
             PredictError::Unsupported {
@@ -326,3 +996,6 @@ pub fn predict_json(
     }
     Ok(Prediction { column, vifs: out })
 }
+
+#[cfg(test)]
+mod tests;

@@ -579,12 +579,19 @@ fn predict_json_refuses_a_non_object_details_as_the_full_parser_does() {
                 if field == "details"
         ));
     }
-    // A VIF given as a list is not a VIF (serde derive accepted a struct as a sequence).
+    // A VIF given as a list is not a VIF (serde derive once accepted a struct as a sequence);
+    // both paths name it as the full parser does.
     let text = format!(r#"[["{}","ovs"]]"#, port(1));
-    assert!(matches!(
+    assert_eq!(
         predict_json(&Operation::Spawn, &text, &w),
-        Err(PredictError::NetworkInfo(VifError::Json(_)))
-    ));
+        Err(PredictError::NetworkInfo(VifError::NotAnObject {
+            index: 0
+        }))
+    );
+    assert_eq!(
+        full(&Operation::Spawn, &text, &w),
+        predict_json(&Operation::Spawn, &text, &w)
+    );
 }
 
 // Found by actors/tests/prop_network_info.rs: a non-boolean list, object, float or a string
