@@ -57,6 +57,7 @@ enum Scalar<'a> {
 }
 
 /// A string's contents with escapes decoded (by serde_json, the quotes put back around them).
+#[inline(always)]
 fn decoded(raw: &str, escaped: bool) -> Result<Cow<'_, str>, PredictError> {
     if !escaped {
         return Ok(Cow::Borrowed(raw));
