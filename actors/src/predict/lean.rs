@@ -116,6 +116,7 @@ enum Key {
 }
 
 impl Key {
+    #[inline(always)]
     fn of(name: &[u8]) -> Key {
         match name {
             b"id" => Key::Id,
