@@ -936,32 +936,9 @@ pub fn predict_json(
         let Some(v) = item else {
             return Err(PredictError::NetworkInfo(VifError::NotAnObject { index }));
         };
-        let v = *v;
-        let id_text = match v.id {
-            Some(Scalar::Str(raw, escaped)) => decoded(raw, escaped)?,
-            _ => Cow::Borrowed("?"),
-        };
-        let c = Ctx {
-            index,
-            port: &id_text,
-        };
-        let port: PortId = match c.str(v.id, "id")? {
-            None => return Err(c.err("id", Problem::Missing)),
-            Some(s) => s.parse().map_err(|p| c.err("id", p))?,
-        };
-        let vif_type: VifType = match c.str(v.vif_type, "type")? {
-            None => return Err(c.err("type", Problem::Missing)),
-            Some(s) => s.parse().map_err(|p| c.err("type", p))?,
-        };
-        let vnic_type: VnicType = match c.str(v.vnic_type, "vnic_type")? {
-            None => VnicType::Normal,
-            Some(s) => s.parse().map_err(|p| c.err("vnic_type", p))?,
-        };
-        let active = c.bool(v.active, "active")?;
-        let hybrid = match v.details {
-            LeanDetails::Absent => false,
-            LeanDetails::Object(h) => c.bool(h, "details.ovs_hybrid_plug")?,
-            LeanDetails::NotObject => return Err(c.err("details", Problem::NotObject)),
+        let (port, vif_type, vnic_type, active, hybrid) = match plain_fields(v) {
+            Some(f) => f,
+            None => fields(index, v)?,
         };
         // Instances have a handful of VIFs: a linear scan beats hashing up to a few dozen.
         let new = seen.as_mut().is_some_and(|seen| seen.insert(port));
@@ -971,6 +948,15 @@ pub fn predict_json(
             out.iter().position(|p: &VifPrediction| p.port == port)
         };
         if let Some(first) = dup {
+            // The port as given (another spelling of a duplicate may differ in case).
+            let id_text = match v.id {
+                Some(Scalar::Str(raw, escaped)) => decoded(raw, escaped)?,
+                _ => Cow::Borrowed("?"),
+            };
+            let c = Ctx {
+                index,
+                port: &id_text,
+            };
             return Err(c.err("id", Problem::Duplicate(first)));
         }
         if out.len() == 31 {
@@ -997,6 +983,75 @@ pub fn predict_json(
         });
     }
     Ok(Prediction { column, vifs: out })
+}
+
+/// The fields prediction reads, checked with the errors of the full parser.
+fn fields(index: usize, v: &LeanVif<'_>) -> Result<Fields, PredictError> {
+    let id_text = match v.id {
+        Some(Scalar::Str(raw, escaped)) => decoded(raw, escaped)?,
+        _ => Cow::Borrowed("?"),
+    };
+    let c = Ctx {
+        index,
+        port: &id_text,
+    };
+    let port: PortId = match c.str(v.id, "id")? {
+        None => return Err(c.err("id", Problem::Missing)),
+        Some(s) => s.parse().map_err(|p| c.err("id", p))?,
+    };
+    let vif_type: VifType = match c.str(v.vif_type, "type")? {
+        None => return Err(c.err("type", Problem::Missing)),
+        Some(s) => s.parse().map_err(|p| c.err("type", p))?,
+    };
+    let vnic_type: VnicType = match c.str(v.vnic_type, "vnic_type")? {
+        None => VnicType::Normal,
+        Some(s) => s.parse().map_err(|p| c.err("vnic_type", p))?,
+    };
+    let active = c.bool(v.active, "active")?;
+    let hybrid = match v.details {
+        LeanDetails::Absent => false,
+        LeanDetails::Object(h) => c.bool(h, "details.ovs_hybrid_plug")?,
+        LeanDetails::NotObject => return Err(c.err("details", Problem::NotObject)),
+    };
+    Ok((port, vif_type, vnic_type, active, hybrid))
+}
+
+/// Port, vif_type, vnic_type, active, hybrid plug.
+type Fields = (PortId, VifType, VnicType, bool, bool);
+
+/// [`fields`] where every field is well formed and plainly written (strings without
+/// escapes, JSON booleans), which is what Nova writes: no error to build, nothing to decode.
+/// `None` sends the VIF to [`fields`].
+#[inline]
+fn plain_fields(v: &LeanVif<'_>) -> Option<Fields> {
+    let Some(Scalar::Str(id, false)) = v.id else {
+        return None;
+    };
+    let Some(Scalar::Str(vif_type, false)) = v.vif_type else {
+        return None;
+    };
+    let vnic_type = match v.vnic_type {
+        None => VnicType::Normal,
+        Some(Scalar::Str(s, false)) => s.parse().ok()?,
+        Some(_) => return None,
+    };
+    let active = match v.active {
+        None => false,
+        Some(Scalar::Bool(b)) => b,
+        Some(_) => return None,
+    };
+    let hybrid = match v.details {
+        LeanDetails::Absent | LeanDetails::Object(None) => false,
+        LeanDetails::Object(Some(Scalar::Bool(b))) => b,
+        _ => return None,
+    };
+    Some((
+        id.parse().ok()?,
+        vif_type.parse().ok()?,
+        vnic_type,
+        active,
+        hybrid,
+    ))
 }
 
 #[cfg(test)]
