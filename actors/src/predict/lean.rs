@@ -16,7 +16,10 @@
 //!   ([`bytewise`]).
 //! - [`predict_json`]: reads the whole document, then checks each VIF's fields in list
 //!   order as [`crate::vif::Vif::from_value`] does for those fields, so that a JSON error
-//!   anywhere is reported before a field error, as by the full parser.
+//!   anywhere is reported before a field error, as by the full parser. Fields written
+//!   plainly (strings without escapes, JSON booleans), as Nova writes them, take a short
+//!   path ([`plain_fields`]); any other VIF goes through [`fields`], which builds the full
+//!   parser's errors.
 //!
 //! ## Contract (checked by the `predict_json` fuzz target)
 //! For any text [`crate::vif::NetworkInfo::parse`] accepts, the result equals parsing with it
@@ -101,6 +104,16 @@ struct LeanVif<'a> {
     vnic_type: Option<Scalar<'a>>,
     active: Option<Scalar<'a>>,
     details: LeanDetails<'a>,
+}
+
+impl LeanVif<'_> {
+    /// The port id as given, for errors: `?` when it is missing or not a string.
+    fn port_text(&self) -> Result<Cow<'_, str>, PredictError> {
+        match self.id {
+            Some(Scalar::Str(raw, escaped)) => decoded(raw, escaped),
+            _ => Ok(Cow::Borrowed("?")),
+        }
+    }
 }
 
 /// A key of a VIF dict (or of its `details`): the ones prediction reads, or any other.
@@ -196,7 +209,7 @@ mod sse2 {
     }
 }
 
-/// Deepest nesting [`Scan::skip_value`] follows (one bit of its stack per level).
+/// Deepest nesting [`skip_container`] follows (one bit of [`Nesting`] per level).
 const MAX_SKIP_DEPTH: u32 = 128;
 
 /// The byte at `i`, or 0 past the end. A 0 byte is never valid where one is looked at, so
@@ -949,10 +962,7 @@ pub fn predict_json(
         };
         if let Some(first) = dup {
             // The port as given (another spelling of a duplicate may differ in case).
-            let id_text = match v.id {
-                Some(Scalar::Str(raw, escaped)) => decoded(raw, escaped)?,
-                _ => Cow::Borrowed("?"),
-            };
+            let id_text = v.port_text()?;
             let c = Ctx {
                 index,
                 port: &id_text,
@@ -987,10 +997,7 @@ pub fn predict_json(
 
 /// The fields prediction reads, checked with the errors of the full parser.
 fn fields(index: usize, v: &LeanVif<'_>) -> Result<Fields, PredictError> {
-    let id_text = match v.id {
-        Some(Scalar::Str(raw, escaped)) => decoded(raw, escaped)?,
-        _ => Cow::Borrowed("?"),
-    };
+    let id_text = v.port_text()?;
     let c = Ctx {
         index,
         port: &id_text,
