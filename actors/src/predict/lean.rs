@@ -4,16 +4,18 @@
 //!
 //! ## Layout
 //! - [`Scan`]: reads the levels prediction looks into (the list, each VIF dict, `details`)
-//!   token by token, checking their grammar in full. A string is found sixteen bytes at a
-//!   time ([`string_end`]); a number, literal or string value of a key prediction does not
-//!   read is checked and stepped over ([`skip_value`]).
+//!   token by token, checking their grammar in full. A string's end is found in 64-byte
+//!   windows of string stops (`"`, `\`, control bytes) classified with SSE2 and kept from
+//!   one string to the next ([`Scan::string_end`]), so that going from one token to the
+//!   next is a shift and a bit scan; a number, literal or string value of a key prediction
+//!   does not read is checked and stepped over ([`Scan::skip_value`]).
 //! - [`skip_container`]: an object or array value of a key prediction does not read
 //!   (`network` with its subnets, `profile`, `meta`, ...: most of a real document's bytes)
 //!   is stepped over 64 bytes at a time. Each block is classified with SSE2 (quotes,
-//!   brackets, and the rare bytes: `\` and control bytes); which bytes lie inside strings
-//!   follows from the quotes by a prefix XOR, and only brackets outside strings are looked
-//!   at one by one, to match them. A block holding a rare byte is walked a byte at a time
-//!   ([`bytewise`]).
+//!   brackets, and whether it holds a rare byte: `\` or a control byte); which bytes lie
+//!   inside strings follows from the quotes by a prefix XOR, and only brackets outside
+//!   strings are looked at one by one, to match them. A block holding a rare byte is
+//!   walked a byte at a time ([`bytewise`]).
 //! - [`predict_json`]: reads the whole document, then checks each VIF's fields in list
 //!   order as [`crate::vif::Vif::from_value`] does for those fields, so that a JSON error
 //!   anywhere is reported before a field error, as by the full parser. Fields written
@@ -209,6 +211,45 @@ mod sse2 {
     }
 }
 
+/// [`classes64`] with SSE2: the quotes and brackets of each chunk; the rare bytes of all
+/// four are gathered first (backslashes by OR, control bytes by the lowest byte), since the
+/// walk needs to know only whether the block holds one.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn classes64(block: &[u8; 64]) -> Classes {
+    use safe_arch::{
+        bitor_m128i, cmp_eq_mask_i8_m128i, load_unaligned_m128i, max_u8_m128i, min_u8_m128i,
+        move_mask_i8_m128i, set_splat_i8_m128i, zeroed_m128i,
+    };
+    let bits = |v| u64::from(move_mask_i8_m128i(v) as u16);
+    let mut m = Classes::default();
+    let mut backslash = zeroed_m128i();
+    let mut lowest = set_splat_i8_m128i(-1);
+    let mut rest: &[u8] = block;
+    let mut shift = 0;
+    while let Some((chunk, tail)) = rest.split_first_chunk::<16>() {
+        let v = load_unaligned_m128i(chunk);
+        m.quote |= bits(cmp_eq_mask_i8_m128i(v, set_splat_i8_m128i(b'"' as i8))) << shift;
+        let folded = bitor_m128i(v, set_splat_i8_m128i(0x20));
+        let bracket = bitor_m128i(
+            cmp_eq_mask_i8_m128i(folded, set_splat_i8_m128i(b'{' as i8)),
+            cmp_eq_mask_i8_m128i(folded, set_splat_i8_m128i(b'}' as i8)),
+        );
+        m.bracket |= bits(bracket) << shift;
+        backslash = bitor_m128i(
+            backslash,
+            cmp_eq_mask_i8_m128i(v, set_splat_i8_m128i(b'\\' as i8)),
+        );
+        lowest = min_u8_m128i(lowest, v);
+        rest = tail;
+        shift += 16;
+    }
+    let top = set_splat_i8_m128i(0x1f);
+    let control = cmp_eq_mask_i8_m128i(max_u8_m128i(lowest, top), top);
+    m.rare = bits(bitor_m128i(backslash, control));
+    m
+}
+
 /// Deepest nesting [`skip_container`] follows (one bit of [`Nesting`] per level).
 const MAX_SKIP_DEPTH: u32 = 128;
 
@@ -256,50 +297,6 @@ fn stops_in(chunk: &[u8; STEP]) -> u32 {
 #[inline(always)]
 fn stops_in(chunk: &[u8; STEP]) -> u32 {
     portable::string_stops(chunk)
-}
-
-/// From just past an opening quote: the index of the closing quote, and whether an escape
-/// came before it.
-#[inline(always)]
-fn string_end(b: &[u8], mut i: usize) -> Scanned<(usize, bool)> {
-    let mut escaped = false;
-    loop {
-        let c = match b.get(i..).and_then(<[u8]>::first_chunk::<STEP>) {
-            Some(chunk) => {
-                let stops = stops_in(chunk);
-                if stops == 0 {
-                    i += STEP;
-                    continue;
-                }
-                let k = stops.trailing_zeros() as usize % STEP;
-                i += k;
-                chunk[k]
-            }
-            // The last few bytes of the text, one at a time.
-            None => {
-                let c = at(b, i);
-                if c >= 0x20 && c != b'"' && c != b'\\' {
-                    i += 1;
-                    continue;
-                }
-                c
-            }
-        };
-        match c {
-            b'"' => return Ok((i, escaped)),
-            b'\\' => {
-                escaped = true;
-                i = escape(b, i)?;
-            }
-            _ if i >= b.len() => return fail(i, "EOF while parsing a string"),
-            _ => {
-                return fail(
-                    i,
-                    "control character (\\u0000-\\u001F) found while parsing a string",
-                )
-            }
-        }
-    }
 }
 
 /// At `\`: the index just past the escape sequence.
@@ -364,24 +361,6 @@ fn number(b: &[u8], mut i: usize) -> Scanned<usize> {
         i = digits(b, i);
     }
     Ok(i)
-}
-
-/// Skips whitespace and one JSON value from `i`: the index past the value. A string, number
-/// or literal is checked in full; an object or array is checked for structure only (see
-/// [`skip_container`]).
-#[inline(always)]
-fn skip_value(b: &[u8], i: usize) -> Scanned<usize> {
-    let (i, c) = next(b, i);
-    match c {
-        b'"' => Ok(string_end(b, i + 1)?.0 + 1),
-        b'{' | b'[' => skip_container(b, i),
-        b't' => literal(b, i, b"true"),
-        b'f' => literal(b, i, b"false"),
-        b'n' => literal(b, i, b"null"),
-        b'-' | b'0'..=b'9' => number(b, i),
-        _ if i >= b.len() => fail(i, "EOF while parsing a value"),
-        _ => fail(i, "expected value"),
-    }
 }
 
 /// The open containers of a skipped value: one bit per level, innermost lowest, 1 for an
@@ -611,6 +590,7 @@ mod portable {
 }
 
 /// [`classes16`] over four chunks.
+#[cfg(not(target_arch = "x86_64"))]
 #[inline(always)]
 fn classes64(block: &[u8; 64]) -> Classes {
     let mut m = Classes::default();
@@ -627,11 +607,44 @@ fn classes64(block: &[u8; 64]) -> Classes {
     m
 }
 
+/// Bytes in one window of string stops ([`Scan::string_end`]).
+const WINDOW: usize = 64;
+
+/// The string stops (`"`, `\`, control bytes) of the 64 bytes from `w`: bit n for byte
+/// `w + n`. Past the end of the text every byte counts as a stop (the 0 [`at`] gives there).
+#[inline(always)]
+fn window_stops(b: &[u8], w: usize) -> u64 {
+    let rest = b.get(w..).unwrap_or_default();
+    let mut pad = [0u8; WINDOW];
+    let block = match rest.first_chunk::<WINDOW>() {
+        Some(block) => block,
+        None => {
+            if let Some(head) = pad.get_mut(..rest.len()) {
+                head.copy_from_slice(rest);
+            }
+            &pad
+        }
+    };
+    let mut stops = 0;
+    let mut tail: &[u8] = block;
+    let mut shift = 0;
+    while let Some((chunk, more)) = tail.split_first_chunk::<STEP>() {
+        stops |= u64::from(stops_in(chunk)) << shift;
+        tail = more;
+        shift += STEP;
+    }
+    stops
+}
+
 /// A cursor over the text, for the levels prediction reads (the list, each VIF, `details`).
 struct Scan<'a> {
     text: &'a str,
     b: &'a [u8],
     i: usize,
+    /// Start of the window whose string stops are in `stops` (a multiple of [`WINDOW`];
+    /// `usize::MAX` before the first).
+    w: usize,
+    stops: u64,
 }
 
 impl<'a> Scan<'a> {
@@ -640,6 +653,44 @@ impl<'a> Scan<'a> {
             text,
             b: text.as_bytes(),
             i: 0,
+            w: usize::MAX,
+            stops: 0,
+        }
+    }
+
+    /// From just past an opening quote: the index of the closing quote, and whether an
+    /// escape came before it. The stops come from 64-byte windows at fixed offsets, kept
+    /// from one string to the next: finding a string's end takes a shift and a bit scan,
+    /// not a load and a compare on the path from one token to the next.
+    #[inline(always)]
+    fn string_end(&mut self, mut i: usize) -> Scanned<(usize, bool)> {
+        let mut escaped = false;
+        loop {
+            let w = i & !(WINDOW - 1);
+            if w != self.w {
+                self.w = w;
+                self.stops = window_stops(self.b, w);
+            }
+            let ahead = self.stops >> (i - w);
+            if ahead == 0 {
+                i = w + WINDOW;
+                continue;
+            }
+            i += ahead.trailing_zeros() as usize;
+            match at(self.b, i) {
+                b'"' => return Ok((i, escaped)),
+                b'\\' => {
+                    escaped = true;
+                    i = escape(self.b, i)?;
+                }
+                _ if i >= self.b.len() => return fail(i, "EOF while parsing a string"),
+                _ => {
+                    return fail(
+                        i,
+                        "control character (\\u0000-\\u001F) found while parsing a string",
+                    )
+                }
+            }
         }
     }
 
@@ -657,10 +708,22 @@ impl<'a> Scan<'a> {
         self.i = skip_ws(self.b, self.i);
     }
 
-    /// Skips whitespace and one value.
+    /// Skips whitespace and one value. A string, number or literal is checked in full; an
+    /// object or array is checked for structure only (see [`skip_container`]).
     #[inline(always)]
     fn skip_value(&mut self) -> Scanned<()> {
-        self.i = skip_value(self.b, self.i)?;
+        let (i, c) = next(self.b, self.i);
+        let b = self.b;
+        self.i = match c {
+            b'"' => self.string_end(i + 1)?.0 + 1,
+            b'{' | b'[' => skip_container(b, i)?,
+            b't' => literal(b, i, b"true")?,
+            b'f' => literal(b, i, b"false")?,
+            b'n' => literal(b, i, b"null")?,
+            b'-' | b'0'..=b'9' => number(b, i)?,
+            _ if i >= b.len() => return fail(i, "EOF while parsing a value"),
+            _ => return fail(i, "expected value"),
+        };
         Ok(())
     }
 
@@ -668,7 +731,7 @@ impl<'a> Scan<'a> {
     #[inline(always)]
     fn string(&mut self) -> Scanned<(usize, usize, bool)> {
         let start = self.i + 1;
-        let (end, escaped) = string_end(self.b, start)?;
+        let (end, escaped) = self.string_end(start)?;
         self.i = end + 1;
         Ok((start, end, escaped))
     }

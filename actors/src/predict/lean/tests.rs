@@ -60,12 +60,9 @@ fn sse2_classes_match_the_byte_at_a_time_reference() {
     assert_eq!(checked, 6 * 16 * 256);
 }
 
-#[test]
-fn the_64_byte_classes_are_the_16_byte_classes_side_by_side() {
-    let text: Vec<u8> = (0..64u8)
-        .map(|n| b"{\"a\\\":[1]}, \x01\xff"[usize::from(n) % 14])
-        .collect();
-    let block: &[u8; 64] = text.as_slice().try_into().unwrap();
+/// What [`classes64`] must give for `block`: the 16-byte classes side by side, except that
+/// `rare` need only be non-zero when some byte is rare.
+fn check_classes64(block: &[u8; 64]) {
     let wide = classes64(block);
     let mut want = Classes::default();
     for (n, chunk) in block.chunks_exact(16).enumerate() {
@@ -74,8 +71,33 @@ fn the_64_byte_classes_are_the_16_byte_classes_side_by_side() {
         want.bracket |= c.bracket << (16 * n);
         want.rare |= c.rare << (16 * n);
     }
-    assert_eq!(wide, want);
-    assert_eq!(wide.quote.count_ones(), 64 / 14 * 2 + 2);
+    assert_eq!(wide.quote, want.quote, "{block:?}");
+    assert_eq!(wide.bracket, want.bracket, "{block:?}");
+    assert_eq!(wide.rare != 0, want.rare != 0, "{block:?}");
+}
+
+#[test]
+fn the_64_byte_classes_are_the_16_byte_classes_side_by_side() {
+    let text: Vec<u8> = (0..64u8)
+        .map(|n| b"{\"a\\\":[1]}, \x01\xff"[usize::from(n) % 14])
+        .collect();
+    let block: &[u8; 64] = text.as_slice().try_into().unwrap();
+    check_classes64(block);
+    assert_eq!(classes64(block).quote.count_ones(), 64 / 14 * 2 + 2);
+    // Every byte value at every position of a plain block and of one full of brackets and
+    // quotes: the rare bytes are gathered over the four chunks, so each must still count.
+    let mut checked = 0;
+    for bg in [b'a', b'"', b'}', 0xc3] {
+        for pos in 0..64 {
+            for byte in 0..=255u8 {
+                let mut block = [bg; 64];
+                block[pos] = byte;
+                check_classes64(&block);
+                checked += 1;
+            }
+        }
+    }
+    assert_eq!(checked, 4 * 64 * 256);
 }
 
 /// Padding that puts what follows past the first 64-byte block (the block walk, not the
@@ -192,4 +214,37 @@ fn a_syntax_error_names_its_line_and_column() {
         panic!("{:?}", lean(text));
     };
     assert_eq!(message, "expected `:` at line 3 column 11");
+}
+
+#[test]
+fn strings_at_the_vif_level_end_where_they_end_wherever_windows_split() {
+    // Strings the scanner steps over and strings it reads, holding escapes and brackets,
+    // moved along one byte at a time so that each meets every offset of a 64-byte window.
+    for pad in 0..130 {
+        for body in ["", r#"a\"b"#, r"\\", r"x\u00e9y", "{[]}:,", r#"\\\""#] {
+            let note = format!("{}{body}", ".".repeat(pad));
+            let text = format!(
+                r#"[{{"note": "{note}", "id": "{}", "address": "fa:16:3e:00:00:01", "note2": "{note}", "type": "ovs", "active": true, "details": {{"x": "{note}", "ovs_hybrid_plug": false}}}}]"#,
+                port(1)
+            );
+            assert!(full(&text).is_ok(), "{text}");
+            assert_eq!(lean(&text), full(&text), "{text}");
+            // A raw control byte in the same place is refused by both.
+            let bad = text.replacen(&format!("\"{note}\""), &format!("\"{note}\u{1}\""), 1);
+            assert!(lean(&bad).is_err() && full(&bad).is_err(), "{bad:?}");
+        }
+    }
+}
+
+#[test]
+fn every_truncation_of_a_document_is_refused() {
+    let text = doc_with_network(
+        r#"{"bridge": "br-int", "subnets": [{"ips": [{"address": "10.0.0.5", "meta": {}}]}], "label": "a\"b"}"#,
+    );
+    assert!(lean(&text).is_ok());
+    for end in 0..text.len() {
+        let cut = &text[..end];
+        assert!(lean(cut).is_err(), "{cut}");
+        assert!(full(cut).is_err(), "{cut}");
+    }
 }
