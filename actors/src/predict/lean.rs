@@ -759,21 +759,22 @@ impl<'a> Scan<'a> {
     /// Skips whitespace, then reads an object key and its `:`.
     #[inline(always)]
     fn key(&mut self) -> Scanned<Key> {
-        self.ws();
-        if self.peek() != Some(b'"') {
-            return self.fail("key must be a string");
+        let (i, c) = next(self.b, self.i);
+        if c != b'"' {
+            return fail(i, "key must be a string");
         }
-        let (start, end, escaped) = self.string()?;
+        let start = i + 1;
+        let (end, escaped) = self.string_end(start)?;
         let key = if escaped {
             Key::of(self.unescaped(start, end, true)?.as_bytes())
         } else {
             Key::of(self.b.get(start..end).unwrap_or_default())
         };
-        self.ws();
-        if self.peek() != Some(b':') {
-            return self.fail("expected `:`");
+        let (i, c) = next(self.b, end + 1);
+        if c != b':' {
+            return fail(i, "expected `:`");
         }
-        self.i += 1;
+        self.i = i + 1;
         Ok(key)
     }
 
@@ -816,18 +817,13 @@ impl<'a> Scan<'a> {
     /// After a member of an object being read: `true` at `,`, `false` at `}`.
     #[inline]
     fn more_members(&mut self) -> Scanned<bool> {
-        self.ws();
-        match self.peek() {
-            Some(b',') => {
-                self.i += 1;
-                Ok(true)
-            }
-            Some(b'}') => {
-                self.i += 1;
-                Ok(false)
-            }
-            None => self.fail("EOF while parsing an object"),
-            Some(_) => self.fail("expected `,` or `}`"),
+        let (i, c) = next(self.b, self.i);
+        self.i = i + 1;
+        match c {
+            b',' => Ok(true),
+            b'}' => Ok(false),
+            _ if i >= self.b.len() => fail(i, "EOF while parsing an object"),
+            _ => fail(i, "expected `,` or `}`"),
         }
     }
 
@@ -876,22 +872,20 @@ impl<'a> Scan<'a> {
             return Ok(v);
         }
         loop {
-            let slot = match self.key()? {
-                Key::Id => Some(&mut v.id),
-                Key::Type => Some(&mut v.vif_type),
-                Key::VnicType => Some(&mut v.vnic_type),
-                Key::Active => Some(&mut v.active),
-                Key::Details => {
-                    v.details = self.details()?;
-                    None
+            let key = self.key()?;
+            // Most keys are not read: one test for them, not a jump through a table.
+            if matches!(key, Key::Other | Key::OvsHybridPlug) {
+                self.skip_value()?;
+            } else if key == Key::Details {
+                v.details = self.details()?;
+            } else {
+                let value = self.scalar()?;
+                match key {
+                    Key::Id => v.id = value,
+                    Key::Type => v.vif_type = value,
+                    Key::VnicType => v.vnic_type = value,
+                    _ => v.active = value,
                 }
-                Key::OvsHybridPlug | Key::Other => {
-                    self.skip_value()?;
-                    None
-                }
-            };
-            if let Some(slot) = slot {
-                *slot = self.scalar()?;
             }
             if !self.more_members()? {
                 return Ok(v);
