@@ -187,8 +187,9 @@ mod sse2 {
         move_mask_i8_m128i(bitor_m128i(bitor_m128i(quote, backslash), control)) as u32
     }
 
-    /// The byte classes a skipped container is walked by.
-    #[inline(always)]
+    /// The byte classes a skipped container is walked by, sixteen bytes (tests hold
+    /// [`super::classes64`] to these, side by side).
+    #[cfg(test)]
     pub(super) fn classes(chunk: &[u8; 16]) -> super::Classes {
         let v = load_unaligned_m128i(chunk);
         let quote = cmp_eq_mask_i8_m128i(v, set_splat_i8_m128i(b'"' as i8));
@@ -428,45 +429,42 @@ fn skip_container(b: &[u8], start: usize) -> Scanned<usize> {
     nest.open(start, open)?;
     let mut i = start + 1;
     let mut in_string = false;
+    let mut pad: [u8; 64];
     loop {
         let rest = b.get(i..).unwrap_or_default();
-        let (m, block): (Classes, &[u8]) = if let Some(block) = rest.first_chunk::<64>() {
-            (classes64(block), block)
-        } else if let Some(chunk) = rest.first_chunk::<16>() {
-            (classes16(chunk), chunk)
-        } else {
-            // The last bytes of the text.
-            return match bytewise(b, i, b.len(), in_string, nest)? {
-                Walk::Closed(end) => Ok(end),
-                Walk::Reached(_, true, _) => fail(b.len(), "EOF while parsing a string"),
-                Walk::Reached(_, false, nest) => nest.eof(b.len()),
-            };
+        let block = match rest.first_chunk::<64>() {
+            Some(block) => block,
+            None if rest.is_empty() => {
+                return if in_string {
+                    fail(b.len(), "EOF while parsing a string")
+                } else {
+                    nest.eof(b.len())
+                };
+            }
+            None => {
+                // The last bytes of the text, padded with spaces (which have no class).
+                pad = [b' '; 64];
+                if let Some(head) = pad.get_mut(..rest.len()) {
+                    head.copy_from_slice(rest);
+                }
+                &pad
+            }
         };
-        let width = block.len();
+        let m = classes64(block);
         if m.rare != 0 {
             // A backslash or a control byte in this block: one byte at a time (an escape
             // may run past it; the walk goes on from where it ended).
-            match bytewise(b, i, i + width, in_string, nest)? {
+            match bytewise(b, i, b.len().min(i + 64), in_string, nest)? {
                 Walk::Closed(end) => return Ok(end),
                 Walk::Reached(next, s, n) => (i, in_string, nest) = (next, s, n),
             }
             continue;
         }
-        // Bit n set when byte n is inside a string (its opening quote in, its closing out).
-        let mut inside = m.quote;
-        inside ^= inside << 1;
-        inside ^= inside << 2;
-        inside ^= inside << 4;
-        inside ^= inside << 8;
-        inside ^= inside << 16;
-        inside ^= inside << 32;
+        let mut inside = inside_strings(m.quote);
         if in_string {
             inside = !inside;
         }
-        if width < 64 {
-            inside &= (1 << width) - 1;
-        }
-        in_string = (inside >> (width - 1)) & 1 == 1;
+        in_string = inside >> 63 == 1;
         let mut brackets = m.bracket & !inside;
         while brackets != 0 {
             let k = brackets.trailing_zeros() as usize;
@@ -478,8 +476,22 @@ fn skip_container(b: &[u8], start: usize) -> Scanned<usize> {
                 return Ok(i + k + 1);
             }
         }
-        i += width;
+        i += 64;
     }
+}
+
+/// Bit n set when byte n lies inside a string (its opening quote in, its closing quote
+/// out), for a block that starts outside strings: a prefix XOR over the quotes.
+#[inline(always)]
+fn inside_strings(quote: u64) -> u64 {
+    let mut inside = quote;
+    inside ^= inside << 1;
+    inside ^= inside << 2;
+    inside ^= inside << 4;
+    inside ^= inside << 8;
+    inside ^= inside << 16;
+    inside ^= inside << 32;
+    inside
 }
 
 /// Where [`bytewise`] ended.
@@ -546,7 +558,7 @@ struct Classes {
     rare: u64,
 }
 
-#[cfg(target_arch = "x86_64")]
+#[cfg(all(test, target_arch = "x86_64"))]
 #[inline(always)]
 fn classes16(chunk: &[u8; 16]) -> Classes {
     sse2::classes(chunk)
