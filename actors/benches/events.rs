@@ -1,6 +1,7 @@
 //! Benchmarks of the event model: prediction time for a 4-VIF instance, events routed per
 //! second through the NetworkEventActor with 1,000 instances waiting, and deliver → wake
-//! latency (p50/p99 printed from 10,000 samples, as criterion reports means and medians only).
+//! latency (p50/p99 printed from 10,000 samples, as criterion reports means and medians only),
+//! next to what one bare hand-off between two threads costs on the same machine.
 //!
 //! `cargo bench -p vireo-actors --bench events`
 
@@ -10,6 +11,7 @@ use std::thread;
 use std::time::{Duration, Instant as StdInstant};
 
 use actix::prelude::*;
+use actix_rt::ArbiterHandle;
 use criterion::{Criterion, Throughput};
 use futures::executor::block_on;
 use serde_json::{json, Value};
@@ -210,6 +212,8 @@ fn bench_predict(c: &mut Criterion) {
 struct Rig {
     addr: Addr<NetworkEventActor>,
     system: System,
+    /// The actor's thread, where a waiter can be spawned as an instance actor's wait runs.
+    arbiter: ArbiterHandle,
     thread: Option<thread::JoinHandle<()>>,
 }
 
@@ -222,11 +226,11 @@ impl Rig {
                 let sys = System::new();
                 let addr =
                     sys.block_on(async { NetworkEventActor::new(EventConfig::default()).start() });
-                let _ = tx.send((addr, System::current()));
+                let _ = tx.send((addr, System::current(), Arbiter::current()));
                 let _ = sys.run();
             })
             .ok();
-        let (addr, system) = rx.recv().unwrap_or_else(|_| std::process::abort());
+        let (addr, system, arbiter) = rx.recv().unwrap_or_else(|_| std::process::abort());
         let policy = WaitPolicy {
             timeout: Duration::from_secs(3600),
             fatal: true,
@@ -251,6 +255,7 @@ impl Rig {
         Rig {
             addr,
             system,
+            arbiter,
             thread,
         }
     }
@@ -334,18 +339,27 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[i.min(sorted.len() - 1)]
 }
 
-/// Deliver → wake: register a wait for one event, deliver it, measure until the waiting
-/// thread is woken with the result. The deliverer and the waiter are the benchmark thread,
-/// the actor runs on its own thread (as with the HTTP endpoint and an instance actor).
-fn latency_report() {
-    let rig = Rig::new();
+/// Where the waiting operation runs in [`deliver_to_wake`].
+#[derive(Clone, Copy)]
+enum Waiter {
+    /// On the actor thread, as an instance actor's wait does (instance actors and the event
+    /// actor share the `vireo-actors` thread): one hand-off, from the deliverer to it.
+    ActorThread,
+    /// On the delivering thread: a second hand-off, back from the actor thread.
+    DeliveringThread,
+}
+
+/// Deliver → wake: register a wait for one event, deliver it from the benchmark thread (as
+/// the HTTP endpoint does), and time until the waiter is woken with the result. The waiter
+/// takes the time when it wakes, so reporting it back is not counted.
+fn deliver_to_wake(rig: &Rig, waiter: Waiter, samples_n: u32, first: u32) -> Vec<Duration> {
     let policy = WaitPolicy {
         timeout: Duration::from_secs(60),
         fatal: true,
     };
-    let samples_n = 10_000u32;
+    let (woke_tx, woke_rx) = mpsc::channel::<Option<StdInstant>>();
     let mut samples = Vec::with_capacity(samples_n as usize);
-    for i in 0..samples_n {
+    for i in first..first + samples_n {
         let instance = inst(WAITING + i);
         let p = port(1_000 + i);
         let Ok(handle) = block_on(rig.addr.send(Expect {
@@ -355,7 +369,7 @@ fn latency_report() {
             policy,
             op_id: OpId(u64::from(i)),
         })) else {
-            return;
+            break;
         };
         let event = ExternalEvent {
             name: EventName::NetworkVifPlugged,
@@ -363,26 +377,99 @@ fn latency_report() {
             tag: Some(p.to_string()),
             status: EventStatus::Completed,
         };
-        let t0 = StdInstant::now();
-        rig.addr.do_send(Deliver {
-            event,
-            received: Instant::now(),
-        });
-        let r = block_on(handle);
-        let dt = t0.elapsed();
-        if r.is_ok() {
-            samples.push(dt);
-        }
+        let woke = match waiter {
+            Waiter::ActorThread => {
+                let tx = woke_tx.clone();
+                rig.arbiter.spawn(async move {
+                    let r = handle.await;
+                    let _ = tx.send(r.is_ok().then(StdInstant::now));
+                });
+                let t0 = StdInstant::now();
+                rig.addr.do_send(Deliver {
+                    event,
+                    received: Instant::now(),
+                });
+                woke_rx.recv().ok().flatten().map(|t1| t1 - t0)
+            }
+            Waiter::DeliveringThread => {
+                let t0 = StdInstant::now();
+                rig.addr.do_send(Deliver {
+                    event,
+                    received: Instant::now(),
+                });
+                block_on(handle).ok().map(|_| t0.elapsed())
+            }
+        };
+        samples.extend(woke);
     }
     samples.sort();
-    let m = NetworkEventActor::memory_figures();
-    println!(
-        "deliver->wake latency, {} samples, {WAITING} instances waiting: p50 {:?}, p99 {:?}, max {:?}",
-        samples.len(),
-        percentile(&samples, 0.50),
-        percentile(&samples, 0.99),
-        samples.last().copied().unwrap_or_default()
+    samples
+}
+
+/// One bare hand-off between two threads: the benchmark thread stamps the time and sends
+/// it over a channel to a thread parked on it, which takes the difference when it wakes. The
+/// platform's floor for any cross-thread wake (on a VM whose other vCPU is idle, the
+/// hypervisor's cost of waking that vCPU).
+fn thread_hand_off(samples_n: u32) -> Vec<Duration> {
+    let (to_tx, to_rx) = mpsc::channel::<StdInstant>();
+    let (back_tx, back_rx) = mpsc::channel::<Duration>();
+    let echo = thread::Builder::new()
+        .name("bench-hand-off".into())
+        .spawn(move || {
+            while let Ok(t0) = to_rx.recv() {
+                if back_tx.send(t0.elapsed()).is_err() {
+                    break;
+                }
+            }
+        })
+        .ok();
+    let mut samples = Vec::with_capacity(samples_n as usize);
+    for _ in 0..samples_n {
+        if to_tx.send(StdInstant::now()).is_err() {
+            break;
+        }
+        match back_rx.recv() {
+            Ok(dt) => samples.push(dt),
+            Err(_) => break,
+        }
+    }
+    drop(to_tx);
+    if let Some(t) = echo {
+        let _ = t.join();
+    }
+    samples.sort();
+    samples
+}
+
+fn latency_report() {
+    let rig = Rig::new();
+    let n = 10_000u32;
+    // Warm-up, not counted (as criterion warms up): caches, the allocator, and the
+    // hypervisor's halt polling, which adapts to how soon an idle vCPU is woken again.
+    let _ = deliver_to_wake(&rig, Waiter::DeliveringThread, 2_000, 3 * n);
+    let _ = thread_hand_off(2_000);
+    let show = |what: &str, samples: &[Duration]| {
+        println!(
+            "{what}, {} samples: p50 {:?}, p99 {:?}, max {:?}",
+            samples.len(),
+            percentile(samples, 0.50),
+            percentile(samples, 0.99),
+            samples.last().copied().unwrap_or_default()
+        );
+    };
+    show(
+        &format!("deliver->wake, waiter on the actor thread, {WAITING} instances waiting"),
+        &deliver_to_wake(&rig, Waiter::ActorThread, n, 0),
     );
+    show(
+        &format!("deliver->wake, waiter on the delivering thread, {WAITING} instances waiting"),
+        &deliver_to_wake(&rig, Waiter::DeliveringThread, n, n),
+    );
+    show(
+        "one bare hand-off between two threads (the platform's floor)",
+        &thread_hand_off(n),
+    );
+    let m = NetworkEventActor::memory_figures();
     println!(
         "memory: per pending wait {} B + {} B per expected event; per buffered event {} B; per known instance {} B",
         m.per_wait, m.per_expected_event, m.per_buffered_event, m.per_instance
