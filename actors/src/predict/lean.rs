@@ -553,8 +553,9 @@ struct Classes {
     /// `{`, `[`, `}` or `]`.
     bracket: u64,
     /// `\` or a byte below 0x20 (tab, line feed and carriage return included: whitespace
-    /// outside a string, an error inside one), handled a byte at a time. Compact JSON, as
-    /// Nova and Python's `json.dumps` write it, has none outside escapes.
+    /// outside a string, an error inside one): a block holding one is walked a byte at a
+    /// time. [`classes64`] on x86-64 says only whether there is one (not zero), not where.
+    /// Compact JSON, as Nova and Python's `json.dumps` write it, has none outside escapes.
     rare: u64,
 }
 
