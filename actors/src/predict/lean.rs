@@ -172,83 +172,88 @@ type Scanned<T> = Result<T, Syntax>;
 #[cfg(target_arch = "x86_64")]
 mod sse2 {
     use safe_arch::{
-        bitor_m128i, cmp_eq_mask_i8_m128i, load_unaligned_m128i, max_u8_m128i, move_mask_i8_m128i,
-        set_splat_i8_m128i,
+        bitor_m128i, cmp_eq_mask_i8_m128i, load_unaligned_m128i, m128i, max_u8_m128i, min_u8_m128i,
+        move_mask_i8_m128i, set_splat_i8_m128i, zeroed_m128i,
     };
+
+    /// Lanes equal to `c`.
+    #[inline(always)]
+    fn eq(v: m128i, c: u8) -> m128i {
+        cmp_eq_mask_i8_m128i(v, set_splat_i8_m128i(c as i8))
+    }
+
+    /// Lanes below 0x20.
+    #[inline(always)]
+    fn control(v: m128i) -> m128i {
+        let top = set_splat_i8_m128i(0x1f);
+        cmp_eq_mask_i8_m128i(max_u8_m128i(v, top), top)
+    }
+
+    /// Lanes holding `{`, `[`, `}` or `]` (`[` and `]` are `{` and `}` without bit 5).
+    #[inline(always)]
+    fn bracket(v: m128i) -> m128i {
+        let folded = bitor_m128i(v, set_splat_i8_m128i(0x20));
+        bitor_m128i(eq(folded, b'{'), eq(folded, b'}'))
+    }
+
+    /// One bit per lane (the `i32` is never negative; `as u16` keeps all 16 bits).
+    #[inline(always)]
+    fn bits(v: m128i) -> u64 {
+        u64::from(move_mask_i8_m128i(v) as u16)
+    }
 
     /// Bit `n` set where byte `n` is `"`, `\\` or a control byte (below 0x20).
     #[inline(always)]
     pub(super) fn string_stops(chunk: &[u8; 16]) -> u32 {
         let v = load_unaligned_m128i(chunk);
-        let quote = cmp_eq_mask_i8_m128i(v, set_splat_i8_m128i(b'"' as i8));
-        let backslash = cmp_eq_mask_i8_m128i(v, set_splat_i8_m128i(b'\\' as i8));
-        let top = set_splat_i8_m128i(0x1f);
-        let control = cmp_eq_mask_i8_m128i(max_u8_m128i(v, top), top);
-        move_mask_i8_m128i(bitor_m128i(bitor_m128i(quote, backslash), control)) as u32
+        bits(bitor_m128i(
+            bitor_m128i(eq(v, b'"'), eq(v, b'\\')),
+            control(v),
+        )) as u32
     }
 
     /// The byte classes a skipped container is walked by, sixteen bytes (tests hold
-    /// [`super::classes64`] to these, side by side).
+    /// [`classes64`] to these, side by side).
     #[cfg(test)]
     pub(super) fn classes(chunk: &[u8; 16]) -> super::Classes {
         let v = load_unaligned_m128i(chunk);
-        let quote = cmp_eq_mask_i8_m128i(v, set_splat_i8_m128i(b'"' as i8));
-        let backslash = cmp_eq_mask_i8_m128i(v, set_splat_i8_m128i(b'\\' as i8));
-        let top = set_splat_i8_m128i(0x1f);
-        let control = cmp_eq_mask_i8_m128i(max_u8_m128i(v, top), top);
-        // `[` and `]` are `{` and `}` without bit 5.
-        let folded = bitor_m128i(v, set_splat_i8_m128i(0x20));
-        let bracket = bitor_m128i(
-            cmp_eq_mask_i8_m128i(folded, set_splat_i8_m128i(b'{' as i8)),
-            cmp_eq_mask_i8_m128i(folded, set_splat_i8_m128i(b'}' as i8)),
-        );
-        // A mask has 16 bits (the `i32` is never negative; `as u16` keeps them all).
-        let bits = |v| u64::from(move_mask_i8_m128i(v) as u16);
         super::Classes {
-            quote: bits(quote),
-            bracket: bits(bracket),
-            rare: bits(bitor_m128i(backslash, control)),
+            quote: bits(eq(v, b'"')),
+            bracket: bits(bracket(v)),
+            rare: bits(bitor_m128i(eq(v, b'\\'), control(v))),
         }
+    }
+
+    /// [`super::classes64`]: the quotes and brackets of each chunk; the rare bytes of all
+    /// four are gathered first (backslashes by OR, control bytes by the lowest byte), since
+    /// the walk needs to know only whether the block holds one.
+    #[inline(always)]
+    pub(super) fn classes64(block: &[u8; 64]) -> super::Classes {
+        let mut m = super::Classes::default();
+        let mut backslash = zeroed_m128i();
+        let mut lowest = set_splat_i8_m128i(-1);
+        let mut rest: &[u8] = block;
+        let mut shift = 0;
+        while let Some((chunk, tail)) = rest.split_first_chunk::<16>() {
+            let v = load_unaligned_m128i(chunk);
+            m.quote |= bits(eq(v, b'"')) << shift;
+            m.bracket |= bits(bracket(v)) << shift;
+            backslash = bitor_m128i(backslash, eq(v, b'\\'));
+            lowest = min_u8_m128i(lowest, v);
+            rest = tail;
+            shift += 16;
+        }
+        m.rare = bits(bitor_m128i(backslash, control(lowest)));
+        m
     }
 }
 
-/// [`classes64`] with SSE2: the quotes and brackets of each chunk; the rare bytes of all
-/// four are gathered first (backslashes by OR, control bytes by the lowest byte), since the
-/// walk needs to know only whether the block holds one.
+/// The byte classes of a 64-byte block; `rare` only says whether one is there (see
+/// [`Classes::rare`]).
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 fn classes64(block: &[u8; 64]) -> Classes {
-    use safe_arch::{
-        bitor_m128i, cmp_eq_mask_i8_m128i, load_unaligned_m128i, max_u8_m128i, min_u8_m128i,
-        move_mask_i8_m128i, set_splat_i8_m128i, zeroed_m128i,
-    };
-    let bits = |v| u64::from(move_mask_i8_m128i(v) as u16);
-    let mut m = Classes::default();
-    let mut backslash = zeroed_m128i();
-    let mut lowest = set_splat_i8_m128i(-1);
-    let mut rest: &[u8] = block;
-    let mut shift = 0;
-    while let Some((chunk, tail)) = rest.split_first_chunk::<16>() {
-        let v = load_unaligned_m128i(chunk);
-        m.quote |= bits(cmp_eq_mask_i8_m128i(v, set_splat_i8_m128i(b'"' as i8))) << shift;
-        let folded = bitor_m128i(v, set_splat_i8_m128i(0x20));
-        let bracket = bitor_m128i(
-            cmp_eq_mask_i8_m128i(folded, set_splat_i8_m128i(b'{' as i8)),
-            cmp_eq_mask_i8_m128i(folded, set_splat_i8_m128i(b'}' as i8)),
-        );
-        m.bracket |= bits(bracket) << shift;
-        backslash = bitor_m128i(
-            backslash,
-            cmp_eq_mask_i8_m128i(v, set_splat_i8_m128i(b'\\' as i8)),
-        );
-        lowest = min_u8_m128i(lowest, v);
-        rest = tail;
-        shift += 16;
-    }
-    let top = set_splat_i8_m128i(0x1f);
-    let control = cmp_eq_mask_i8_m128i(max_u8_m128i(lowest, top), top);
-    m.rare = bits(bitor_m128i(backslash, control));
-    m
+    sse2::classes64(block)
 }
 
 /// Deepest nesting [`skip_container`] follows (one bit of [`Nesting`] per level).
