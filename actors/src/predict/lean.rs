@@ -434,27 +434,17 @@ fn skip_container(b: &[u8], start: usize) -> Scanned<usize> {
     nest.open(start, open)?;
     let mut i = start + 1;
     let mut in_string = false;
-    let mut pad: [u8; 64];
+    let mut pad = [0u8; 64];
     loop {
-        let rest = b.get(i..).unwrap_or_default();
-        let block = match rest.first_chunk::<64>() {
-            Some(block) => block,
-            None if rest.is_empty() => {
-                return if in_string {
-                    fail(b.len(), "EOF while parsing a string")
-                } else {
-                    nest.eof(b.len())
-                };
-            }
-            None => {
-                // The last bytes of the text, padded with spaces (which have no class).
-                pad = [b' '; 64];
-                if let Some(head) = pad.get_mut(..rest.len()) {
-                    head.copy_from_slice(rest);
-                }
-                &pad
-            }
-        };
+        if i >= b.len() {
+            return if in_string {
+                fail(b.len(), "EOF while parsing a string")
+            } else {
+                nest.eof(b.len())
+            };
+        }
+        // The last bytes of the text are padded with spaces, which have no class.
+        let block = block_at(b, i, b' ', &mut pad);
         let m = classes64(block);
         if m.rare != 0 {
             // A backslash or a control byte in this block: one byte at a time (an escape
@@ -483,6 +473,21 @@ fn skip_container(b: &[u8], start: usize) -> Scanned<usize> {
         }
         i += 64;
     }
+}
+
+/// The 64 bytes of `b` from `i`; past the end of the text, `fill` (the bytes that are
+/// there are copied into `pad`, the rest of it filled).
+#[inline(always)]
+fn block_at<'t>(b: &'t [u8], i: usize, fill: u8, pad: &'t mut [u8; 64]) -> &'t [u8; 64] {
+    let rest = b.get(i..).unwrap_or_default();
+    if let Some(block) = rest.first_chunk::<64>() {
+        return block;
+    }
+    *pad = [fill; 64];
+    if let Some(head) = pad.get_mut(..rest.len()) {
+        head.copy_from_slice(rest);
+    }
+    pad
 }
 
 /// Bit n set when byte n lies inside a string (its opening quote in, its closing quote
@@ -632,17 +637,8 @@ const WINDOW: usize = 64;
 /// `w + n`. Past the end of the text every byte counts as a stop (the 0 [`at`] gives there).
 #[inline(always)]
 fn window_stops(b: &[u8], w: usize) -> u64 {
-    let rest = b.get(w..).unwrap_or_default();
     let mut pad = [0u8; WINDOW];
-    let block = match rest.first_chunk::<WINDOW>() {
-        Some(block) => block,
-        None => {
-            if let Some(head) = pad.get_mut(..rest.len()) {
-                head.copy_from_slice(rest);
-            }
-            &pad
-        }
-    };
+    let block = block_at(b, w, 0, &mut pad);
     let mut stops = 0;
     let mut tail: &[u8] = block;
     let mut shift = 0;
