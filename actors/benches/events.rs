@@ -377,28 +377,26 @@ fn deliver_to_wake(rig: &Rig, waiter: Waiter, samples_n: u32, first: u32) -> Vec
             tag: Some(p.to_string()),
             status: EventStatus::Completed,
         };
-        let woke = match waiter {
+        // The handle, when this thread is the one to wait on it.
+        let here = match waiter {
             Waiter::ActorThread => {
                 let tx = woke_tx.clone();
                 rig.arbiter.spawn(async move {
                     let r = handle.await;
                     let _ = tx.send(r.is_ok().then(StdInstant::now));
                 });
-                let t0 = StdInstant::now();
-                rig.addr.do_send(Deliver {
-                    event,
-                    received: Instant::now(),
-                });
-                woke_rx.recv().ok().flatten().map(|t1| t1 - t0)
+                None
             }
-            Waiter::DeliveringThread => {
-                let t0 = StdInstant::now();
-                rig.addr.do_send(Deliver {
-                    event,
-                    received: Instant::now(),
-                });
-                block_on(handle).ok().map(|_| t0.elapsed())
-            }
+            Waiter::DeliveringThread => Some(handle),
+        };
+        let t0 = StdInstant::now();
+        rig.addr.do_send(Deliver {
+            event,
+            received: Instant::now(),
+        });
+        let woke = match here {
+            None => woke_rx.recv().ok().flatten().map(|t1| t1 - t0),
+            Some(handle) => block_on(handle).ok().map(|_| t0.elapsed()),
         };
         samples.extend(woke);
     }
