@@ -73,33 +73,12 @@ fn apply(xml: &str, edit: &Edit) -> Result<String, XmlError> {
     let (range, text) = match edit {
         Edit::ReplaceInterface(sel, iface) => (find_interface(xml, &scan, sel)?, iface.to_xml()?),
         Edit::RemoveInterface(sel) => (find_interface(xml, &scan, sel)?, String::new()),
-        Edit::AddInterface(iface) => {
-            let new = iface.to_xml()?;
-            let devices = scan
-                .devices
-                .as_ref()
-                .ok_or_else(|| XmlError::missing("domain/devices"))?;
-            match (scan.interfaces.last(), devices.end_tag_start) {
-                (Some(last), _) => (last.end..last.end, new),
-                (None, Some(end)) => (end..end, new),
-                (None, None) => (devices.whole.clone(), format!("<devices>{new}</devices>")),
-            }
-        }
-        Edit::AddHostdev(hostdev) => {
-            let new = hostdev.to_xml()?;
-            let devices = scan
-                .devices
-                .as_ref()
-                .ok_or_else(|| XmlError::missing("domain/devices"))?;
-            match (
-                scan.hostdevs.last().or(scan.interfaces.last()),
-                devices.end_tag_start,
-            ) {
-                (Some(last), _) => (last.end..last.end, new),
-                (None, Some(end)) => (end..end, new),
-                (None, None) => (devices.whole.clone(), format!("<devices>{new}</devices>")),
-            }
-        }
+        Edit::AddInterface(iface) => add_device(&scan, scan.interfaces.last(), iface.to_xml()?)?,
+        Edit::AddHostdev(hostdev) => add_device(
+            &scan,
+            scan.hostdevs.last().or(scan.interfaces.last()),
+            hostdev.to_xml()?,
+        )?,
         Edit::RemoveHostdev(pci) => (find_hostdev(xml, &scan, pci)?, String::new()),
         Edit::SetMetadata(meta) => {
             let mut w = Writer::with_capacity(1024);
@@ -129,6 +108,26 @@ fn apply(xml: &str, edit: &Edit) -> Result<String, XmlError> {
     out.push_str(&text);
     out.push_str(&xml[range.end..]);
     Ok(out)
+}
+
+/// Where a new device goes and the text to put there: after `after` (the last device of its
+/// kind, or of the kind it follows), else at the end of `<devices>`, else in a new
+/// `<devices>` at the end of `<domain>`, where vireo's own writer puts it (the typed model
+/// reads a domain without `<devices>` as one without devices; libvirt always writes it).
+fn add_device(
+    scan: &Scan,
+    after: Option<&Range<usize>>,
+    new: String,
+) -> Result<(Range<usize>, String), XmlError> {
+    Ok(match (after, &scan.devices, scan.root_end_tag_start) {
+        (Some(last), _, _) => (last.end..last.end, new),
+        (None, Some(devices), _) => match devices.end_tag_start {
+            Some(end) => (end..end, new),
+            None => (devices.whole.clone(), format!("<devices>{new}</devices>")),
+        },
+        (None, None, Some(end)) => (end..end, format!("<devices>{new}</devices>")),
+        (None, None, None) => return Err(XmlError::missing("domain/devices")),
+    })
 }
 
 fn find_interface(xml: &str, scan: &Scan, sel: &Selector) -> Result<Range<usize>, XmlError> {
@@ -200,6 +199,9 @@ struct Scan {
     interfaces: Vec<Range<usize>>,
     /// Every `<hostdev>` directly in `<devices>`.
     hostdevs: Vec<Range<usize>>,
+    /// Where `</domain>` starts (when the walk got that far): where a missing `<devices>`
+    /// goes.
+    root_end_tag_start: Option<usize>,
 }
 
 fn pos(r: &NsReader<&[u8]>) -> usize {
@@ -277,7 +279,11 @@ fn scan(xml: &str, devices: bool) -> Result<Scan, XmlError> {
                 }
                 _ => {}
             },
-            Event::End(_) | Event::Eof => return Ok(s),
+            Event::End(_) => {
+                s.root_end_tag_start = Some(start);
+                return Ok(s);
+            }
+            Event::Eof => return Ok(s),
             _ => {}
         }
     }

@@ -200,6 +200,36 @@ fn add_interface_to_a_domain_without_any() {
     );
 }
 
+// Found by the `live_rewrite` fuzz target: the typed model reads a domain without
+// `<devices>` as one without devices, but adding a device to it was refused. The new
+// `<devices>` goes at the end of `<domain>`, where vireo's writer puts it, and libvirt takes it.
+#[test]
+fn add_devices_to_a_domain_without_devices() {
+    let conn = TestConn::open();
+    let xml = "<domain type='kvm'><name>vx-nodev</name><memory>262144</memory>\
+               <os><type>hvm</type></os></domain>";
+    assert!(Domain::from_xml(xml).unwrap().devices.interfaces.is_empty());
+    let (_, iface) = every_interface().swap_remove(3);
+    let out = rewrite(xml, &[Edit::AddInterface(iface.clone())]).unwrap();
+    assert!(out.starts_with(xml.trim_end_matches("</domain>")), "{out}");
+    assert!(out.ends_with("</devices></domain>"), "{out}");
+    assert_eq!(
+        Domain::from_xml(&out).unwrap().devices.interfaces,
+        vec![iface]
+    );
+    let pf: PciAddress = "0000:82:00.0".parse().unwrap();
+    let out = rewrite(xml, &[Edit::AddHostdev(Hostdev::pci(pf))]).unwrap();
+    let d = Domain::from_xml(&conn.define_validated(&out).unwrap()).unwrap();
+    let sources: Vec<_> = d.devices.hostdevs.iter().map(|h| h.source).collect();
+    assert_eq!(sources, vec![pf]);
+    // A document cut before `</domain>` still has nowhere to put them.
+    let cut = xml.trim_end_matches("</domain>");
+    assert!(matches!(
+        rewrite(cut, &[Edit::AddHostdev(Hostdev::pci(pf))]),
+        Err(XmlError::Missing { .. })
+    ));
+}
+
 #[test]
 fn selectors_that_match_nothing_or_twice_are_errors() {
     let orig = fixture("live-kvm-q35.xml");
