@@ -27,9 +27,6 @@ const UNDEFINE_FLAG_SETS: [u32; 3] = [
     0,
 ];
 
-/// Whether a validated define has completed in this process (see [`LibvirtHandle::define_xml`]).
-static FIRST_VALIDATE: std::sync::Mutex<bool> = std::sync::Mutex::new(false);
-
 fn lookup(conn: &Connect, uuid: Uuid) -> Result<Domain, VirtError> {
     conn.lookup_domain_by_uuid(uuid)
 }
@@ -117,19 +114,9 @@ impl LibvirtHandle {
             "define_xml",
             self.config().call_timeout(),
             move |conn| {
-                // Drivers that validate in this process (the test driver) load libvirt's RNG
-                // schemas with libxml2 on first use, which is not thread-safe: the first
-                // validated define of the process runs alone.
-                let _first = if validate {
-                    Some(FIRST_VALIDATE.lock().unwrap_or_else(|p| p.into_inner()))
-                        .filter(|done| !**done)
-                } else {
-                    None
-                };
+                // In-process drivers had their schema tables built when the connection
+                // opened (`schema::prime`), so validating defines may run concurrently.
                 let dom = conn.define_domain_xml_flags(&xml, flags);
-                if let Some(mut done) = _first {
-                    *done = true;
-                }
                 domain_id(&dom?)
             },
             map_define,

@@ -33,6 +33,7 @@ use super::event::{CloseReason, LibvirtEvent};
 use super::ffi::{self, CloseHandler, Registration};
 use super::handle::{Ctrl, Live, Shared};
 use super::ops::list_domains;
+use super::schema;
 use super::types::DomainSummary;
 
 /// How often the supervisor checks `virConnectIsAlive` on its own.
@@ -61,6 +62,11 @@ impl Session {
         })?;
         let conn = Arc::new(conn);
         let remote = set_keepalive(&conn, shared.config.keepalive)?;
+        if !remote {
+            // This driver validates in this process: build libxml2's schema tables once,
+            // before any worker can validate concurrently (see `schema`).
+            schema::prime(&conn);
+        }
         let on_close = remote.then(|| close_handler(shared, generation));
         let registration = ffi::register(&conn, &shared.sink, on_close)
             .map_err(|e| LibvirtError::from_virt("register callbacks", e))?;

@@ -354,6 +354,16 @@ impl TestConn {
         std::fs::write(&node, "<node/>").unwrap();
         let uri = format!("test://{}", node.display());
         let conn = virt::connect::Connect::open(Some(&uri)).unwrap();
+        // libxml2 2.9 builds its schema datatype tables on the first schema parse of the process,
+        // without a lock: tests validating on several threads at once race on it (an "Error type
+        // 'integer' is not exported by type library" failure). Parse the schema once first, as
+        // vireo's libvirt layer does when it opens an in-process driver (actors libvirt::schema).
+        static PRIMED: std::sync::Once = std::sync::Once::new();
+        PRIMED.call_once(|| {
+            let probe =
+                conn.define_domain_xml_flags("<domain/>", virt::sys::VIR_DOMAIN_DEFINE_VALIDATE);
+            assert!(probe.is_err(), "the schema probe must be refused");
+        });
         TestConn { conn, _dir: dir }
     }
 
