@@ -27,6 +27,7 @@ use crate::instance::actor::{
     DomainEvent, InstanceActor, InstanceGone, RecoverInterrupted, Resync, Run, Show, Stop,
 };
 use crate::instance::deps::{HostDeps, PeerHost};
+use crate::instance::in_flight::Interrupted;
 use crate::instance::op::power_of;
 use crate::instance::record::InstanceRecord;
 use crate::instance::types::{
@@ -389,6 +390,7 @@ impl Handler<Recover> for HostActor {
                 let interrupted = meta.operation.as_ref().map(|o| format!("{}/{}", o.kind, o.phase));
                 if let Some(op) = meta.operation {
                     let uuid = d.uuid;
+                    let op = Interrupted::from_stored(&op);
                     actix::spawn(async move {
                         match addr.send(RecoverInterrupted(op)).await {
                             Ok(Ok(_)) => info!(instance = %uuid, "interrupted operation recovered"),

@@ -257,15 +257,14 @@ fn sample(req: Request, vif: &Vif, handover: &Handover) -> InstanceRequest {
         Request::AttachInterface => InstanceRequest::AttachInterface(Box::new(vif.clone())),
         Request::DetachInterface => InstanceRequest::DetachInterface(vif.id),
         Request::CleanupForReschedule => InstanceRequest::CleanupForReschedule,
-        Request::Recover => {
-            InstanceRequest::Recover(Box::new(vireo_xml::metadata::InFlightOperation {
+        Request::Recover => InstanceRequest::Recover(Box::new(
+            vireo_actors::instance::Interrupted::Marked(vireo_actors::instance::Marker {
                 id: "1".into(),
-                kind: "power-on".into(),
                 phase: "start".into(),
                 started_at: 0,
-                data: serde_json::json!({}),
-            }))
-        }
+                operation: vireo_actors::instance::InFlight::PowerOn,
+            }),
+        )),
     };
     assert_eq!(r.kind(), req);
     r

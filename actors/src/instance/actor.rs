@@ -16,11 +16,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use super::in_flight::{InFlight, Interrupted};
 use actix::prelude::*;
 use futures::channel::oneshot;
 use tracing::{debug, info, warn, Instrument};
 use uuid::Uuid;
-use vireo_xml::metadata::InFlightOperation;
 
 use crate::events::OpId;
 use crate::libvirt::LifecycleEvent;
@@ -62,7 +62,7 @@ pub struct Resync;
 /// Finish or roll back an operation that was in flight when the agent stopped.
 #[derive(Debug, Message)]
 #[rtype(result = "Result<InstanceReply, InstanceError>")]
-pub struct RecoverInterrupted(pub InFlightOperation);
+pub struct RecoverInterrupted(pub Interrupted);
 
 /// Stop: cancel the running operation's waits; the actor stops once it is idle.
 #[derive(Debug, Clone, Copy, Message)]
@@ -592,38 +592,59 @@ impl Handler<RecoverInterrupted> for InstanceActor {
                 running: running.request,
             })));
         }
-        let op = msg.0;
-        info!(instance = %self.uuid, kind = %op.kind, phase = %op.phase, "recovering an interrupted operation");
+        let interrupted = msg.0;
+        info!(instance = %self.uuid, interrupted = %interrupted.describe(), "recovering an interrupted operation");
         let role = self
             .record
             .as_ref()
             .and_then(|r| r.resize.as_ref())
             .map(|r| r.role);
-        let request = match (op.kind.as_str(), role) {
-            // A build that did not finish is rolled back: nothing stays, networking released.
-            ("spawn", _) => InstanceRequest::CleanupForReschedule,
-            // The destination of a resize: remove the copy, have the source take it back.
-            ("finish-resize" | "revert-resize", Some(ResizeRole::Target)) => {
-                InstanceRequest::RevertResize
+        let target = role == Some(ResizeRole::Target);
+        let source = role == Some(ResizeRole::Source);
+        let direct = match &interrupted {
+            Interrupted::Marked(marker) => match &marker.operation {
+                // A build that did not finish is rolled back: nothing stays, networking released.
+                InFlight::Spawn => Some(InstanceRequest::CleanupForReschedule),
+                // The destination of a resize: remove the copy, have the source take it back.
+                InFlight::FinishResize(_) | InFlight::RevertResize(_) if target => {
+                    Some(InstanceRequest::RevertResize)
+                }
+                // The source bringing a reverted instance back: do it again.
+                InFlight::FinishRevertResize(_) if source => {
+                    Some(InstanceRequest::FinishRevertResize)
+                }
+                // A start that did not finish: start again, waiting for what the model predicts.
+                InFlight::PowerOn | InFlight::RebootHard => {
+                    Some(InstanceRequest::Reboot(RebootKind::Hard))
+                }
+                // Everything else (a live migration the guest never left for, a resize handed
+                // over or not, an interface half attached or detached, a soft reboot): see
+                // flows::recover.
+                InFlight::FinishResize(_)
+                | InFlight::RevertResize(_)
+                | InFlight::FinishRevertResize(_)
+                | InFlight::RebootSoft
+                | InFlight::Resize(_)
+                | InFlight::LiveMigrate(_)
+                | InFlight::AttachInterface(_)
+                | InFlight::DetachInterface(_) => None,
+            },
+            // Written by another version or damaged: reconcile with libvirt.
+            Interrupted::Unreadable(error) => {
+                warn!(instance = %self.uuid, error = %error_chain(error.as_ref()), "in-flight operation unreadable; reconciling only");
+                None
             }
-            // The source bringing a reverted instance back: do it again.
-            ("finish-revert-resize", Some(ResizeRole::Source)) => {
-                InstanceRequest::FinishRevertResize
-            }
-            // A start that did not finish: start again, waiting for what the model predicts.
-            ("power-on" | "reboot-hard" | "resume", _) => InstanceRequest::Reboot(RebootKind::Hard),
-            // Everything else (a live migration the guest never left for, a resize handed over
-            // or not): see flows::recover.
-            _ => InstanceRequest::Recover(Box::new(op.clone())),
         };
-        let kind = request.kind();
-        if kind != Request::Recover && !accepts(self.state, kind) {
-            warn!(instance = %self.uuid, state = %self.state, request = %kind,
-                "cannot recover with {kind} from {}; reconciling only", self.state);
-            let fut = self.start(InstanceRequest::Recover(Box::new(op)), ctx);
-            return fut;
+        match direct {
+            Some(request) if accepts(self.state, request.kind()) => self.start(request, ctx),
+            Some(request) => {
+                let kind = request.kind();
+                warn!(instance = %self.uuid, state = %self.state, request = %kind,
+                    "cannot recover with {kind} from {}; reconciling only", self.state);
+                self.start(InstanceRequest::Recover(Box::new(interrupted)), ctx)
+            }
+            None => self.start(InstanceRequest::Recover(Box::new(interrupted)), ctx),
         }
-        self.start(request, ctx)
     }
 }
 

@@ -8,7 +8,6 @@
 
 use std::collections::BTreeSet;
 
-use serde_json::json;
 use tracing::{info, warn};
 
 use crate::events::WaitPolicy;
@@ -19,6 +18,7 @@ use crate::network::{
 use crate::predict::{predict, ExpectedEvent, Operation, Prediction, Timing};
 use crate::vif::{NetworkInfo, PortId, Vif};
 
+use super::in_flight::{InFlight, InterfaceStep, Interrupted, MigrationStep, RevertStep};
 use super::op::OpCtx;
 use super::record::{InstanceRecord, ResizeRecord, ResizeRole};
 use super::types::{
@@ -217,7 +217,7 @@ async fn spawn_steps(
 ) -> Result<InstanceState, InstanceError> {
     let prediction = predicted(op, &Operation::Spawn, &record.network_info.vifs)?;
     op.phase("define");
-    let in_flight = op.in_flight("define", json!({}));
+    let in_flight = op.in_flight("define", InFlight::Spawn);
     op.define(record, Some(in_flight)).await?;
     let pol = policy(op);
     let bind = op
@@ -452,7 +452,7 @@ pub(crate) async fn power_on(
     from: InstanceState,
 ) -> Finished {
     let r = async {
-        let in_flight = op.in_flight("start", json!({}));
+        let in_flight = op.in_flight("start", InFlight::PowerOn);
         op.save(&record, Some(in_flight)).await?;
         boot_with_events(op, &record, Operation::PowerOn, true).await?;
         let mut done = record.clone();
@@ -486,7 +486,7 @@ pub(crate) async fn power_on(
 /// Destroy and recreate the domain; wait only for the events the model predicts.
 pub(crate) async fn reboot_hard(op: &mut OpCtx, record: InstanceRecord) -> Finished {
     let r = async {
-        let in_flight = op.in_flight("reboot", json!({}));
+        let in_flight = op.in_flight("reboot", InFlight::reboot(op.request));
         op.save(&record, Some(in_flight)).await?;
         op.phase("destroy");
         op.destroy_domain().await?;
@@ -670,11 +670,21 @@ pub(crate) async fn resize(
     });
     source.state = InstanceState::ResizeSource;
     let r = async {
-        let in_flight = op.in_flight("power off", json!({ "migration": migration }));
+        let in_flight = op.in_flight(
+            "power off",
+            InFlight::Resize(MigrationStep {
+                migration: migration.clone(),
+            }),
+        );
         op.save(&record, Some(in_flight)).await?;
         op.phase("power off");
         op.shutdown_domain(op.deps.config.power_off_timeout).await?;
-        let in_flight = op.in_flight("handover", json!({ "migration": migration }));
+        let in_flight = op.in_flight(
+            "handover",
+            InFlight::Resize(MigrationStep {
+                migration: migration.clone(),
+            }),
+        );
         op.save(&source, Some(in_flight)).await?;
         op.phase("finish on destination");
         let h = handover(&record, &new_flavor, was_running);
@@ -745,7 +755,12 @@ pub(crate) async fn finish_resize(op: &mut OpCtx, migration: Migration, h: Hando
             &record.network_info.vifs,
         )?;
         op.phase("define");
-        let in_flight = op.in_flight("finish-resize", json!({ "migration": migration }));
+        let in_flight = op.in_flight(
+            "finish-resize",
+            InFlight::FinishResize(MigrationStep {
+                migration: migration.clone(),
+            }),
+        );
         op.define(&record, Some(in_flight)).await?;
         let pol = policy(op);
         let bind = op
@@ -891,7 +906,13 @@ pub(crate) async fn revert_resize(op: &mut OpCtx, record: InstanceRecord) -> Fin
         return revert_same_host(op, record, resize).await;
     }
     op.phase("remove the resized copy");
-    let in_flight = op.in_flight("revert", json!({ "migration": resize.migration }));
+    let in_flight = op.in_flight(
+        "revert",
+        InFlight::RevertResize(RevertStep {
+            migration: resize.migration.clone(),
+            was_running: None,
+        }),
+    );
     let _ = op.save(&record, Some(in_flight)).await;
     let mut errors = Vec::new();
     if let Err(e) = op.destroy_domain().await {
@@ -941,7 +962,10 @@ async fn bring_back(op: &mut OpCtx, record: InstanceRecord) -> Finished {
     };
     let was_running = resize.was_running;
     let r = async {
-        let in_flight = op.in_flight("finish-revert", json!({ "migration": resize.migration }));
+        let in_flight = op.in_flight(
+            "finish-revert",
+            InFlight::bring_back(op.request, resize.migration.clone()),
+        );
         op.save(&record, Some(in_flight)).await?;
         op.deps.events.track(op.uuid);
         let prediction = predicted(
@@ -1031,7 +1055,12 @@ async fn resize_same_host(
     });
     target.state = InstanceState::ResizeTarget;
     let r = async {
-        let in_flight = op.in_flight("resize", json!({ "migration": migration }));
+        let in_flight = op.in_flight(
+            "resize",
+            InFlight::Resize(MigrationStep {
+                migration: migration.clone(),
+            }),
+        );
         op.save(&record, Some(in_flight.clone())).await?;
         op.phase("power off");
         op.shutdown_domain(op.deps.config.power_off_timeout).await?;
@@ -1101,7 +1130,10 @@ async fn revert_same_host(
     let r = async {
         let in_flight = op.in_flight(
             "revert",
-            json!({ "migration": resize.migration, "was_running": resize.was_running }),
+            InFlight::RevertResize(RevertStep {
+                migration: resize.migration.clone(),
+                was_running: Some(resize.was_running),
+            }),
         );
         op.save(&record, Some(in_flight.clone())).await?;
         op.phase("remove the resized guest");
@@ -1160,7 +1192,12 @@ pub(crate) async fn live_migrate(
     }
     let dest = migration.dest_host.clone();
     let h = handover(&record, &record.flavor, from == InstanceState::Running);
-    let in_flight = op.in_flight("prepare", json!({ "migration": migration }));
+    let in_flight = op.in_flight(
+        "prepare",
+        InFlight::LiveMigrate(MigrationStep {
+            migration: migration.clone(),
+        }),
+    );
     let migrated = async {
         op.save(&record, Some(in_flight)).await?;
         let peer = op.deps.peers.get(&dest)?;
@@ -1578,7 +1615,10 @@ pub(crate) async fn attach_interface(
     let mut attached = false;
     let in_flight = op.in_flight(
         "plug",
-        json!({ "vif": vif.raw_value(), "index": vif.index }),
+        InFlight::AttachInterface(InterfaceStep {
+            vif: vif.raw_value(),
+            index: vif.index,
+        }),
     );
     let r = async {
         let mut single = NetworkInfo {
@@ -1760,7 +1800,10 @@ pub(crate) async fn detach_interface(
     // before the detach finished has recovery finish it.
     let in_flight = op.in_flight(
         "detach",
-        json!({ "vif": vif.raw_value(), "index": vif.index }),
+        InFlight::DetachInterface(InterfaceStep {
+            vif: vif.raw_value(),
+            index: vif.index,
+        }),
     );
     let r = async {
         op.save(&record, Some(in_flight.clone())).await?;
@@ -1802,7 +1845,7 @@ pub(crate) async fn recover(
     op: &mut OpCtx,
     record: InstanceRecord,
     from: InstanceState,
-    interrupted: vireo_xml::metadata::InFlightOperation,
+    interrupted: Interrupted,
 ) -> Finished {
     op.phase("recover");
     if let Some(done) = recover_same_host(op, &record, &interrupted).await {
@@ -1810,40 +1853,47 @@ pub(crate) async fn recover(
     }
     let mut failure = None;
     let mut record = record;
-    // An attach is undone, a detach finished: either way the interface goes.
-    if interrupted.kind == Request::AttachInterface.as_str()
-        || interrupted.kind == Request::DetachInterface.as_str()
-    {
-        match take_interface_away(op, &record, from, &interrupted.data).await {
-            Ok(without) => record = without,
-            Err(e) => failure = Some(e),
-        }
-    }
-    if interrupted.kind == Request::LiveMigrate.as_str() {
-        match serde_json::from_value::<Migration>(interrupted.data["migration"].clone()) {
-            Ok(migration) => {
-                let h = handover(&record, &record.flavor, true);
-                // The destination's agent may be starting too: it is waited for, briefly.
-                if let Err(e) = rollback_live_migration(
-                    op,
-                    &record,
-                    &migration,
-                    h,
-                    true,
-                    true,
-                    RECOVERY_PEER_WAIT,
-                )
-                .await
-                {
-                    failure = Some(e);
-                }
-            }
-            Err(e) => {
-                failure = Some(format!(
-                    "interrupted live migration without its migration: {e}"
-                ))
+    let operation = match &interrupted {
+        Interrupted::Marked(marker) => Some(&marker.operation),
+        Interrupted::Unreadable(_) => None,
+    };
+    match operation {
+        // An attach is undone, a detach finished: either way the interface goes.
+        Some(InFlight::AttachInterface(step) | InFlight::DetachInterface(step)) => {
+            match take_interface_away(op, &record, from, step).await {
+                Ok(without) => record = without,
+                Err(e) => failure = Some(e),
             }
         }
+        Some(InFlight::LiveMigrate(step)) => {
+            let h = handover(&record, &record.flavor, true);
+            // The destination's agent may be starting too: it is waited for, briefly.
+            if let Err(e) = rollback_live_migration(
+                op,
+                &record,
+                &step.migration,
+                h,
+                true,
+                true,
+                RECOVERY_PEER_WAIT,
+            )
+            .await
+            {
+                failure = Some(e);
+            }
+        }
+        // Reconciled: the state is what libvirt says.
+        Some(
+            InFlight::Spawn
+            | InFlight::PowerOn
+            | InFlight::RebootHard
+            | InFlight::RebootSoft
+            | InFlight::Resize(_)
+            | InFlight::FinishResize(_)
+            | InFlight::RevertResize(_)
+            | InFlight::FinishRevertResize(_),
+        )
+        | None => {}
     }
     let mut state = settle_state(op, from).await;
     if state == InstanceState::Error {
@@ -1872,8 +1922,8 @@ pub(crate) async fn recover(
                 request: Request::Recover,
                 rollback: f,
                 cause: Box::new(InstanceError::Invalid(format!(
-                    "interrupted {} at {}",
-                    interrupted.kind, interrupted.phase
+                    "interrupted {}",
+                    interrupted.describe()
                 ))),
             },
         ),
@@ -1886,13 +1936,9 @@ async fn take_interface_away(
     op: &mut OpCtx,
     record: &InstanceRecord,
     from: InstanceState,
-    data: &serde_json::Value,
+    step: &InterfaceStep,
 ) -> Result<InstanceRecord, String> {
-    let index = data["index"]
-        .as_u64()
-        .and_then(|i| usize::try_from(i).ok())
-        .unwrap_or(record.network_info.vifs.len());
-    let vif = Vif::from_value(index, &data["vif"])
+    let vif = Vif::from_value(step.index, &step.vif)
         .map_err(|e| format!("interrupted attach or detach without its interface: {e}"))?;
     let mut without = record.clone();
     without.network_info.vifs.retain(|v| v.id != vif.id);
@@ -1921,13 +1967,25 @@ async fn take_interface_away(
 async fn recover_same_host(
     op: &mut OpCtx,
     record: &InstanceRecord,
-    interrupted: &vireo_xml::metadata::InFlightOperation,
+    interrupted: &Interrupted,
 ) -> Option<Finished> {
-    let resize = interrupted.kind == Request::Resize.as_str();
-    let revert = interrupted.kind == Request::RevertResize.as_str();
-    let migration =
-        serde_json::from_value::<Migration>(interrupted.data["migration"].clone()).ok()?;
-    if !(resize || revert) || !migration.same_host() {
+    let Interrupted::Marked(marker) = interrupted else {
+        return None;
+    };
+    let (resize, revert_was_running, migration) = match &marker.operation {
+        InFlight::Resize(step) => (true, None, &step.migration),
+        InFlight::RevertResize(step) => (false, step.was_running, &step.migration),
+        InFlight::Spawn
+        | InFlight::PowerOn
+        | InFlight::RebootHard
+        | InFlight::RebootSoft
+        | InFlight::FinishResize(_)
+        | InFlight::FinishRevertResize(_)
+        | InFlight::LiveMigrate(_)
+        | InFlight::AttachInterface(_)
+        | InFlight::DetachInterface(_) => return None,
+    };
+    if !migration.same_host() {
         return None;
     }
     let target = record
@@ -1947,7 +2005,7 @@ async fn recover_same_host(
             (Operation::HardReboot, run, running_or_stopped(run))
         }
         None => {
-            let run = interrupted.data["was_running"].as_bool().unwrap_or(true);
+            let run = revert_was_running.unwrap_or(true);
             (
                 Operation::RevertResize {
                     source: migration.source_host.clone(),
@@ -1958,7 +2016,7 @@ async fn recover_same_host(
             )
         }
     };
-    info!(instance = %op.uuid, kind = %interrupted.kind, %state, "booting an interrupted same-host resize or revert again");
+    info!(instance = %op.uuid, interrupted = %interrupted.describe(), %state, "booting an interrupted same-host resize or revert again");
     let replug = matches!(operation, Operation::RevertResize { .. });
     let r = async {
         op.destroy_domain().await?;
@@ -1985,8 +2043,8 @@ async fn recover_same_host(
                     request: Request::Recover,
                     rollback: e.to_string(),
                     cause: Box::new(InstanceError::Invalid(format!(
-                        "interrupted {} at {}",
-                        interrupted.kind, interrupted.phase
+                        "interrupted {}",
+                        interrupted.describe()
                     ))),
                 },
             )

@@ -7,6 +7,7 @@
 //! - [`deps`]: what the actors of a host share (libvirt, events, plugger, network, peers).
 //! - [`record`]: what an actor knows of its instance, as stored in the domain metadata, and
 //!   the domain XML built from it.
+//! - [`in_flight`]: the typed operation in flight, as `<vireo:operation>` records it.
 //! - [`op`] (private): one operation's context and timed building blocks.
 //! - [`flows`] (private): the operations.
 //! - [`actor`]: the actix actor.
@@ -14,12 +15,14 @@
 pub mod actor;
 pub mod deps;
 mod flows;
+pub mod in_flight;
 pub(crate) mod op;
 pub mod record;
 pub mod types;
 
 pub use actor::{error_chain, InstanceActor};
 pub use deps::{HostDeps, InstanceConfig, PeerHost, Peers};
+pub use in_flight::{InFlight, InFlightError, Interrupted, Marker};
 pub use op::ALIAS_PREFIX;
 pub use record::{BootSource, DomainSettings, InstanceRecord, RecordError};
 pub use types::*;

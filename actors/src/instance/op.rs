@@ -10,6 +10,8 @@ use tracing::{debug, info, warn};
 use uuid::Uuid;
 use vireo_xml::metadata::InFlightOperation;
 
+use super::in_flight::{InFlight, Marker};
+
 use crate::events::{OpId, WaitHandle, WaitOutcome, WaitPolicy};
 use crate::libvirt::{Affect, DomainState, LibvirtError, Metadata};
 use crate::lifecycle::Request;
@@ -120,15 +122,26 @@ impl OpCtx {
         self.report
     }
 
-    /// The in-flight operation element for the metadata, at `phase`.
-    pub fn in_flight(&self, phase: &str, data: serde_json::Value) -> InFlightOperation {
-        InFlightOperation {
+    /// The in-flight operation element for the metadata: `operation` at `phase`.
+    pub fn in_flight(&self, phase: &str, operation: InFlight) -> InFlightOperation {
+        let request = operation.request();
+        let marker = Marker {
             id: self.op_id.0.to_string(),
-            kind: self.request.as_str().to_owned(),
             phase: phase.to_owned(),
             started_at: self.started_unix_ms,
-            data,
-        }
+            operation,
+        };
+        marker.to_stored().unwrap_or_else(|error| {
+            // Cannot happen (plain data serialises); recovery then reconciles only.
+            warn!(instance = %self.uuid, %error, "in-flight operation not encoded");
+            InFlightOperation {
+                id: marker.id.clone(),
+                kind: request.as_str().to_owned(),
+                phase: marker.phase.clone(),
+                started_at: marker.started_at,
+                data: serde_json::Value::Null,
+            }
+        })
     }
 
     /// Announce a phase (for `show` and the logs).

@@ -196,7 +196,7 @@ pub enum InstanceRequest {
     /// Release everything after a failed build so it can be rescheduled.
     CleanupForReschedule,
     /// Finish or roll back an operation that was in flight when the agent stopped.
-    Recover(Box<vireo_xml::metadata::InFlightOperation>),
+    Recover(Box<super::in_flight::Interrupted>),
 }
 
 impl InstanceRequest {
