@@ -299,16 +299,6 @@ def main():
     for name, text in nis:
         write("network_info", name, text)
 
-    # predict_json: selector byte (operation % 12, wiring bits), then network_info: every
-    # kind vireo predicts under every operation and wiring, the rest under spawn.
-    supported = js([v for v in full if (v["type"], v["vnic_type"]) in {
-        ("ovs", "normal"), ("bridge", "normal"), ("hw_veb", "direct"), ("hw_veb", "macvtap"),
-        ("hostdev_physical", "direct-physical"), ("ovs", "remote-managed")}])
-    for sel in "0123456789:;<=>?@ABCDEFGHIJKLMNOPQRSTUVWXYZ[":
-        write("predict_json", "%s-supported-kinds.json" % hex(ord(sel))[2:], sel + supported)
-    for name, text in nis:
-        write("predict_json", "30-%s" % name, "0" + text)
-
     # vireo events explain documents.
     ops = [("spawn", None), ("hard-reboot", None), ("power-on", None),
            ("attach-interface", None), ("update-binding-profile", None),

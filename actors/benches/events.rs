@@ -21,7 +21,7 @@ use vireo_actors::events::{
     Deliver, DeliverBatch, EventConfig, Expect, NetworkEventActor, OpId, Stats, WaitPolicy,
 };
 use vireo_actors::external::{EventName, EventStatus, ExternalEvent};
-use vireo_actors::predict::{predict, predict_json, ExpectedEvent, Operation, Wiring};
+use vireo_actors::predict::{predict, ExpectedEvent, Operation, Wiring};
 use vireo_actors::vif::{NetworkInfo, PortId};
 
 const WAITING: u32 = 1_000;
@@ -68,24 +68,6 @@ fn four(f: fn(u32, bool) -> Value) -> String {
     Value::Array((1..=4).map(|n| f(n, n % 2 == 0)).collect()).to_string()
 }
 
-/// JSON text as Nova stores `network_info` (Python's `json.dumps`: `", "` and `": "`
-/// between items and after keys). Whitespace is added only outside strings.
-fn python_separators(compact: &str) -> String {
-    let mut out = String::with_capacity(compact.len() * 11 / 10);
-    let (mut in_string, mut escaped) = (false, false);
-    for c in compact.chars() {
-        out.push(c);
-        match c {
-            _ if escaped => escaped = false,
-            '\\' if in_string => escaped = true,
-            '"' => in_string = !in_string,
-            ',' | ':' if !in_string => out.push(' '),
-            _ => {}
-        }
-    }
-    out
-}
-
 /// Thread CPU time spent in `f`.
 fn cpu_time(f: impl FnOnce()) -> Duration {
     let now = || {
@@ -106,13 +88,8 @@ fn bench_predict(c: &mut Criterion) {
     let wiring = Wiring::default();
     let minimal = four(minimal_vif);
     let nova = four(nova_vif);
-    let python = python_separators(&nova);
     let parsed = NetworkInfo::parse(&nova).unwrap_or_default().vifs;
     assert_eq!(parsed.len(), 4);
-    assert_eq!(
-        predict_json(&op, &python, &wiring),
-        predict_json(&op, &nova, &wiring)
-    );
     let mut g = c.benchmark_group("predict_4_vifs");
     g.bench_function("parsed_network_info", |b| {
         b.iter(|| predict(black_box(&op), black_box(&parsed), &wiring))
@@ -122,15 +99,6 @@ fn bench_predict(c: &mut Criterion) {
             let p = predict(black_box(&op), black_box(&parsed), &wiring);
             p.map(|p| (p.bind_time_events(), p.plug_time_events()))
         })
-    });
-    g.bench_function("predict_json_minimal_vifs", |b| {
-        b.iter(|| predict_json(black_box(&op), black_box(&minimal), &wiring))
-    });
-    g.bench_function("predict_json_full_nova_vifs", |b| {
-        b.iter(|| predict_json(black_box(&op), black_box(&nova), &wiring))
-    });
-    g.bench_function("predict_json_nova_python_separators", |b| {
-        b.iter(|| predict_json(black_box(&op), black_box(&python), &wiring))
     });
     g.bench_function("serde_json_value_only_minimal", |b| {
         b.iter(|| serde_json::from_str::<Value>(black_box(&minimal)).map(|v| v.is_array()))
@@ -161,33 +129,6 @@ fn bench_predict(c: &mut Criterion) {
             })
         })
     });
-    g.bench_function("predict_json_minimal_vifs", |b| {
-        b.iter_custom(|iters| {
-            cpu_time(|| {
-                for _ in 0..iters {
-                    let _ = black_box(predict_json(black_box(&op), black_box(&minimal), &wiring));
-                }
-            })
-        })
-    });
-    g.bench_function("predict_json_full_nova_vifs", |b| {
-        b.iter_custom(|iters| {
-            cpu_time(|| {
-                for _ in 0..iters {
-                    let _ = black_box(predict_json(black_box(&op), black_box(&nova), &wiring));
-                }
-            })
-        })
-    });
-    g.bench_function("predict_json_nova_python_separators", |b| {
-        b.iter_custom(|iters| {
-            cpu_time(|| {
-                for _ in 0..iters {
-                    let _ = black_box(predict_json(black_box(&op), black_box(&python), &wiring));
-                }
-            })
-        })
-    });
     g.bench_function("full_parse_minimal_vifs", |b| {
         b.iter_custom(|iters| {
             cpu_time(|| {
@@ -200,10 +141,9 @@ fn bench_predict(c: &mut Criterion) {
     });
     g.finish();
     eprintln!(
-        "network_info sizes: minimal {} bytes, full Nova {} bytes, with Python's separators {} bytes (4 VIFs)",
+        "network_info sizes: minimal {} bytes, full Nova {} bytes (4 VIFs)",
         minimal.len(),
-        nova.len(),
-        python.len()
+        nova.len()
     );
 }
 

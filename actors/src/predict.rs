@@ -22,7 +22,7 @@ use std::str::FromStr;
 use serde::Serialize;
 
 use crate::external::EventName;
-use crate::vif::{PortId, Vif, VifError, VifType, VnicType};
+use crate::vif::{PortId, Vif, VifType, VnicType};
 
 /// Why a prediction could not be made.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -41,9 +41,6 @@ pub enum PredictError {
         /// Why.
         why: Unsupported,
     },
-    /// `network_info` is invalid (only from [`predict_json`]).
-    #[error("invalid network_info")]
-    NetworkInfo(#[source] VifError),
     /// The migration's hosts do not fit the operation.
     #[error("invalid migration for {operation}: {why}")]
     InvalidMigration {
@@ -623,10 +620,6 @@ pub fn predict(
     }
     Ok(Prediction { column, vifs: out })
 }
-
-mod lean;
-
-pub use lean::predict_json;
 
 #[cfg(test)]
 mod tests;

@@ -896,7 +896,7 @@ mod tests {
     }
 
     // Found by actors/tests/prop_network_info.rs: a duplicate's error named the port in its
-    // canonical spelling, not as given like every other error (and like `predict_json`).
+    // canonical spelling, not as given like every other error.
     #[test]
     fn a_duplicate_names_the_port_as_given() {
         let upper = P1.to_uppercase();

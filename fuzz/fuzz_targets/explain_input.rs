@@ -1,8 +1,9 @@
 //! The `vireo events explain` input document: `explain_input` and the whole subcommand
 //! (`explain::run`, table and `--json` output). Never a panic; an accepted document predicts
-//! every VIF once, in order, agrees with `predict_json` run on its `network_info` (a third
-//! path to the same prediction), exits 0 and lists every VIF exactly once in its output; a
-//! refused one exits 2 with one error line on stderr and nothing on stdout.
+//! every VIF once, in order, agrees with `NetworkInfo::parse` + `predict` run on its
+//! `network_info` as text (a second path to the same prediction), exits 0 and lists every VIF
+//! exactly once in its output; a refused one exits 2 with one error line on stderr and nothing
+//! on stdout.
 
 #![no_main]
 
@@ -10,7 +11,8 @@ use libfuzzer_sys::fuzz_target;
 use serde_json::Value;
 use vireo::cli::explain::{explain_input, run, ExplainError, OPERATIONS};
 use vireo::cli::{ExplainArgs, EXIT_INVALID_INPUT};
-use vireo_actors::predict::predict_json;
+use vireo_actors::predict::predict;
+use vireo_actors::vif::NetworkInfo;
 
 fn run_cli(text: &str, json: bool) -> (u8, String, String) {
     let (mut out, mut err) = (Vec::new(), Vec::new());
@@ -39,8 +41,10 @@ fuzz_target!(|data: &[u8]| {
                     assert_eq!((v.index, p.index, v.id), (i, i, p.port));
                 }
                 let doc: Value = serde_json::from_str(text).expect("accepted text is JSON");
-                let lean = predict_json(&e.operation, &doc["network_info"].to_string(), &e.wiring);
-                assert_eq!(lean.as_ref(), Ok(&e.prediction), "predict_json disagrees");
+                let ni = NetworkInfo::parse(&doc["network_info"].to_string())
+                    .expect("accepted network_info parses as text");
+                let again = predict(&e.operation, &ni.vifs, &e.wiring);
+                assert_eq!(again.as_ref(), Ok(&e.prediction), "the text path disagrees");
 
                 assert_eq!((table_code, json_code), (0, 0), "{table_err}{json_err}");
                 assert!(table_err.is_empty() && json_err.is_empty());
