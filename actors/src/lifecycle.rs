@@ -245,7 +245,8 @@ impl Request {
     pub fn targets(&self, from: InstanceState) -> &'static [InstanceState] {
         use InstanceState::*;
         match self {
-            Request::Spawn => &[Running],
+            // Stopped: a build asked not to power on.
+            Request::Spawn => &[Running, Stopped],
             Request::Destroy | Request::CleanupForReschedule => &[Gone],
             Request::PowerOff => &[Stopped],
             Request::PowerOn | Request::RebootSoft | Request::RebootHard => &[Running],
@@ -275,6 +276,47 @@ impl Request {
 impl fmt::Display for Request {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
+    }
+}
+
+/// An operation ended where the lifecycle does not let it (a bug in its flow).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("{request} from {from} ended in {to}, which the lifecycle does not allow")]
+pub struct UnexpectedTransition {
+    /// The request.
+    pub request: Request,
+    /// The state it started in.
+    pub from: InstanceState,
+    /// The state it ended in.
+    pub to: InstanceState,
+}
+
+/// Checks where an operation ended, before the actor takes that state. A success must end in
+/// one of the request's [`Request::targets`] for its start state (recovery, which has none:
+/// anywhere the lifecycle reaches). A failure may end where it started, or anywhere the
+/// lifecycle reaches from there, directly or through the transient state the operation showed
+/// while it ran (`via`: building, migrating, ...). Removing what a gone instance left behind
+/// stays gone.
+pub fn check_end(
+    request: Request,
+    from: InstanceState,
+    via: InstanceState,
+    to: InstanceState,
+    succeeded: bool,
+) -> Result<(), UnexpectedTransition> {
+    let reachable = to == from
+        || valid_transition(from, to)
+        || (via != from && valid_transition(from, via) && valid_transition(via, to))
+        || (from == InstanceState::Gone && to == InstanceState::Gone);
+    let ok = match (succeeded, request) {
+        (true, Request::Recover) => reachable,
+        (true, _) => request.targets(from).contains(&to),
+        (false, _) => reachable,
+    };
+    if ok {
+        Ok(())
+    } else {
+        Err(UnexpectedTransition { request, from, to })
     }
 }
 
@@ -374,6 +416,51 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn check_end_takes_every_target_and_refuses_what_the_lifecycle_does_not_allow() {
+        for from in InstanceState::ALL {
+            for req in Request::ALL {
+                if !accepts(from, req) {
+                    continue;
+                }
+                let via = if req == Request::Spawn {
+                    Building
+                } else {
+                    from
+                };
+                for to in InstanceState::ALL {
+                    let success = check_end(req, from, via, to, true);
+                    if req == Request::Recover {
+                        assert_eq!(
+                            success.is_ok(),
+                            to == from || valid_transition(from, to),
+                            "{req} from {from} to {to}"
+                        );
+                    } else {
+                        assert_eq!(
+                            success.is_ok(),
+                            req.targets(from).contains(&to),
+                            "{req} from {from} to {to}"
+                        );
+                    }
+                    if let Err(e) = success {
+                        assert_eq!((e.request, e.from, e.to), (req, from, to));
+                    }
+                }
+            }
+        }
+        // A success outside the targets, even along a valid transition, is refused.
+        let e = check_end(Request::Pause, Running, Running, Stopped, true).unwrap_err();
+        assert_eq!(e.to, Stopped);
+        // A failure may stay, roll back or fail; not jump where the lifecycle never goes.
+        assert!(check_end(Request::PowerOn, Stopped, Stopped, Stopped, false).is_ok());
+        assert!(check_end(Request::PowerOn, Stopped, Stopped, Error, false).is_ok());
+        assert!(check_end(Request::Spawn, Absent, Building, Gone, false).is_ok());
+        assert!(check_end(Request::PowerOn, Stopped, Stopped, Incoming, false).is_err());
+        assert!(check_end(Request::LiveMigrate, Running, Migrating, Running, false).is_ok());
+        assert!(check_end(Request::Destroy, Gone, Gone, Gone, false).is_ok());
     }
 
     #[test]

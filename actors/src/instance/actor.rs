@@ -19,12 +19,12 @@ use std::time::Instant;
 use super::in_flight::{InFlight, Interrupted};
 use actix::prelude::*;
 use futures::channel::oneshot;
-use tracing::{debug, info, warn, Instrument};
+use tracing::{debug, error, info, warn, Instrument};
 use uuid::Uuid;
 
 use crate::events::OpId;
 use crate::libvirt::LifecycleEvent;
-use crate::lifecycle::{accepts, valid_transition, InstanceState, Request};
+use crate::lifecycle::{accepts, check_end, valid_transition, InstanceState, Request};
 
 use super::deps::HostDeps;
 use super::flows::{self, Finished};
@@ -246,13 +246,14 @@ impl InstanceActor {
         Box::pin(
             fut.into_actor(self)
                 .map(move |(fin, power, report), act, ctx| {
-                    act.finish(from, fin, power, report, ctx)
+                    act.finish(kind, from, fin, power, report, ctx)
                 }),
         )
     }
 
     fn finish(
         &mut self,
+        request: Request,
         from: InstanceState,
         fin: Finished,
         power: Option<PowerState>,
@@ -262,12 +263,12 @@ impl InstanceActor {
         // The operation went from `from` through the transient state it showed while it ran
         // (`self.state`, e.g. building) to where it ended.
         let via = self.state;
-        if fin.state != from
-            && !valid_transition(from, fin.state)
-            && !(via != from && valid_transition(from, via) && valid_transition(via, fin.state))
-        {
-            // A flow returned a state the lifecycle does not allow: a bug, logged loudly.
-            warn!(instance = %self.uuid, %from, to = %fin.state, "unexpected lifecycle transition");
+        let mut fin = fin;
+        if let Err(transition) = check_end(request, from, via, fin.state, fin.result.is_ok()) {
+            // A flow ended where the lifecycle does not allow: a bug, reported as the result.
+            error!(instance = %self.uuid, %transition, "unexpected lifecycle transition");
+            let cause = fin.result.err().map(Box::new);
+            fin.result = Err(InstanceError::UnexpectedTransition { transition, cause });
         }
         let mut fin = fin;
         if from == InstanceState::Gone && fin.result.is_err() {

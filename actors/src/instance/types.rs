@@ -530,6 +530,16 @@ pub enum InstanceError {
         #[source]
         cause: Box<InstanceError>,
     },
+    /// The operation ended in a state the lifecycle does not allow for it (a bug in its
+    /// flow): reported instead of the result, which `cause` keeps when it was a failure.
+    #[error("{transition}")]
+    UnexpectedTransition {
+        /// Where it started and ended.
+        transition: crate::lifecycle::UnexpectedTransition,
+        /// The failure the operation reported, if it failed.
+        #[source]
+        cause: Option<Box<InstanceError>>,
+    },
     /// The operation was cancelled (destroy or shutdown).
     #[error("operation cancelled")]
     Cancelled,
@@ -560,6 +570,7 @@ impl InstanceError {
             InstanceError::BuildFailed { .. } => "build-failed",
             InstanceError::RolledBack { .. } => "rolled-back",
             InstanceError::RollbackFailed { .. } => "rollback-failed",
+            InstanceError::UnexpectedTransition { .. } => "unexpected-transition",
             InstanceError::Cancelled => "cancelled",
             InstanceError::Unavailable => "unavailable",
         }
