@@ -24,21 +24,24 @@ use uuid::Uuid;
 use vireo_xml::metadata::{VireoMetadata, NAMESPACE_URI};
 
 use crate::instance::actor::{
-    DomainEvent, InstanceActor, InstanceGone, RecoverInterrupted, Resync, Run, Show, Stop,
+    nothing_to_destroy, DomainEvent, InstanceActor, InstanceGone, RecoverInterrupted, Resync, Show,
+    Stop, Submit,
 };
+use crate::instance::admission::{AdmissionError, Ticket};
 use crate::instance::deps::{HostDeps, PeerHost};
 use crate::instance::in_flight::Interrupted;
 use crate::instance::op::power_of;
 use crate::instance::record::InstanceRecord;
 use crate::instance::types::{
-    InstanceError, InstanceReply, InstanceRequest, InstanceView, OpReport, PowerState,
+    InstanceError, InstanceReply, InstanceRequest, InstanceView, PowerState,
 };
 use crate::libvirt::LibvirtEvent;
 use crate::lifecycle::{InstanceState, Request};
 
-/// Route a request to an instance's actor (created when the request may create one).
+/// Route a request to an instance's actor (created when the request may create one), which
+/// admits or refuses it (see [`crate::instance::admission`]).
 #[derive(Debug, Message)]
-#[rtype(result = "Result<InstanceReply, InstanceError>")]
+#[rtype(result = "Result<Ticket, AdmissionError>")]
 pub struct Route {
     /// The instance.
     pub uuid: Uuid,
@@ -195,7 +198,7 @@ impl StreamHandler<LibvirtEvent> for HostActor {
 }
 
 impl Handler<Route> for HostActor {
-    type Result = ResponseFuture<Result<InstanceReply, InstanceError>>;
+    type Result = ResponseFuture<Result<Ticket, AdmissionError>>;
 
     fn handle(&mut self, msg: Route, ctx: &mut Self::Context) -> Self::Result {
         let Route { uuid, request } = msg;
@@ -205,24 +208,16 @@ impl Handler<Route> for HostActor {
                 self.spawn_instance(uuid, InstanceState::Absent, None, PowerState::NoDomain, ctx)
             }
             _ if request.kind() == Request::Destroy => {
-                // Nothing here: destroy is idempotent.
-                let report = OpReport {
-                    request: Request::Destroy.as_str().to_owned(),
-                    ..OpReport::default()
-                };
-                return Box::pin(async move {
-                    Ok(InstanceReply::Done {
-                        state: InstanceState::Gone,
-                        report,
-                    })
-                });
+                return Box::pin(async { Ok(nothing_to_destroy()) });
             }
-            _ => return Box::pin(async move { Err(InstanceError::NotFound(uuid)) }),
+            _ => return Box::pin(async move { Err(AdmissionError::NotFound(uuid)) }),
         };
+        // A mailbox error (the actor stopped as the request reached it) is not the actor's
+        // answer: the instance is unavailable.
         Box::pin(async move {
-            addr.send(Run(request))
+            addr.send(Submit(request))
                 .await
-                .unwrap_or(Err(InstanceError::Unavailable))
+                .unwrap_or(Err(AdmissionError::Unavailable))
         })
     }
 }
@@ -241,8 +236,8 @@ impl Handler<ShowInstance> for HostActor {
                     .await
                     .ok()
                     .filter(|v| v.state != InstanceState::Gone)
-                    .ok_or(InstanceError::NotFound(uuid)),
-                None => Err(InstanceError::NotFound(uuid)),
+                    .ok_or(InstanceError::from(AdmissionError::NotFound(uuid))),
+                None => Err(InstanceError::from(AdmissionError::NotFound(uuid))),
             }
         })
     }
@@ -459,16 +454,25 @@ impl HostHandle {
         &self.addr
     }
 
-    /// Run a request on an instance.
+    /// Submit a request to an instance: its actor admits it (the ticket) or refuses it.
+    pub async fn submit(
+        &self,
+        uuid: Uuid,
+        request: InstanceRequest,
+    ) -> Result<Ticket, AdmissionError> {
+        self.addr
+            .send(Route { uuid, request })
+            .await
+            .unwrap_or(Err(AdmissionError::Unavailable))
+    }
+
+    /// Submit a request and wait for it to end.
     pub async fn run(
         &self,
         uuid: Uuid,
         request: InstanceRequest,
     ) -> Result<InstanceReply, InstanceError> {
-        self.addr
-            .send(Route { uuid, request })
-            .await
-            .unwrap_or(Err(InstanceError::Unavailable))
+        self.submit(uuid, request).await?.finished().await
     }
 
     /// Show an instance.

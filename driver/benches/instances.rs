@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use uuid::Uuid;
-use vireo::compute::ComputeDriver;
+use vireo::compute::ComputeOps;
 use vireo::local::{LocalCloud, LocalCloudConfig};
 use vireo::network::embedded::{EmbeddedConfig, EmbeddedNetworkDef, Mechanism};
 use vireo_actors::events::{EventConfig, WaitPolicy};

@@ -18,7 +18,9 @@
 use std::time::{Duration, Instant};
 
 use uuid::Uuid;
-use vireo::compute::{ComputeDriver, DriverConfig, LibvirtDriver, NetworkConfig, PluggingConfig};
+use vireo::compute::{
+    ComputeDriver, ComputeOps, DriverConfig, LibvirtDriver, NetworkConfig, PluggingConfig,
+};
 use vireo::network::embedded::EmbeddedConfig;
 use vireo_actors::events::EventConfig;
 use vireo_actors::instance::{

@@ -17,8 +17,9 @@ use vireo_actors::events::{EventConfig, EventStats, EventsHandle};
 use vireo_actors::external::ExternalEvent;
 use vireo_actors::host::{HostHandle, RecoveryReport};
 use vireo_actors::instance::{
-    DestroyArgs, HostDeps, InstanceConfig, InstanceError, InstanceReply, InstanceRequest,
-    InstanceView, LiveMigrateArgs, OpReport, Peers, RebootKind, ResizeArgs, SpawnArgs,
+    AdmissionError, DestroyArgs, HostDeps, InstanceConfig, InstanceError, InstanceReply,
+    InstanceRequest, InstanceView, LiveMigrateArgs, OpReport, Peers, RebootKind, ResizeArgs,
+    SpawnArgs, Ticket,
 };
 use vireo_actors::libvirt::{Libvirt, LibvirtConfig, LibvirtError, LibvirtHandle};
 use vireo_actors::network::NetworkApi;
@@ -32,11 +33,15 @@ use crate::plug::{HostPlugger, PlugConfig};
 
 /// The hypervisor layer of one compute host.
 ///
-/// Every operation names its instance by uuid. Operations on one instance run one at a time
-/// (a second one while the first runs is refused with [`InstanceError::Busy`], except destroy,
-/// which cancels the running one's event waits and runs next); operations on different
-/// instances run concurrently. A failed operation has rolled back what it did; the error
-/// says so ([`InstanceError::RolledBack`], [`InstanceError::BuildFailed`], ...).
+/// Every operation names its instance by uuid and is one [`InstanceRequest`], handed over
+/// with [`ComputeDriver::submit`]: the instance's actor admits it at once (a [`Ticket`] that
+/// carries its completion) or refuses it (an [`AdmissionError`]: busy, illegal in this state,
+/// not found, unavailable) — the only admission check there is. Operations on one instance run
+/// one at a time (a second one while the first runs is refused as busy, except destroy, which
+/// cancels the running one's event waits and runs next); operations on different instances
+/// run concurrently. A failed operation has rolled back what it did; the error says so
+/// ([`InstanceError::RolledBack`], [`InstanceError::BuildFailed`], ...). [`ComputeOps`] has
+/// the submit-and-wait form of each operation.
 #[async_trait]
 pub trait ComputeDriver: Send + Sync + std::fmt::Debug {
     /// The driver's name (`libvirt`).
@@ -45,75 +50,9 @@ pub trait ComputeDriver: Send + Sync + std::fmt::Debug {
     /// This host's name, as the network service knows it.
     fn host(&self) -> &str;
 
-    /// Build and start an instance. On any failure everything it created here is removed
-    /// and its networking released (ports vireo created deleted, user ports unbound) before
-    /// [`InstanceError::BuildFailed`] says whether the build may be rescheduled.
-    async fn spawn(&self, uuid: Uuid, args: SpawnArgs) -> Result<OpReport, InstanceError>;
-
-    /// Destroy the domain, unplug its VIFs, undefine it; with `deallocate_network`, release
-    /// its networking. Idempotent.
-    async fn destroy(&self, uuid: Uuid, args: DestroyArgs) -> Result<OpReport, InstanceError>;
-
-    /// Graceful shutdown within `timeout` (None: the configured default), then hard.
-    async fn power_off(
-        &self,
-        uuid: Uuid,
-        timeout: Option<Duration>,
-    ) -> Result<OpReport, InstanceError>;
-
-    /// Start a stopped instance, waiting for the network events the model predicts.
-    async fn power_on(&self, uuid: Uuid) -> Result<OpReport, InstanceError>;
-
-    /// Reboot (soft falls back to hard; hard waits only for the predicted events).
-    async fn reboot(&self, uuid: Uuid, kind: RebootKind) -> Result<OpReport, InstanceError>;
-
-    /// Pause the vCPUs.
-    async fn pause(&self, uuid: Uuid) -> Result<OpReport, InstanceError>;
-
-    /// Resume the vCPUs.
-    async fn unpause(&self, uuid: Uuid) -> Result<OpReport, InstanceError>;
-
-    /// Save the guest to disk.
-    async fn suspend(&self, uuid: Uuid) -> Result<OpReport, InstanceError>;
-
-    /// Restore a suspended guest.
-    async fn resume(&self, uuid: Uuid) -> Result<OpReport, InstanceError>;
-
-    /// Resize (or cold-migrate) from this host; the destination finishes it and it waits
-    /// there for confirm or revert. Same host: all of it here.
-    async fn resize(&self, uuid: Uuid, args: ResizeArgs) -> Result<OpReport, InstanceError>;
-
-    /// On the host the resized instance runs on: confirm (the source cleans up).
-    async fn confirm_resize(&self, uuid: Uuid) -> Result<OpReport, InstanceError>;
-
-    /// On the host the resized instance runs on: revert (the instance goes back to the
-    /// source, waiting for exactly the events that will come — bind-time ones included).
-    async fn revert_resize(&self, uuid: Uuid) -> Result<OpReport, InstanceError>;
-
-    /// Live-migrate from this host. On failure the migration is rolled back from here:
-    /// `migrating_to` cleared and destination bindings deleted whatever the storage, then
-    /// the destination removes what it prepared.
-    async fn live_migrate(
-        &self,
-        uuid: Uuid,
-        args: LiveMigrateArgs,
-    ) -> Result<OpReport, InstanceError>;
-
-    /// Hot-plug an interface (its port bound to this host).
-    async fn attach_interface(&self, uuid: Uuid, vif: Vif) -> Result<OpReport, InstanceError>;
-
-    /// Hot-unplug an interface.
-    async fn detach_interface(&self, uuid: Uuid, port: PortId) -> Result<OpReport, InstanceError>;
-
-    /// Remove a failed build's remains and release its networking so it can be rescheduled.
-    async fn cleanup_for_reschedule(&self, uuid: Uuid) -> Result<OpReport, InstanceError>;
-
-    /// A request from another host's flow (finish-resize, pre-live-migration, ...).
-    async fn peer_request(
-        &self,
-        uuid: Uuid,
-        request: InstanceRequest,
-    ) -> Result<InstanceReply, InstanceError>;
+    /// Submit an operation: admitted (the ticket; the operation runs to its end or its
+    /// rollback whether or not the ticket is waited for) or refused (nothing runs).
+    async fn submit(&self, uuid: Uuid, request: InstanceRequest) -> Result<Ticket, AdmissionError>;
 
     /// One instance: state, power, VIFs, the operation in progress and the events it waits
     /// for.
@@ -138,6 +77,127 @@ pub trait ComputeDriver: Send + Sync + std::fmt::Debug {
     /// `timeout`.
     async fn shutdown(&self, timeout: Duration);
 }
+
+/// Each operation submitted and waited for: what the tests, the demo and the benchmarks
+/// call. Defined once, for every [`ComputeDriver`].
+#[async_trait]
+pub trait ComputeOps: ComputeDriver {
+    /// Submit `request` and wait for its end.
+    async fn complete(
+        &self,
+        uuid: Uuid,
+        request: InstanceRequest,
+    ) -> Result<InstanceReply, InstanceError> {
+        self.submit(uuid, request).await?.finished().await
+    }
+
+    /// Submit `request` and wait for its report.
+    async fn run(&self, uuid: Uuid, request: InstanceRequest) -> Result<OpReport, InstanceError> {
+        match self.complete(uuid, request).await? {
+            InstanceReply::Done { report, .. } => Ok(report),
+        }
+    }
+
+    /// Build and start an instance. On any failure everything it created here is removed
+    /// and its networking released (ports vireo created deleted, user ports unbound) before
+    /// [`InstanceError::BuildFailed`] says whether the build may be rescheduled.
+    async fn spawn(&self, uuid: Uuid, args: SpawnArgs) -> Result<OpReport, InstanceError> {
+        self.run(uuid, InstanceRequest::Spawn(Box::new(args))).await
+    }
+
+    /// Destroy the domain, unplug its VIFs, undefine it; with `deallocate_network`, release
+    /// its networking. Idempotent.
+    async fn destroy(&self, uuid: Uuid, args: DestroyArgs) -> Result<OpReport, InstanceError> {
+        self.run(uuid, InstanceRequest::Destroy(args)).await
+    }
+
+    /// Graceful shutdown within `timeout` (None: the configured default), then hard.
+    async fn power_off(
+        &self,
+        uuid: Uuid,
+        timeout: Option<Duration>,
+    ) -> Result<OpReport, InstanceError> {
+        self.run(uuid, InstanceRequest::PowerOff { timeout }).await
+    }
+
+    /// Start a stopped instance, waiting for the network events the model predicts.
+    async fn power_on(&self, uuid: Uuid) -> Result<OpReport, InstanceError> {
+        self.run(uuid, InstanceRequest::PowerOn).await
+    }
+
+    /// Reboot (soft falls back to hard; hard waits only for the predicted events).
+    async fn reboot(&self, uuid: Uuid, kind: RebootKind) -> Result<OpReport, InstanceError> {
+        self.run(uuid, InstanceRequest::Reboot(kind)).await
+    }
+
+    /// Pause the vCPUs.
+    async fn pause(&self, uuid: Uuid) -> Result<OpReport, InstanceError> {
+        self.run(uuid, InstanceRequest::Pause).await
+    }
+
+    /// Resume the vCPUs.
+    async fn unpause(&self, uuid: Uuid) -> Result<OpReport, InstanceError> {
+        self.run(uuid, InstanceRequest::Unpause).await
+    }
+
+    /// Save the guest to disk.
+    async fn suspend(&self, uuid: Uuid) -> Result<OpReport, InstanceError> {
+        self.run(uuid, InstanceRequest::Suspend).await
+    }
+
+    /// Restore a suspended guest.
+    async fn resume(&self, uuid: Uuid) -> Result<OpReport, InstanceError> {
+        self.run(uuid, InstanceRequest::Resume).await
+    }
+
+    /// Resize (or cold-migrate) from this host; the destination finishes it and it waits
+    /// there for confirm or revert. Same host: all of it here.
+    async fn resize(&self, uuid: Uuid, args: ResizeArgs) -> Result<OpReport, InstanceError> {
+        self.run(uuid, InstanceRequest::Resize(Box::new(args)))
+            .await
+    }
+
+    /// On the host the resized instance runs on: confirm (the source cleans up).
+    async fn confirm_resize(&self, uuid: Uuid) -> Result<OpReport, InstanceError> {
+        self.run(uuid, InstanceRequest::ConfirmResize).await
+    }
+
+    /// On the host the resized instance runs on: revert (the instance goes back to the
+    /// source, waiting for exactly the events that will come — bind-time ones included).
+    async fn revert_resize(&self, uuid: Uuid) -> Result<OpReport, InstanceError> {
+        self.run(uuid, InstanceRequest::RevertResize).await
+    }
+
+    /// Live-migrate from this host. On failure the migration is rolled back from here:
+    /// `migrating_to` cleared and destination bindings deleted whatever the storage, then
+    /// the destination removes what it prepared.
+    async fn live_migrate(
+        &self,
+        uuid: Uuid,
+        args: LiveMigrateArgs,
+    ) -> Result<OpReport, InstanceError> {
+        self.run(uuid, InstanceRequest::LiveMigrate(Box::new(args)))
+            .await
+    }
+
+    /// Hot-plug an interface (its port bound to this host).
+    async fn attach_interface(&self, uuid: Uuid, vif: Vif) -> Result<OpReport, InstanceError> {
+        self.run(uuid, InstanceRequest::AttachInterface(Box::new(vif)))
+            .await
+    }
+
+    /// Hot-unplug an interface.
+    async fn detach_interface(&self, uuid: Uuid, port: PortId) -> Result<OpReport, InstanceError> {
+        self.run(uuid, InstanceRequest::DetachInterface(port)).await
+    }
+
+    /// Remove a failed build's remains and release its networking so it can be rescheduled.
+    async fn cleanup_for_reschedule(&self, uuid: Uuid) -> Result<OpReport, InstanceError> {
+        self.run(uuid, InstanceRequest::CleanupForReschedule).await
+    }
+}
+
+impl<D: ComputeDriver + ?Sized> ComputeOps for D {}
 
 /// Why a driver could not be loaded.
 #[derive(Debug, thiserror::Error)]
@@ -441,12 +501,6 @@ impl LibvirtDriver {
     pub fn system(&self) -> &Arc<ActorSystem> {
         &self.system
     }
-
-    async fn op(&self, uuid: Uuid, request: InstanceRequest) -> Result<OpReport, InstanceError> {
-        match self.host.run(uuid, request).await? {
-            InstanceReply::Done { report, .. } => Ok(report),
-        }
-    }
 }
 
 #[async_trait]
@@ -459,86 +513,8 @@ impl ComputeDriver for LibvirtDriver {
         vireo_actors::instance::PeerHost::name(&self.host)
     }
 
-    async fn spawn(&self, uuid: Uuid, args: SpawnArgs) -> Result<OpReport, InstanceError> {
-        self.op(uuid, InstanceRequest::Spawn(Box::new(args))).await
-    }
-
-    async fn destroy(&self, uuid: Uuid, args: DestroyArgs) -> Result<OpReport, InstanceError> {
-        self.op(uuid, InstanceRequest::Destroy(args)).await
-    }
-
-    async fn power_off(
-        &self,
-        uuid: Uuid,
-        timeout: Option<Duration>,
-    ) -> Result<OpReport, InstanceError> {
-        self.op(uuid, InstanceRequest::PowerOff { timeout }).await
-    }
-
-    async fn power_on(&self, uuid: Uuid) -> Result<OpReport, InstanceError> {
-        self.op(uuid, InstanceRequest::PowerOn).await
-    }
-
-    async fn reboot(&self, uuid: Uuid, kind: RebootKind) -> Result<OpReport, InstanceError> {
-        self.op(uuid, InstanceRequest::Reboot(kind)).await
-    }
-
-    async fn pause(&self, uuid: Uuid) -> Result<OpReport, InstanceError> {
-        self.op(uuid, InstanceRequest::Pause).await
-    }
-
-    async fn unpause(&self, uuid: Uuid) -> Result<OpReport, InstanceError> {
-        self.op(uuid, InstanceRequest::Unpause).await
-    }
-
-    async fn suspend(&self, uuid: Uuid) -> Result<OpReport, InstanceError> {
-        self.op(uuid, InstanceRequest::Suspend).await
-    }
-
-    async fn resume(&self, uuid: Uuid) -> Result<OpReport, InstanceError> {
-        self.op(uuid, InstanceRequest::Resume).await
-    }
-
-    async fn resize(&self, uuid: Uuid, args: ResizeArgs) -> Result<OpReport, InstanceError> {
-        self.op(uuid, InstanceRequest::Resize(Box::new(args))).await
-    }
-
-    async fn confirm_resize(&self, uuid: Uuid) -> Result<OpReport, InstanceError> {
-        self.op(uuid, InstanceRequest::ConfirmResize).await
-    }
-
-    async fn revert_resize(&self, uuid: Uuid) -> Result<OpReport, InstanceError> {
-        self.op(uuid, InstanceRequest::RevertResize).await
-    }
-
-    async fn live_migrate(
-        &self,
-        uuid: Uuid,
-        args: LiveMigrateArgs,
-    ) -> Result<OpReport, InstanceError> {
-        self.op(uuid, InstanceRequest::LiveMigrate(Box::new(args)))
-            .await
-    }
-
-    async fn attach_interface(&self, uuid: Uuid, vif: Vif) -> Result<OpReport, InstanceError> {
-        self.op(uuid, InstanceRequest::AttachInterface(Box::new(vif)))
-            .await
-    }
-
-    async fn detach_interface(&self, uuid: Uuid, port: PortId) -> Result<OpReport, InstanceError> {
-        self.op(uuid, InstanceRequest::DetachInterface(port)).await
-    }
-
-    async fn cleanup_for_reschedule(&self, uuid: Uuid) -> Result<OpReport, InstanceError> {
-        self.op(uuid, InstanceRequest::CleanupForReschedule).await
-    }
-
-    async fn peer_request(
-        &self,
-        uuid: Uuid,
-        request: InstanceRequest,
-    ) -> Result<InstanceReply, InstanceError> {
-        self.host.run(uuid, request).await
+    async fn submit(&self, uuid: Uuid, request: InstanceRequest) -> Result<Ticket, AdmissionError> {
+        self.host.submit(uuid, request).await
     }
 
     async fn show(&self, uuid: Uuid) -> Result<InstanceView, InstanceError> {

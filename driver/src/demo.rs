@@ -31,8 +31,8 @@ use vireo_xml::domain::DomainType;
 use vireo_xml::metadata::Flavor;
 
 use crate::compute::{
-    ComputeDriver, DriverConfig, DriverError, LibvirtDriver, NetworkConfig, PluggingConfig,
-    SharedNetwork,
+    ComputeDriver, ComputeOps, DriverConfig, DriverError, LibvirtDriver, NetworkConfig,
+    PluggingConfig, SharedNetwork,
 };
 use crate::local::{LocalCloud, LocalCloudConfig};
 use crate::network::embedded::{EmbeddedConfig, EmbeddedNetworkDef, Mechanism};

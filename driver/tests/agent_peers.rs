@@ -26,10 +26,12 @@ use vireo::agent::auth::Token;
 use vireo::agent::peer::{HttpPeer, PeerLink};
 use vireo::agent::server::{serve, ServeError};
 use vireo::agent::service::AgentService;
-use vireo::compute::{ComputeDriver, LibvirtDriver, SharedNetwork};
+use vireo::compute::{ComputeDriver, ComputeOps, LibvirtDriver, SharedNetwork};
 use vireo::network::embedded::{EmbeddedConfig, EmbeddedNetwork, EmbeddedNetworkDef, Mechanism};
 use vireo_actors::external::{EventSink, ExternalEvent};
-use vireo_actors::instance::{InstanceError, InstanceRequest, Migration, PeerHost, ResizeArgs};
+use vireo_actors::instance::{
+    AdmissionError, InstanceError, InstanceRequest, Migration, PeerHost, ResizeArgs,
+};
 use vireo_actors::lifecycle::Request;
 use vireo_actors::network::{BindingStatus, NetworkApi, PortStatus};
 use vireo_actors::plug::{RecordingPlugger, VifPlugger};
@@ -994,7 +996,7 @@ async fn the_peer_endpoint_needs_the_api_token_and_takes_only_peer_requests() {
         .await
         .unwrap_err();
     assert!(
-        matches!(e, InstanceError::NotFound(u) if u == unknown),
+        matches!(e, InstanceError::Refused(AdmissionError::NotFound(u)) if u == unknown),
         "{e:?}"
     );
     let running = Uuid::new_v4();

@@ -24,10 +24,8 @@ use vireo::compute::ComputeDriver;
 use vireo_actors::events::{EventStats, EventsHandle};
 use vireo_actors::external::{EventName, EventSink, EventStatus, ExternalEvent};
 use vireo_actors::instance::{
-    DestroyArgs, InstanceError, InstanceReply, InstanceRequest, InstanceView, LiveMigrateArgs,
-    OpReport, RebootKind, ResizeArgs, SpawnArgs,
+    AdmissionError, InstanceError, InstanceRequest, InstanceView, Ticket,
 };
-use vireo_actors::vif::{PortId, Vif};
 
 use crate::HarnessError;
 
@@ -209,68 +207,11 @@ impl ComputeDriver for Router {
     fn host(&self) -> &str {
         &self.host
     }
-    async fn spawn(&self, uuid: Uuid, args: SpawnArgs) -> Result<OpReport, InstanceError> {
-        self.pick(uuid).await?.spawn(uuid, args).await
-    }
-    async fn destroy(&self, uuid: Uuid, args: DestroyArgs) -> Result<OpReport, InstanceError> {
-        self.pick(uuid).await?.destroy(uuid, args).await
-    }
-    async fn power_off(
-        &self,
-        uuid: Uuid,
-        timeout: Option<Duration>,
-    ) -> Result<OpReport, InstanceError> {
-        self.pick(uuid).await?.power_off(uuid, timeout).await
-    }
-    async fn power_on(&self, uuid: Uuid) -> Result<OpReport, InstanceError> {
-        self.pick(uuid).await?.power_on(uuid).await
-    }
-    async fn reboot(&self, uuid: Uuid, kind: RebootKind) -> Result<OpReport, InstanceError> {
-        self.pick(uuid).await?.reboot(uuid, kind).await
-    }
-    async fn pause(&self, uuid: Uuid) -> Result<OpReport, InstanceError> {
-        self.pick(uuid).await?.pause(uuid).await
-    }
-    async fn unpause(&self, uuid: Uuid) -> Result<OpReport, InstanceError> {
-        self.pick(uuid).await?.unpause(uuid).await
-    }
-    async fn suspend(&self, uuid: Uuid) -> Result<OpReport, InstanceError> {
-        self.pick(uuid).await?.suspend(uuid).await
-    }
-    async fn resume(&self, uuid: Uuid) -> Result<OpReport, InstanceError> {
-        self.pick(uuid).await?.resume(uuid).await
-    }
-    async fn resize(&self, uuid: Uuid, args: ResizeArgs) -> Result<OpReport, InstanceError> {
-        self.pick(uuid).await?.resize(uuid, args).await
-    }
-    async fn confirm_resize(&self, uuid: Uuid) -> Result<OpReport, InstanceError> {
-        self.pick(uuid).await?.confirm_resize(uuid).await
-    }
-    async fn revert_resize(&self, uuid: Uuid) -> Result<OpReport, InstanceError> {
-        self.pick(uuid).await?.revert_resize(uuid).await
-    }
-    async fn live_migrate(
-        &self,
-        uuid: Uuid,
-        args: LiveMigrateArgs,
-    ) -> Result<OpReport, InstanceError> {
-        self.pick(uuid).await?.live_migrate(uuid, args).await
-    }
-    async fn attach_interface(&self, uuid: Uuid, vif: Vif) -> Result<OpReport, InstanceError> {
-        self.pick(uuid).await?.attach_interface(uuid, vif).await
-    }
-    async fn detach_interface(&self, uuid: Uuid, port: PortId) -> Result<OpReport, InstanceError> {
-        self.pick(uuid).await?.detach_interface(uuid, port).await
-    }
-    async fn cleanup_for_reschedule(&self, uuid: Uuid) -> Result<OpReport, InstanceError> {
-        self.pick(uuid).await?.cleanup_for_reschedule(uuid).await
-    }
-    async fn peer_request(
-        &self,
-        uuid: Uuid,
-        request: InstanceRequest,
-    ) -> Result<InstanceReply, InstanceError> {
-        self.pick(uuid).await?.peer_request(uuid, request).await
+    async fn submit(&self, uuid: Uuid, request: InstanceRequest) -> Result<Ticket, AdmissionError> {
+        match self.pick(uuid).await {
+            Ok(d) => d.submit(uuid, request).await,
+            Err(_) => Err(AdmissionError::Unavailable),
+        }
     }
     async fn show(&self, uuid: Uuid) -> Result<InstanceView, InstanceError> {
         self.pick(uuid).await?.show(uuid).await

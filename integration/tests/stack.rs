@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use uuid::Uuid;
 use vireo::agent::model::{Action, Flavor as ModelFlavor, OpState, Report as WireReport};
 use vireo::client::AgentClient;
-use vireo::compute::ComputeDriver;
+use vireo::compute::{ComputeDriver, ComputeOps};
 use vireo::network::embedded::{EmbeddedConfig, EmbeddedNetworkDef, Mechanism};
 use vireo::plug::leak::Fixture;
 use vireo_actors::instance::StepKind;

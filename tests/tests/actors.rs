@@ -9,10 +9,10 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
-use vireo::compute::ComputeDriver;
+use vireo::compute::{ComputeDriver, ComputeOps};
 use vireo_actors::instance::{
-    BootSource, DestroyArgs, Handover, InstanceError, InstanceRequest, LiveMigrateArgs, Migration,
-    PowerState, RebootKind, ResizeArgs,
+    AdmissionError, Admitted, BootSource, DestroyArgs, Handover, InstanceError, InstanceRequest,
+    LiveMigrateArgs, Migration, PowerState, RebootKind, ResizeArgs,
 };
 use vireo_actors::lifecycle::{accepts, InstanceState, Request};
 use vireo_actors::network::{NetworkApi, PortUpdate};
@@ -64,16 +64,15 @@ async fn a_second_request_while_an_operation_runs_is_busy() {
         InstanceRequest::Reboot(RebootKind::Hard),
         InstanceRequest::CleanupForReschedule,
     ] {
-        let e = h1.driver.peer_request(id, request).await.unwrap_err();
+        let e = h1.driver.submit(id, request).await.unwrap_err();
         assert!(
             matches!(
                 e,
-                InstanceError::Busy {
+                AdmissionError::Busy {
                     running: Request::Spawn
                 }
             ),
-            "{}",
-            chain(&e)
+            "{e}"
         );
         assert_eq!(e.code(), "busy");
     }
@@ -82,6 +81,98 @@ async fn a_second_request_while_an_operation_runs_is_busy() {
     assert!(report.waits.iter().all(|w| w.complete));
     assert_eq!(state(h1, id).await, InstanceState::Running);
     h1.driver.pause(id).await.unwrap();
+    h1.driver.destroy(id, dealloc()).await.unwrap();
+    c.assert_clean(&[]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admission_is_answered_before_the_operation_runs_and_one_destroy_waits_at_a_time() {
+    // Every event arrives 1 s after its cause: the spawn is still running when its ticket
+    // comes back.
+    let c = spec(&["h1"]).event_delay_ms(1000).start().await;
+    let h1 = c.host("h1");
+    let id = uuid();
+    let build = h1
+        .driver
+        .submit(
+            id,
+            InstanceRequest::Spawn(Box::new(spawn_args("vm-admit", vec![on(NET_NATIVE)]))),
+        )
+        .await
+        .unwrap();
+    assert_eq!(build.request(), Request::Spawn);
+    let Admitted::Started(op_id) = build.admitted() else {
+        panic!("{:?}", build.admitted());
+    };
+    let running = h1.driver.show(id).await.unwrap().operation.unwrap();
+    assert_eq!(
+        (running.op_id, running.request.as_str()),
+        (op_id.0, "spawn")
+    );
+
+    build.finished().await.unwrap();
+
+    // A destroy is admitted next to a running operation, behind it; a second one is refused.
+    // The operation: a power-off of a guest that restarts when asked to stop, so it runs its
+    // whole 2 s grace period (destroy cancels event waits; a power-off has none).
+    let lv = h1.driver.libvirt();
+    h1.driver.power_off(id, None).await.unwrap();
+    let xml = lv.xml_desc(id, true).await.unwrap();
+    lv.define_xml(
+        xml.replace(
+            "<on_poweroff>destroy</on_poweroff>",
+            "<on_poweroff>restart</on_poweroff>",
+        ),
+        false,
+    )
+    .await
+    .unwrap();
+    h1.driver.power_on(id).await.unwrap();
+    let timeout = Some(Duration::from_secs(2));
+    let power_off = h1.driver.submit(id, InstanceRequest::PowerOff { timeout });
+    let power_off = power_off.await.unwrap();
+    assert!(matches!(power_off.admitted(), Admitted::Started(_)));
+    let destroy = h1.driver.submit(id, InstanceRequest::Destroy(dealloc()));
+    let destroy = destroy.await.unwrap();
+    assert_eq!(destroy.admitted(), Admitted::Queued);
+    let again = h1.driver.submit(id, InstanceRequest::Destroy(dealloc()));
+    assert_eq!(
+        again.await.unwrap_err(),
+        AdmissionError::Busy {
+            running: Request::PowerOff
+        }
+    );
+    power_off.finished().await.unwrap();
+    destroy.finished().await.unwrap();
+    // Nothing here now: a destroy is done at admission.
+    let nothing = h1.driver.submit(id, InstanceRequest::Destroy(dealloc()));
+    let nothing = nothing.await.unwrap();
+    assert_eq!(nothing.admitted(), Admitted::NothingHere);
+    nothing.finished().await.unwrap();
+    c.assert_clean(&[]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn detaching_a_port_the_instance_does_not_have_is_refused_at_admission() {
+    let c = spec(&["h1"]).start().await;
+    let h1 = c.host("h1");
+    let id = uuid();
+    h1.driver
+        .spawn(id, spawn_args("vm-not-attached", vec![on(NET_NATIVE)]))
+        .await
+        .unwrap();
+    let stranger = PortId(uuid());
+    let e = h1
+        .driver
+        .submit(id, InstanceRequest::DetachInterface(stranger))
+        .await
+        .unwrap_err();
+    assert_eq!(e, AdmissionError::NotAttached { port: stranger });
+    assert_eq!(e.code(), "invalid");
+    let view = h1.driver.show(id).await.unwrap();
+    assert!(view.operation.is_none(), "nothing started");
+    assert_eq!(view.vifs.len(), 1);
+    assert_eq!(view.last_operation.unwrap().request, "spawn");
     h1.driver.destroy(id, dealloc()).await.unwrap();
     c.assert_clean(&[]).await;
 }
@@ -113,7 +204,7 @@ async fn destroy_during_a_build_cancels_its_wait_rolls_back_then_destroys() {
     assert!(chain(&e).contains("cancelled"), "{}", chain(&e));
     assert!(matches!(
         h1.driver.show(id).await,
-        Err(InstanceError::NotFound(_))
+        Err(InstanceError::Refused(AdmissionError::NotFound(_)))
     ));
     assert_eq!(c.stats().await.cancelled, 1);
     c.assert_clean(&[p]).await;
@@ -279,17 +370,13 @@ async fn assert_refusals(h: &Host, id: uuid::Uuid, want: InstanceState, vif: &Vi
         if accepts(want, req) {
             continue;
         }
-        let e = h
-            .driver
-            .peer_request(id, sample(req, vif, ho))
-            .await
-            .unwrap_err();
+        let e = h.driver.submit(id, sample(req, vif, ho)).await.unwrap_err();
         match &e {
-            InstanceError::IllegalState { state, request } => {
-                assert_eq!((*state, *request), (want, req), "{}", chain(&e));
+            AdmissionError::IllegalState { state, request } => {
+                assert_eq!((*state, *request), (want, req), "{e}");
                 assert_eq!(e.code(), "illegal-state");
             }
-            other => panic!("{req} in {want}: {}", chain(other)),
+            other => panic!("{req} in {want}: {other}"),
         }
         refused += 1;
     }
@@ -367,7 +454,7 @@ async fn every_request_is_refused_in_every_state_that_does_not_accept_it() {
     let mut ho_in = ho.clone();
     ho_in.name = "vm-incoming".into();
     h2.driver
-        .peer_request(
+        .complete(
             incoming,
             InstanceRequest::PreLiveMigration {
                 migration: Migration {
@@ -405,12 +492,12 @@ async fn every_request_is_refused_in_every_state_that_does_not_accept_it() {
             ) {
                 continue;
             }
-            let r = h1.driver.peer_request(id, sample(req, &vif, &ho)).await;
+            let r = h1.driver.complete(id, sample(req, &vif, &ho)).await;
             if req == Request::Destroy {
                 assert!(r.is_ok());
             } else {
                 assert!(
-                    matches!(r, Err(InstanceError::NotFound(u)) if u == id),
+                    matches!(r, Err(InstanceError::Refused(AdmissionError::NotFound(u))) if u == id),
                     "{req}: {r:?}"
                 );
             }
@@ -421,7 +508,7 @@ async fn every_request_is_refused_in_every_state_that_does_not_accept_it() {
         c.destroy_everywhere(id).await;
     }
     h2.driver
-        .peer_request(
+        .complete(
             incoming,
             InstanceRequest::RollbackLiveMigrationAtDestination {
                 handover: Box::new(ho_in),

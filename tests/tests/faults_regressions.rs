@@ -5,7 +5,7 @@
 mod common;
 
 use common::*;
-use vireo::compute::ComputeDriver;
+use vireo::compute::{ComputeDriver, ComputeOps};
 use vireo_actors::instance::{DestroyArgs, InstanceError, Migration};
 use vireo_actors::lifecycle::{InstanceState, Request};
 use vireo_actors::network::{BindingStatus, NetworkApi, PortRequest};

@@ -13,9 +13,10 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use common::*;
-use vireo::compute::ComputeDriver;
+use vireo::compute::{ComputeDriver, ComputeOps};
 use vireo_actors::instance::{
-    Handover, InstanceError, InstanceReply, InstanceRequest, Migration, PeerHost, PowerState,
+    AdmissionError, Handover, InstanceError, InstanceReply, InstanceRequest, Migration, PeerHost,
+    PowerState,
 };
 use vireo_actors::lifecycle::{InstanceState, Request};
 use vireo_actors::network::{BindingStatus, NetworkApi, PortStatus};
@@ -62,7 +63,7 @@ async fn assert_rolled_back(c: &TestCloud, id: uuid::Uuid, ports: &[PortId], des
         assert!(d.driver.libvirt().list_all().await.unwrap().is_empty());
         assert!(matches!(
             d.driver.show(id).await,
-            Err(InstanceError::NotFound(_))
+            Err(InstanceError::Refused(AdmissionError::NotFound(_)))
         ));
     }
     let last = view.last_operation.unwrap();
@@ -379,7 +380,7 @@ async fn destination_waits_only_for_its_activation_events() {
         power_on: true,
     };
     h2.driver
-        .peer_request(
+        .complete(
             id,
             InstanceRequest::PreLiveMigration {
                 migration: migration.clone(),
@@ -421,7 +422,7 @@ async fn destination_waits_only_for_its_activation_events() {
     let before = c.stats().await;
     let reply = h2
         .driver
-        .peer_request(
+        .complete(
             id,
             InstanceRequest::PostLiveMigrationAtDestination {
                 migration: migration.clone(),

@@ -9,8 +9,8 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
-use vireo::compute::ComputeDriver;
-use vireo_actors::instance::{InstanceError, NetworkRequest, Released};
+use vireo::compute::{ComputeDriver, ComputeOps};
+use vireo_actors::instance::{AdmissionError, InstanceError, NetworkRequest, Released};
 use vireo_actors::lifecycle::InstanceState;
 use vireo_actors::network::{NetworkApi, PortRequest, PortStatus, PortUpdate, PCI_PROFILE_KEYS};
 use vireo_actors::plug::{CallOutcome, DomainForm, PlugKind, PlugOp};
@@ -54,7 +54,7 @@ async fn assert_released(c: &TestCloud, host: &str, id: uuid::Uuid, user: &[Port
     assert!(h.plugger.plugged().is_empty(), "{:?}", h.plugger.plugged());
     assert!(matches!(
         h.driver.show(id).await,
-        Err(InstanceError::NotFound(_))
+        Err(InstanceError::Refused(AdmissionError::NotFound(_)))
     ));
     for p in c.network.ports() {
         assert!(user.contains(&p.id), "port {} left: {p:?}", p.id);

@@ -8,8 +8,8 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
-use vireo::compute::ComputeDriver;
-use vireo_actors::instance::{InstanceError, Migration, ResizeArgs};
+use vireo::compute::{ComputeDriver, ComputeOps};
+use vireo_actors::instance::{AdmissionError, InstanceError, Migration, ResizeArgs};
 use vireo_actors::lifecycle::InstanceState;
 use vireo_actors::predict::Timing;
 use vireo_actors::vif::PortId;
@@ -99,7 +99,7 @@ async fn cross_host_resize_then_confirm() {
     // The source is gone entirely.
     assert!(matches!(
         h1.driver.show(id).await,
-        Err(InstanceError::NotFound(_))
+        Err(InstanceError::Refused(AdmissionError::NotFound(_)))
     ));
     assert!(h1.plugger.plugged().is_empty());
     assert!(h1.driver.libvirt().list_all().await.unwrap().is_empty());
@@ -278,7 +278,7 @@ async fn assert_back_on_h1(c: &TestCloud, id: uuid::Uuid, ports: &[PortId], e: &
     assert!(h2.driver.libvirt().list_all().await.unwrap().is_empty());
     assert!(matches!(
         h2.driver.show(id).await,
-        Err(InstanceError::NotFound(_))
+        Err(InstanceError::Refused(AdmissionError::NotFound(_)))
     ));
     let back = view.last_operation.unwrap();
     assert!(back.waits.iter().all(|w| w.complete), "{back:#?}");

@@ -6,8 +6,8 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use vireo::compute::ComputeDriver;
-use vireo_actors::instance::{DestroyArgs, InstanceError, RebootKind};
+use vireo::compute::{ComputeDriver, ComputeOps};
+use vireo_actors::instance::{AdmissionError, DestroyArgs, InstanceError, RebootKind};
 use vireo_actors::lifecycle::InstanceState;
 use vireo_actors::network::NetworkApi;
 use vireo_actors::predict::Timing;
@@ -55,7 +55,7 @@ async fn spawn_then_destroy_leaves_nothing() {
     assert!(h1.plugger.plugged().is_empty());
     assert!(matches!(
         h1.driver.show(id).await,
-        Err(InstanceError::NotFound(_))
+        Err(InstanceError::Refused(AdmissionError::NotFound(_)))
     ));
     let domains = h1.driver.libvirt().list_all().await.unwrap();
     assert!(domains.iter().all(|d| d.uuid != id), "{domains:?}");

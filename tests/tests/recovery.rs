@@ -14,10 +14,10 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use common::*;
-use vireo::compute::ComputeDriver;
+use vireo::compute::{ComputeDriver, ComputeOps};
 use vireo_actors::instance::{
-    DestroyArgs, InstanceError, InstanceReply, InstanceRequest, Migration, NetworkRequest,
-    PeerHost, RebootKind, ResizeArgs,
+    AdmissionError, DestroyArgs, InstanceError, InstanceReply, InstanceRequest, Migration,
+    NetworkRequest, PeerHost, RebootKind, ResizeArgs,
 };
 use vireo_actors::lifecycle::InstanceState;
 use vireo_actors::network::{NetworkApi, PortStatus, PortUpdate};
@@ -115,7 +115,11 @@ async fn a_build_interrupted_while_waiting_is_rolled_back_and_released() {
     );
     let h1 = c.host("h1");
     eventually(Duration::from_secs(5), "the build rolled back", || async {
-        matches!(h1.driver.show(id).await, Err(InstanceError::NotFound(_))).then_some(())
+        matches!(
+            h1.driver.show(id).await,
+            Err(InstanceError::Refused(AdmissionError::NotFound(_)))
+        )
+        .then_some(())
     })
     .await;
     assert!(
@@ -272,7 +276,7 @@ async fn a_resize_interrupted_at_the_handover_waits_for_confirm_or_revert() {
     .await;
     // The destination never finished: the instance is brought back here.
     h1.driver
-        .peer_request(id, InstanceRequest::FinishRevertResize)
+        .complete(id, InstanceRequest::FinishRevertResize)
         .await
         .unwrap();
     let view = h1.driver.show(id).await.unwrap();
@@ -341,8 +345,10 @@ async fn a_resize_interrupted_on_both_hosts_is_reverted_to_the_source() {
     .await;
     assert_eq!(view.flavor.as_deref(), Some("m1.tiny"));
     eventually(Duration::from_secs(5), "nothing on h2", || async {
-        (matches!(h2.driver.show(id).await, Err(InstanceError::NotFound(_)))
-            && h2.driver.libvirt().list_all().await.ok()?.is_empty()
+        (matches!(
+            h2.driver.show(id).await,
+            Err(InstanceError::Refused(AdmissionError::NotFound(_)))
+        ) && h2.driver.libvirt().list_all().await.ok()?.is_empty()
             && h2.plugger.plugged().is_empty())
         .then_some(())
     })
@@ -414,7 +420,7 @@ async fn a_build_another_host_owns_is_left_alone_by_recovery() {
     assert!(report.instances.iter().all(|i| i.uuid != id), "{report:?}");
     assert!(matches!(
         h1.driver.show(id).await,
-        Err(InstanceError::NotFound(_))
+        Err(InstanceError::Refused(AdmissionError::NotFound(_)))
     ));
     assert!(h1.driver.list().await.iter().all(|v| v.uuid != id));
     // A resync (what a libvirt reconnect runs) leaves it alone too.
@@ -455,7 +461,11 @@ async fn a_build_another_host_owns_is_left_alone_by_recovery() {
     );
     let h1 = c.host("h1");
     eventually(Duration::from_secs(5), "the build rolled back", || async {
-        matches!(h1.driver.show(id).await, Err(InstanceError::NotFound(_))).then_some(())
+        matches!(
+            h1.driver.show(id).await,
+            Err(InstanceError::Refused(AdmissionError::NotFound(_)))
+        )
+        .then_some(())
     })
     .await;
     c.assert_clean(&[user]).await;

@@ -2,7 +2,7 @@
 //! and runs one operation at a time; reads (`show`) are answered while an operation runs.
 //!
 //! Concurrency rule: a second mutating request while an operation runs is refused with
-//! [`InstanceError::Busy`] (HTTP 409) — except destroy, which cancels the running
+//! [`AdmissionError::Busy`] (HTTP 409) — except destroy, which cancels the running
 //! operation's event waits (so it rolls back promptly) and runs right after it.
 //!
 //! Left behind: an instance that left this host (`gone`) while libvirt kept part of it (a
@@ -26,6 +26,7 @@ use crate::events::OpId;
 use crate::libvirt::LifecycleEvent;
 use crate::lifecycle::{accepts, check_end, valid_transition, InstanceState, Request};
 
+use super::admission::{AdmissionError, Admitted, Completion, Ticket};
 use super::deps::HostDeps;
 use super::flows::{self, Finished};
 use super::op::{power_of, LiveProgress, OpCtx};
@@ -35,10 +36,11 @@ use super::types::{
     Progress, RebootKind, VifView,
 };
 
-/// Run a request on the instance.
+/// Submit a request to the instance: admitted (a [`Ticket`], the operation runs) or refused
+/// (an [`AdmissionError`], nothing runs), answered before the operation runs.
 #[derive(Debug, Message)]
-#[rtype(result = "Result<InstanceReply, InstanceError>")]
-pub struct Run(pub InstanceRequest);
+#[rtype(result = "Result<Ticket, AdmissionError>")]
+pub struct Submit(pub InstanceRequest);
 
 /// What `show` reports.
 #[derive(Debug, Message)]
@@ -100,13 +102,9 @@ pub struct InstanceActor {
     record: Option<InstanceRecord>,
     power: PowerState,
     running: Option<RunningOp>,
-    queued_destroys: Vec<(DestroyArgs, oneshot::Sender<Reply>)>,
+    queued_destroys: Vec<(DestroyArgs, oneshot::Sender<Completion>)>,
     last_report: Option<OpReport>,
     stopping: bool,
-    /// Replies to queued destroys not yet handed back: the actor stays until they are (its
-    /// context owns the futures that hand them back).
-    replies_pending: usize,
-    leave_when_replied: bool,
     /// Operations started so far: a state read that began before the latest is stale.
     ops_started: u64,
 }
@@ -134,8 +132,6 @@ impl InstanceActor {
             queued_destroys: Vec::new(),
             last_report: None,
             stopping: false,
-            replies_pending: 0,
-            leave_when_replied: false,
             ops_started: 0,
         }
     }
@@ -164,25 +160,51 @@ impl InstanceActor {
         }));
     }
 
-    fn refuse(&self, request: Request) -> Option<InstanceError> {
+    /// Whether the instance takes `request` now (see [`super::admission`]).
+    fn refuse(&self, request: &InstanceRequest) -> Option<AdmissionError> {
+        let kind = request.kind();
         if let Some(running) = &self.running {
-            return Some(InstanceError::Busy {
+            return Some(AdmissionError::Busy {
                 running: running.request,
             });
         }
         if self.stopping {
-            return Some(InstanceError::Unavailable);
+            return Some(AdmissionError::Unavailable);
         }
-        if accepts(self.state, request) {
-            return None;
+        if !accepts(self.state, kind) {
+            if matches!(self.state, InstanceState::Absent | InstanceState::Gone) {
+                return Some(AdmissionError::NotFound(self.uuid));
+            }
+            return Some(AdmissionError::IllegalState {
+                state: self.state,
+                request: kind,
+            });
         }
-        if matches!(self.state, InstanceState::Absent | InstanceState::Gone) {
-            return Some(InstanceError::NotFound(self.uuid));
+        if let InstanceRequest::DetachInterface(port) = request {
+            let attached = self
+                .record
+                .as_ref()
+                .is_some_and(|r| r.network_info.vifs.iter().any(|v| v.id == *port));
+            if !attached {
+                return Some(AdmissionError::NotAttached { port: *port });
+            }
         }
-        Some(InstanceError::IllegalState {
-            state: self.state,
-            request,
-        })
+        None
+    }
+
+    /// Start an admitted request; its completion goes to the ticket.
+    fn admit(&mut self, request: InstanceRequest, ctx: &mut Context<Self>) -> Ticket {
+        let kind = request.kind();
+        let fut = self.start(request, ctx);
+        let admitted = match &self.running {
+            Some(r) => Admitted::Started(r.op_id),
+            None => Admitted::Queued,
+        };
+        let (ticket, tx) = Ticket::new(kind, admitted);
+        ctx.spawn(fut.map(move |reply, _act, _ctx| {
+            let _ = tx.send(reply);
+        }));
+        ticket
     }
 
     /// The transient state an operation shows while it runs.
@@ -300,10 +322,11 @@ impl InstanceActor {
             };
             let fut = self.start(InstanceRequest::Destroy(args), ctx);
             ctx.spawn(fut.map(move |reply, _act, _ctx| {
+                let reply = reply.map_err(Arc::new);
                 for (_, tx) in waiters {
                     let _ = tx.send(match &reply {
                         Ok(r) => Ok(r.clone()),
-                        Err(e) => Err(InstanceError::Invalid(format!("destroy failed: {e}"))),
+                        Err(e) => Err(InstanceError::QueuedDestroy { cause: e.clone() }),
                     });
                 }
             }));
@@ -318,12 +341,9 @@ impl InstanceActor {
         }
     }
 
-    /// Tell the host actor and stop, once every queued reply is handed back.
+    /// Tell the host actor and stop. (The replies of queued destroys are sent before: they
+    /// go to tickets the callers hold, not to futures of this actor's context.)
     fn leave(&mut self, ctx: &mut Context<Self>) {
-        if self.replies_pending > 0 {
-            self.leave_when_replied = true;
-            return;
-        }
         self.gone.do_send(InstanceGone {
             uuid: self.uuid,
             addr: ctx.address(),
@@ -465,66 +485,64 @@ impl Actor for InstanceActor {
     }
 }
 
-impl Handler<Run> for InstanceActor {
-    type Result = ResponseActFuture<Self, Reply>;
+impl Handler<Submit> for InstanceActor {
+    type Result = Result<Ticket, AdmissionError>;
 
-    fn handle(&mut self, msg: Run, ctx: &mut Self::Context) -> Self::Result {
-        let request = msg.0.kind();
-        if request == Request::Destroy {
+    fn handle(&mut self, msg: Submit, ctx: &mut Self::Context) -> Self::Result {
+        let request = msg.0;
+        let kind = request.kind();
+        if let InstanceRequest::Destroy(args) = &request {
             if let Some(running) = &self.running {
+                // One destroy at a time (a left-behind instance's own clean-up aside).
+                let destroying = running.request == Request::Destroy && !self.left_behind();
+                if destroying || !self.queued_destroys.is_empty() {
+                    return Err(AdmissionError::Busy {
+                        running: running.request,
+                    });
+                }
                 // Cancel the running operation's waits so it rolls back now; destroy next.
-                let (tx, rx) = oneshot::channel();
-                let args = match &msg.0 {
-                    InstanceRequest::Destroy(a) => *a,
-                    _ => DestroyArgs::default(),
-                };
-                self.queued_destroys.push((args, tx));
+                let (ticket, tx) = Ticket::new(kind, Admitted::Queued);
+                self.queued_destroys.push((*args, tx));
                 let events = self.deps.events.clone();
                 let (uuid, op_id) = (self.uuid, running.op_id);
                 actix::spawn(async move {
                     let _ = events.cancel(uuid, op_id).await;
                 });
-                self.replies_pending += 1;
-                return Box::pin(
-                    async move { rx.await.unwrap_or(Err(InstanceError::Unavailable)) }
-                        .into_actor(self)
-                        .map(|reply, act, ctx| {
-                            act.replies_pending -= 1;
-                            if act.leave_when_replied && act.replies_pending == 0 {
-                                act.leave(ctx);
-                            }
-                            reply
-                        }),
-                );
+                return Ok(ticket);
             }
             if self.left_behind() {
                 // Its networking belongs to the host that has the instance now.
-                return self.start(
-                    InstanceRequest::Destroy(DestroyArgs {
-                        deallocate_network: false,
-                    }),
-                    ctx,
-                );
+                let leftovers = InstanceRequest::Destroy(DestroyArgs {
+                    deallocate_network: false,
+                });
+                return Ok(self.admit(leftovers, ctx));
             }
             if matches!(self.state, InstanceState::Absent | InstanceState::Gone)
                 && self.record.is_none()
             {
-                // Nothing here: destroy is idempotent.
-                let report = OpReport {
-                    request: request.as_str().to_owned(),
-                    ..OpReport::default()
-                };
-                return Box::pin(fut::ready(Ok(InstanceReply::Done {
-                    state: InstanceState::Gone,
-                    report,
-                })));
+                return Ok(nothing_to_destroy());
             }
         }
-        if let Some(e) = self.refuse(request) {
-            return Box::pin(fut::ready(Err(e)));
+        if let Some(e) = self.refuse(&request) {
+            return Err(e);
         }
-        self.start(msg.0, ctx)
+        Ok(self.admit(request, ctx))
     }
+}
+
+/// Destroy is idempotent: with nothing of the instance here it is done at once.
+pub(crate) fn nothing_to_destroy() -> Ticket {
+    let report = OpReport {
+        request: Request::Destroy.as_str().to_owned(),
+        ..OpReport::default()
+    };
+    Ticket::nothing_here(
+        Request::Destroy,
+        Ok(InstanceReply::Done {
+            state: InstanceState::Gone,
+            report,
+        }),
+    )
 }
 
 impl Handler<Show> for InstanceActor {
@@ -589,9 +607,10 @@ impl Handler<RecoverInterrupted> for InstanceActor {
 
     fn handle(&mut self, msg: RecoverInterrupted, ctx: &mut Self::Context) -> Self::Result {
         if let Some(running) = &self.running {
-            return Box::pin(fut::ready(Err(InstanceError::Busy {
+            return Box::pin(fut::ready(Err(AdmissionError::Busy {
                 running: running.request,
-            })));
+            }
+            .into())));
         }
         let interrupted = msg.0;
         info!(instance = %self.uuid, interrupted = %interrupted.describe(), "recovering an interrupted operation");
@@ -720,7 +739,7 @@ async fn dispatch(
         return Finished {
             state: from,
             record: None,
-            result: Err(InstanceError::NotFound(op.uuid)),
+            result: Err(AdmissionError::NotFound(op.uuid).into()),
         };
     };
     op.use_record(&record);

@@ -18,6 +18,7 @@ use crate::network::{
 use crate::predict::{predict, ExpectedEvent, Operation, Prediction, Timing};
 use crate::vif::{NetworkInfo, PortId, Vif};
 
+use super::admission::AdmissionError;
 use super::in_flight::{InFlight, InterfaceStep, Interrupted, MigrationStep, RevertStep};
 use super::op::OpCtx;
 use super::record::{InstanceRecord, ResizeRecord, ResizeRole};
@@ -853,7 +854,7 @@ pub(crate) async fn confirm_resize(op: &mut OpCtx, record: InstanceRecord) -> Fi
                 Ok(_) => {}
                 // The source holds nothing of the instance any more: clean already.
                 Err(InstanceError::Peer { source, .. })
-                    if matches!(*source, InstanceError::NotFound(_)) => {}
+                    if matches!(*source, InstanceError::Refused(AdmissionError::NotFound(_))) => {}
                 Err(e) => return Err(e),
             }
         }
@@ -1383,7 +1384,9 @@ async fn rollback_live_migration(
             Err(InstanceError::Peer { ref source, .. })
                 if matches!(
                     **source,
-                    InstanceError::UnknownHost(_) | InstanceError::Unavailable
+                    InstanceError::UnknownHost(_)
+                        | InstanceError::Unavailable
+                        | InstanceError::Refused(AdmissionError::Unavailable)
                 ) && tokio::time::Instant::now() < deadline =>
             {
                 tokio::time::sleep(std::time::Duration::from_millis(100)).await;

@@ -3,6 +3,7 @@
 //! interface attach/detach, reschedule clean-up) with their rollbacks.
 //!
 //! # Layout
+//! - [`admission`]: the instance's answer to a request: a [`Ticket`] or an [`AdmissionError`].
 //! - [`types`]: the request enum in, the reply and error enums out, reports and views.
 //! - [`deps`]: what the actors of a host share (libvirt, events, plugger, network, peers).
 //! - [`record`]: what an actor knows of its instance, as stored in the domain metadata, and
@@ -13,6 +14,7 @@
 //! - [`actor`]: the actix actor.
 
 pub mod actor;
+pub mod admission;
 pub mod deps;
 mod flows;
 pub mod in_flight;
@@ -21,6 +23,7 @@ pub mod record;
 pub mod types;
 
 pub use actor::{error_chain, InstanceActor};
+pub use admission::{AdmissionError, Admitted, Completion, Ticket};
 pub use deps::{HostDeps, InstanceConfig, PeerHost, Peers};
 pub use in_flight::{InFlight, InFlightError, Interrupted, Marker};
 pub use op::ALIAS_PREFIX;

@@ -409,23 +409,9 @@ pub struct InstanceView {
 /// What went wrong with a request to an instance actor.
 #[derive(Debug, thiserror::Error)]
 pub enum InstanceError {
-    /// Another operation runs on the instance.
-    #[error("operation {running} in progress")]
-    Busy {
-        /// The running operation.
-        running: Request,
-    },
-    /// The request is not allowed in the instance's state.
-    #[error("{request} is not allowed while {state}")]
-    IllegalState {
-        /// The state.
-        state: InstanceState,
-        /// The request.
-        request: Request,
-    },
-    /// The instance is not on this host.
-    #[error("instance {0} not found on this host")]
-    NotFound(Uuid),
+    /// The instance refused the request: nothing was started.
+    #[error(transparent)]
+    Refused(#[from] super::admission::AdmissionError),
     /// The request is malformed.
     #[error("invalid request: {0}")]
     Invalid(String),
@@ -540,6 +526,14 @@ pub enum InstanceError {
         #[source]
         cause: Option<Box<InstanceError>>,
     },
+    /// A destroy admitted next to a running operation failed (every caller whose destroy was
+    /// queued behind that operation gets the one failure).
+    #[error("destroy failed")]
+    QueuedDestroy {
+        /// Why.
+        #[source]
+        cause: std::sync::Arc<InstanceError>,
+    },
     /// The operation was cancelled (destroy or shutdown).
     #[error("operation cancelled")]
     Cancelled,
@@ -553,9 +547,7 @@ impl InstanceError {
     /// other host answered).
     pub fn code(&self) -> &str {
         match self {
-            InstanceError::Busy { .. } => "busy",
-            InstanceError::IllegalState { .. } => "illegal-state",
-            InstanceError::NotFound(_) => "not-found",
+            InstanceError::Refused(e) => e.code(),
             InstanceError::Invalid(_) => "invalid",
             InstanceError::Libvirt { .. } => "libvirt",
             InstanceError::Plug { .. } => "plug",
@@ -571,6 +563,7 @@ impl InstanceError {
             InstanceError::RolledBack { .. } => "rolled-back",
             InstanceError::RollbackFailed { .. } => "rollback-failed",
             InstanceError::UnexpectedTransition { .. } => "unexpected-transition",
+            InstanceError::QueuedDestroy { cause } => cause.code(),
             InstanceError::Cancelled => "cancelled",
             InstanceError::Unavailable => "unavailable",
         }

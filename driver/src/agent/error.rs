@@ -7,7 +7,7 @@ use uuid::Uuid;
 
 use super::model::{ErrorBody, ErrorDetail, OpKind};
 use super::paths::PathError;
-use vireo_actors::instance::InstanceError;
+use vireo_actors::instance::{AdmissionError, InstanceError};
 
 /// Why a request failed.
 #[derive(Debug, thiserror::Error)]
@@ -76,6 +76,9 @@ pub enum ApiError {
         /// The bound.
         secs: u64,
     },
+    /// The instance refused the operation (what the API could not say more precisely).
+    #[error(transparent)]
+    Refused(AdmissionError),
     /// The driver refused or failed a synchronous call.
     #[error("{}", vireo_actors::instance::error_chain(.0))]
     Driver(InstanceError),
@@ -100,6 +103,7 @@ impl ApiError {
             ApiError::Exists(_) => "exists",
             ApiError::ShuttingDown => "shutting-down",
             ApiError::PeerTimeout { .. } => "timed-out",
+            ApiError::Refused(e) => e.code(),
             ApiError::Driver(e) => e.code(),
         }
     }
@@ -149,6 +153,14 @@ impl ResponseError for ApiError {
             }
             ApiError::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::PeerTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
+            ApiError::Refused(e) => match e {
+                AdmissionError::Busy { .. } | AdmissionError::IllegalState { .. } => {
+                    StatusCode::CONFLICT
+                }
+                AdmissionError::NotFound(_) => StatusCode::NOT_FOUND,
+                AdmissionError::NotAttached { .. } => StatusCode::BAD_REQUEST,
+                AdmissionError::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+            },
             ApiError::Driver(e) => status_for_driver_code(e.code()),
         }
     }
@@ -165,7 +177,10 @@ impl ResponseError for ApiError {
 impl From<InstanceError> for ApiError {
     fn from(e: InstanceError) -> Self {
         match e {
-            InstanceError::NotFound(uuid) => ApiError::InstanceNotFound(uuid),
+            InstanceError::Refused(AdmissionError::NotFound(uuid)) => {
+                ApiError::InstanceNotFound(uuid)
+            }
+            InstanceError::Refused(e) => ApiError::Refused(e),
             other => ApiError::Driver(other),
         }
     }
@@ -181,19 +196,22 @@ mod tests {
         let u = Uuid::nil();
         let cases = [
             (
-                InstanceError::Busy {
+                AdmissionError::Busy {
                     running: Request::Spawn,
-                },
+                }
+                .into(),
                 409,
             ),
             (
-                InstanceError::IllegalState {
+                AdmissionError::IllegalState {
                     state: InstanceState::Stopped,
                     request: Request::Pause,
-                },
+                }
+                .into(),
                 409,
             ),
-            (InstanceError::NotFound(u), 404),
+            (AdmissionError::NotFound(u).into(), 404),
+            (AdmissionError::Unavailable.into(), 503),
             (InstanceError::Invalid("x".into()), 400),
             (InstanceError::UnknownHost("h".into()), 500),
             (InstanceError::Unavailable, 503),

@@ -1,10 +1,10 @@
-//! The operation registry: which long operations run, which finished, and at most one
-//! operation per instance.
+//! The operation registry: which long operations run and which finished.
 //!
-//! An operation is admitted ([`Operations::admit`]) before its background task starts; while
-//! it runs, another admission for the same instance is refused with
-//! [`ApiError::Busy`] (409) — except a delete, which is admitted once next to a running
-//! operation (the driver cancels that operation's event waits and destroys after it). Finished operations are kept for polling, at most `keep` of them
+//! The registry does not admit: the instance does (the driver's `submit`, answered by the
+//! instance actor: one operation at a time, a delete next to a running one). An operation the
+//! instance admitted is recorded ([`Operations::record`]) before its background task starts;
+//! a busy answer names the API operation that runs ([`Operations::running_for`]). Finished
+//! operations are kept for polling, at most `keep` of them
 //! (config `finished_operations`, default 1024): the oldest is forgotten first, after which
 //! `GET /v1/operations/{id}` answers 404. At shutdown the registry is closed (new admissions get
 //! 503), drained until a deadline, and what is left is aborted and recorded as failed.
@@ -19,7 +19,6 @@ use tokio::task::AbortHandle;
 use tokio::time::Instant;
 use uuid::Uuid;
 
-use super::error::ApiError;
 use super::model::{ErrorDetail, OpKind, OpState, Operation};
 
 /// Milliseconds since the Unix epoch.
@@ -69,31 +68,10 @@ impl Operations {
         self.running_tx.send_replace(inner.running.len());
     }
 
-    /// Reserve `instance` for a new `kind` operation.
-    pub fn admit(&self, instance: Uuid, kind: OpKind) -> Result<Operation, ApiError> {
+    /// Record a `kind` operation the instance admitted (the driver decides admission; a
+    /// delete may run next to another operation of the same instance).
+    pub fn record(&self, instance: Uuid, kind: OpKind) -> Operation {
         let mut inner = self.lock();
-        if inner.closed {
-            return Err(ApiError::ShuttingDown);
-        }
-        let running: Vec<&Operation> = inner
-            .by_instance
-            .get(&instance)
-            .into_iter()
-            .flatten()
-            .filter_map(|id| inner.running.get(id))
-            .map(|r| &r.op)
-            .collect();
-        if let Some(last) = running.last() {
-            let preempt =
-                kind == OpKind::Delete && running.iter().all(|o| o.kind != OpKind::Delete);
-            if !preempt {
-                return Err(ApiError::Busy {
-                    instance,
-                    op: last.id,
-                    kind: last.kind,
-                });
-            }
-        }
         let op = Operation {
             id: Uuid::new_v4(),
             instance,
@@ -113,16 +91,7 @@ impl Operations {
             },
         );
         self.publish(&inner);
-        Ok(op)
-    }
-
-    /// Drop an admission whose task never started (a check after admission refused it).
-    pub fn withdraw(&self, id: Uuid) {
-        let mut inner = self.lock();
-        if let Some(r) = inner.running.remove(&id) {
-            Self::unlink(&mut inner, r.op.instance, id);
-        }
-        self.publish(&inner);
+        op
     }
 
     fn unlink(inner: &mut Inner, instance: Uuid, id: Uuid) {
@@ -214,7 +183,7 @@ impl Operations {
         self.lock().closed
     }
 
-    /// Refuse new admissions from now on.
+    /// No new operations from now on (the service refuses them with 503).
     pub fn close(&self) {
         self.lock().closed = true;
     }
@@ -258,47 +227,31 @@ mod tests {
     }
 
     #[test]
-    fn one_operation_per_instance() {
+    fn running_and_finished_operations_are_tracked_per_instance() {
         let ops = Operations::new(10);
         let a = Uuid::new_v4();
-        let op = ops.admit(a, OpKind::Create).unwrap();
-        match ops.admit(a, OpKind::Pause).unwrap_err() {
-            ApiError::Busy { op: busy, kind, .. } => {
-                assert_eq!((busy, kind), (op.id, OpKind::Create));
-            }
-            e => panic!("{e:?}"),
-        }
-        let other = ops.admit(Uuid::new_v4(), OpKind::Pause).unwrap();
+        let op = ops.record(a, OpKind::Create);
+        let other = ops.record(Uuid::new_v4(), OpKind::Pause);
         assert_eq!(ops.running_count(), 2);
         assert_eq!(ops.running_for(a).unwrap().id, op.id);
         let done = ops.finish(op.id, Ok(json!({"steps": []}))).unwrap();
         assert_eq!(done.state, OpState::Succeeded);
         assert!(done.finished_ms.is_some());
         assert!(ops.running_for(a).is_none());
-        assert!(ops.admit(a, OpKind::Pause).is_ok(), "free again");
         assert!(
             ops.finish(op.id, Ok(json!(null))).is_none(),
             "finished twice"
         );
-        ops.withdraw(other.id);
-        assert!(ops.get(other.id).is_none());
+        assert_eq!(ops.get(other.id).unwrap().state, OpState::Running);
     }
 
     #[test]
-    fn a_delete_is_admitted_next_to_a_running_operation_once() {
+    fn a_delete_next_to_a_running_operation_is_the_one_shown() {
         let ops = Operations::new(10);
         let a = Uuid::new_v4();
-        let create = ops.admit(a, OpKind::Create).unwrap();
-        let delete = ops.admit(a, OpKind::Delete).unwrap();
+        let create = ops.record(a, OpKind::Create);
+        let delete = ops.record(a, OpKind::Delete);
         assert_eq!(ops.running_for(a).unwrap().id, delete.id, "newest shown");
-        assert!(matches!(
-            ops.admit(a, OpKind::Delete),
-            Err(ApiError::Busy {
-                kind: OpKind::Delete,
-                ..
-            })
-        ));
-        assert!(ops.admit(a, OpKind::Pause).is_err());
         ops.finish(create.id, Err(err("cancelled")));
         assert_eq!(ops.running_for(a).unwrap().id, delete.id);
         ops.finish(delete.id, Ok(json!(null)));
@@ -310,7 +263,7 @@ mod tests {
         let ops = Operations::new(3);
         let ids: Vec<Uuid> = (0..5)
             .map(|_| {
-                let op = ops.admit(Uuid::new_v4(), OpKind::Delete).unwrap();
+                let op = ops.record(Uuid::new_v4(), OpKind::Delete);
                 ops.finish(op.id, Err(err("failed")));
                 op.id
             })
@@ -325,19 +278,17 @@ mod tests {
     }
 
     #[test]
-    fn closed_registry_refuses_admissions() {
+    fn closing_is_remembered() {
         let ops = Operations::new(3);
+        assert!(!ops.is_closed());
         ops.close();
-        assert!(matches!(
-            ops.admit(Uuid::new_v4(), OpKind::Create),
-            Err(ApiError::ShuttingDown)
-        ));
+        assert!(ops.is_closed());
     }
 
     #[tokio::test(start_paused = true)]
     async fn drain_waits_for_the_last_operation_or_the_deadline() {
         let ops = std::sync::Arc::new(Operations::new(3));
-        let op = ops.admit(Uuid::new_v4(), OpKind::Create).unwrap();
+        let op = ops.record(Uuid::new_v4(), OpKind::Create);
         assert!(
             !ops.drain(Instant::now() + Duration::from_secs(1)).await,
             "deadline"
@@ -355,7 +306,7 @@ mod tests {
     #[tokio::test]
     async fn abort_all_cancels_tasks_and_records_failures() {
         let ops = Operations::new(3);
-        let op = ops.admit(Uuid::new_v4(), OpKind::LiveMigrate).unwrap();
+        let op = ops.record(Uuid::new_v4(), OpKind::LiveMigrate);
         let task = tokio::spawn(std::future::pending::<()>());
         ops.attach(op.id, task.abort_handle());
         let aborted = ops.abort_all(&err("shutdown"));

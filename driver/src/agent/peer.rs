@@ -6,7 +6,7 @@
 //!   `POST /v1/peer/instances/{uuid}` on that host's agent, which runs them synchronously
 //!   and answers the state and report, or its error with the instance error's stable code.
 //!   Every failure is typed: the peer's error as [`InstanceError::Remote`] with its code
-//!   (`not-found` as [`InstanceError::NotFound`], which the confirm flow treats as "already
+//!   (`not-found` as [`AdmissionError::NotFound`], which the confirm flow treats as "already
 //!   clean"), a timeout or a connection failure as `Remote` with code `unavailable`, an
 //!   answer that is not the agent's format as `Remote` with code `bad-answer`.
 //! - [`EventForwarder`] forwards external events this agent cannot place to every peer: one
@@ -23,7 +23,7 @@ use serde_json::Value;
 use tracing::{debug, info_span, warn, Instrument};
 use uuid::Uuid;
 use vireo_actors::instance::{
-    error_chain, InstanceError, InstanceReply, InstanceRequest, PeerHost, Peers,
+    error_chain, AdmissionError, InstanceError, InstanceReply, InstanceRequest, PeerHost, Peers,
 };
 
 use super::auth::Token;
@@ -117,7 +117,7 @@ impl HttpPeer {
             // The peer holds nothing of the instance: the same answer as in-process, so the
             // flows that tolerate it (confirm: the source is clean already) do so here too.
             ClientError::Api { code, .. } if code == "not-found" => {
-                InstanceError::NotFound(instance)
+                AdmissionError::NotFound(instance).into()
             }
             ClientError::Api { code, message, .. } => self.remote(&code, message),
             e @ ClientError::Send { .. } => self.remote(CODE_UNAVAILABLE, error_chain(&e)),

@@ -27,10 +27,9 @@ use tokio::time::Instant;
 use tracing::{debug, info, info_span, warn, Instrument};
 use uuid::Uuid;
 use vireo_actors::instance::{
-    BootSource, DestroyArgs, InstanceError, InstanceReply, LiveMigrateArgs, Migration,
-    NetworkRequest, OpReport, RebootKind, ResizeArgs, SpawnArgs,
+    AdmissionError, Admitted, BootSource, DestroyArgs, InstanceReply, InstanceRequest,
+    LiveMigrateArgs, Migration, NetworkRequest, RebootKind, ResizeArgs, SpawnArgs, Ticket,
 };
-use vireo_actors::lifecycle::{accepts, InstanceState, Request};
 use vireo_actors::network::PortRequest as DriverPortRequest;
 use vireo_actors::vif::{NetworkInfo, PortId, Vif};
 use vireo_xml::metadata::Flavor as DriverFlavor;
@@ -48,7 +47,7 @@ use super::ops::Operations;
 use super::paths::PathPolicy;
 use super::peer::{EventForwarder, ForwardAnswer, PeerLink};
 use super::view;
-use crate::compute::ComputeDriver;
+use crate::compute::{ComputeDriver, ComputeOps};
 
 /// The agent's settings, from the config file (see `Settings::from_config` in `agent`).
 #[derive(Debug, Clone)]
@@ -76,89 +75,6 @@ pub struct Settings {
     pub forwarder: EventForwarder,
     /// Bound on one peer request served here.
     pub peer_serve_timeout: Duration,
-}
-
-/// The driver call of one operation, with validated arguments.
-#[derive(Debug)]
-enum Call {
-    Spawn(Box<SpawnArgs>),
-    Destroy(DestroyArgs),
-    PowerOn,
-    PowerOff(Option<Duration>),
-    Reboot(RebootKind),
-    Pause,
-    Unpause,
-    Suspend,
-    Resume,
-    Resize(Box<ResizeArgs>),
-    ConfirmResize,
-    RevertResize,
-    LiveMigrate(Box<LiveMigrateArgs>),
-    Attach(Box<Vif>),
-    Detach(PortId),
-    CleanupForReschedule,
-}
-
-impl Call {
-    async fn run(self, d: &dyn ComputeDriver, uuid: Uuid) -> Result<OpReport, InstanceError> {
-        match self {
-            Call::Spawn(args) => d.spawn(uuid, *args).await,
-            // A destroy that preempted a running operation can reach the instance's actor
-            // just as that operation's rollback removes it (the driver answers
-            // `unavailable`); destroy is idempotent, so ask once more.
-            Call::Destroy(args) => match d.destroy(uuid, args).await {
-                Err(InstanceError::Unavailable) => d.destroy(uuid, args).await,
-                other => other,
-            },
-            Call::PowerOn => d.power_on(uuid).await,
-            Call::PowerOff(timeout) => d.power_off(uuid, timeout).await,
-            Call::Reboot(kind) => d.reboot(uuid, kind).await,
-            Call::Pause => d.pause(uuid).await,
-            Call::Unpause => d.unpause(uuid).await,
-            Call::Suspend => d.suspend(uuid).await,
-            Call::Resume => d.resume(uuid).await,
-            Call::Resize(args) => d.resize(uuid, *args).await,
-            Call::ConfirmResize => d.confirm_resize(uuid).await,
-            Call::RevertResize => d.revert_resize(uuid).await,
-            Call::LiveMigrate(args) => d.live_migrate(uuid, *args).await,
-            Call::Attach(vif) => d.attach_interface(uuid, *vif).await,
-            Call::Detach(port) => d.detach_interface(uuid, port).await,
-            Call::CleanupForReschedule => d.cleanup_for_reschedule(uuid).await,
-        }
-    }
-}
-
-/// The lifecycle request an operation kind is.
-pub fn request_of(kind: OpKind) -> Request {
-    match kind {
-        OpKind::Create => Request::Spawn,
-        OpKind::Delete => Request::Destroy,
-        OpKind::PowerOn => Request::PowerOn,
-        OpKind::PowerOff => Request::PowerOff,
-        OpKind::RebootSoft => Request::RebootSoft,
-        OpKind::RebootHard => Request::RebootHard,
-        OpKind::Pause => Request::Pause,
-        OpKind::Unpause => Request::Unpause,
-        OpKind::Suspend => Request::Suspend,
-        OpKind::Resume => Request::Resume,
-        OpKind::Resize => Request::Resize,
-        OpKind::ConfirmResize => Request::ConfirmResize,
-        OpKind::RevertResize => Request::RevertResize,
-        OpKind::LiveMigrate => Request::LiveMigrate,
-        OpKind::AttachInterface => Request::AttachInterface,
-        OpKind::DetachInterface => Request::DetachInterface,
-        OpKind::CleanupForReschedule => Request::CleanupForReschedule,
-    }
-}
-
-/// Whether the lifecycle allows `kind` in `state` (the driver has the final word; this check
-/// lets the API answer 409 at once instead of failing the operation later).
-pub fn allowed(kind: OpKind, state: InstanceState) -> bool {
-    match kind {
-        // A uuid whose instance is gone may be used again.
-        OpKind::Create => matches!(state, InstanceState::Absent | InstanceState::Gone),
-        k => accepts(state, request_of(k)),
-    }
 }
 
 /// Largest vCPU count accepted in a flavor.
@@ -370,7 +286,7 @@ impl AgentService {
         }
     }
 
-    fn prepare_create(&self, req: CreateInstance) -> Result<(Uuid, Call), ApiError> {
+    fn prepare_create(&self, req: CreateInstance) -> Result<(Uuid, InstanceRequest), ApiError> {
         let uuid = req.uuid.unwrap_or_else(Uuid::new_v4);
         if uuid.is_nil() {
             return Err(ApiError::Invalid(
@@ -421,7 +337,7 @@ impl AgentService {
             network,
             power_on: req.power_on,
         };
-        Ok((uuid, Call::Spawn(Box::new(args))))
+        Ok((uuid, InstanceRequest::Spawn(Box::new(args))))
     }
 
     /// `DELETE /v1/instances/{uuid}`: destroy, and release the networking unless
@@ -432,7 +348,8 @@ impl AgentService {
         deallocate_network: bool,
     ) -> Result<Operation, ApiError> {
         let args = DestroyArgs { deallocate_network };
-        self.start(uuid, OpKind::Delete, Call::Destroy(args)).await
+        self.start(uuid, OpKind::Delete, InstanceRequest::Destroy(args))
+            .await
     }
 
     /// `POST /v1/instances/{uuid}/action`.
@@ -460,32 +377,34 @@ impl AgentService {
         }
     }
 
-    fn prepare_action(&self, action: Action) -> Result<Call, ApiError> {
+    fn prepare_action(&self, action: Action) -> Result<InstanceRequest, ApiError> {
         Ok(match action {
-            Action::PowerOn => Call::PowerOn,
+            Action::PowerOn => InstanceRequest::PowerOn,
             Action::PowerOff { timeout } => {
                 if timeout.is_some_and(|t| t > 3_600) {
                     return Err(ApiError::Invalid("timeout: more than 3600 seconds".into()));
                 }
-                Call::PowerOff(timeout.map(Duration::from_secs))
+                InstanceRequest::PowerOff {
+                    timeout: timeout.map(Duration::from_secs),
+                }
             }
-            Action::RebootSoft => Call::Reboot(RebootKind::Soft),
-            Action::RebootHard => Call::Reboot(RebootKind::Hard),
-            Action::Pause => Call::Pause,
-            Action::Unpause => Call::Unpause,
-            Action::Suspend => Call::Suspend,
-            Action::Resume => Call::Resume,
+            Action::RebootSoft => InstanceRequest::Reboot(RebootKind::Soft),
+            Action::RebootHard => InstanceRequest::Reboot(RebootKind::Hard),
+            Action::Pause => InstanceRequest::Pause,
+            Action::Unpause => InstanceRequest::Unpause,
+            Action::Suspend => InstanceRequest::Suspend,
+            Action::Resume => InstanceRequest::Resume,
             Action::Resize { flavor, dest_host } => {
                 check_flavor(&flavor)?;
                 let dest_host = dest_host.unwrap_or_else(|| self.settings.host.clone());
                 check_host("dest_host", &dest_host)?;
-                Call::Resize(Box::new(ResizeArgs {
+                InstanceRequest::Resize(Box::new(ResizeArgs {
                     migration: self.migration(dest_host),
                     new_flavor: DriverFlavor::from(flavor),
                 }))
             }
-            Action::ConfirmResize => Call::ConfirmResize,
-            Action::RevertResize => Call::RevertResize,
+            Action::ConfirmResize => InstanceRequest::ConfirmResize,
+            Action::RevertResize => InstanceRequest::RevertResize,
             Action::LiveMigrate {
                 dest_host,
                 shared_block_storage,
@@ -497,44 +416,61 @@ impl AgentService {
                         "dest_host: {dest_host:?} is this host"
                     )));
                 }
-                Call::LiveMigrate(Box::new(LiveMigrateArgs {
+                InstanceRequest::LiveMigrate(Box::new(LiveMigrateArgs {
                     migration: self.migration(dest_host),
                     shared_block_storage,
                     shared_instance_path,
                 }))
             }
-            Action::AttachInterface { vif } => Call::Attach(Box::new(
+            Action::AttachInterface { vif } => InstanceRequest::AttachInterface(Box::new(
                 Vif::from_value(0, &vif).map_err(|e| ApiError::Invalid(format!("vif: {e}")))?,
             )),
-            Action::DetachInterface { port_id } => Call::Detach(
+            Action::DetachInterface { port_id } => InstanceRequest::DetachInterface(
                 port_id
                     .parse::<PortId>()
                     .map_err(|e| ApiError::Invalid(format!("port_id: {e}")))?,
             ),
-            Action::CleanupForReschedule => Call::CleanupForReschedule,
+            Action::CleanupForReschedule => InstanceRequest::CleanupForReschedule,
         })
     }
 
-    /// Admit, check against the instance's state, and start the background task.
+    /// Submit to the driver (the instance admits or refuses it: the one admission check),
+    /// record the admitted operation and wait for its ticket in a background task.
     async fn start(
         self: &Arc<Self>,
         uuid: Uuid,
         kind: OpKind,
-        call: Call,
+        request: InstanceRequest,
     ) -> Result<Operation, ApiError> {
-        let op = match self.ops.admit(uuid, kind) {
-            Ok(op) => op,
+        if self.ops.is_closed() {
+            self.rejected(kind);
+            return Err(ApiError::ShuttingDown);
+        }
+        let destroy = matches!(request, InstanceRequest::Destroy(_));
+        let submitted = match self.driver.submit(uuid, request.clone()).await {
+            // A destroy that preempted a running operation can reach the instance's actor
+            // just as that operation's rollback removes it; destroy is idempotent, so ask
+            // once more.
+            Err(AdmissionError::Unavailable) if destroy => self.driver.submit(uuid, request).await,
+            other => other,
+        };
+        let ticket = match submitted {
+            // Deleting what is not here: the API's answer is 404 (the driver's is done).
+            Ok(t) if t.admitted() == Admitted::NothingHere && kind == OpKind::Delete => {
+                Err(ApiError::InstanceNotFound(uuid))
+            }
+            Ok(t) => Ok(t),
+            Err(e) => Err(self.refusal(uuid, kind, e)),
+        };
+        let ticket = match ticket {
+            Ok(t) => t,
             Err(e) => {
                 self.rejected(kind);
+                info!(instance = %uuid, kind = kind.as_str(), code = e.code(), "operation refused");
                 return Err(e);
             }
         };
-        if let Err(e) = self.precheck(uuid, kind, &call).await {
-            self.ops.withdraw(op.id);
-            self.rejected(kind);
-            info!(instance = %uuid, kind = kind.as_str(), code = e.code(), "operation refused");
-            return Err(e);
-        }
+        let op = self.ops.record(uuid, kind);
         if kind == OpKind::Create {
             self.departed.remove(&uuid);
         }
@@ -544,61 +480,43 @@ impl AgentService {
         let started = op.clone();
         let task = self
             .spawner
-            .spawn(async move { svc.run(started, call).await }.instrument(span));
+            .spawn(async move { svc.run(started, ticket).await }.instrument(span));
         self.ops.attach(op.id, task.abort_handle());
         info!(instance = %uuid, op = %op.id, kind = kind.as_str(), "operation accepted");
         Ok(op)
     }
 
-    async fn precheck(&self, uuid: Uuid, kind: OpKind, call: &Call) -> Result<(), ApiError> {
-        match self.driver.show(uuid).await {
-            Ok(v) if kind == OpKind::Create => {
-                if allowed(kind, v.state) {
-                    Ok(())
-                } else {
-                    Err(ApiError::Exists(uuid))
-                }
-            }
-            Ok(v) => {
-                // The driver runs an operation the API did not start (recovery, the other
-                // half of a migration): only a delete may go next to it.
-                if let Some(p) = &v.operation {
-                    if kind != OpKind::Delete {
-                        return Err(ApiError::Driver(InstanceError::Busy {
-                            running: request_named(&p.request),
-                        }));
-                    }
-                }
-                if !allowed(kind, v.state) {
-                    return Err(ApiError::IllegalState {
-                        kind,
-                        state: v.state.as_str().to_owned(),
-                    });
-                }
-                if let Call::Detach(port) = call {
-                    if !v.vifs.iter().any(|f| f.port == *port) {
-                        return Err(ApiError::Invalid(format!(
-                            "port_id: port {port} is not attached to the instance"
-                        )));
-                    }
-                }
-                Ok(())
-            }
-            Err(InstanceError::NotFound(_)) if kind == OpKind::Create => Ok(()),
-            Err(e) => Err(e.into()),
+    /// The API's answer to a refused admission.
+    fn refusal(&self, uuid: Uuid, kind: OpKind, e: AdmissionError) -> ApiError {
+        match e {
+            // Name the API operation that runs, when the API started it.
+            AdmissionError::Busy { .. } => match self.ops.running_for(uuid) {
+                Some(running) => ApiError::Busy {
+                    instance: uuid,
+                    op: running.id,
+                    kind: running.kind,
+                },
+                None => ApiError::Refused(e),
+            },
+            AdmissionError::IllegalState { .. } if kind == OpKind::Create => ApiError::Exists(uuid),
+            AdmissionError::IllegalState { state, .. } => ApiError::IllegalState {
+                kind,
+                state: state.as_str().to_owned(),
+            },
+            AdmissionError::NotFound(_) => ApiError::InstanceNotFound(uuid),
+            AdmissionError::NotAttached { port } => ApiError::Invalid(format!(
+                "port_id: port {port} is not attached to the instance"
+            )),
+            AdmissionError::Unavailable => ApiError::Refused(e),
         }
     }
 
-    async fn run(self: Arc<Self>, op: Operation, call: Call) {
+    async fn run(self: Arc<Self>, op: Operation, ticket: Ticket) {
         let t0 = Instant::now();
         info!(instance = %op.instance, "operation started");
-        let driver = Arc::clone(&self.driver);
         let outcome: Result<Value, ErrorDetail> =
-            match AssertUnwindSafe(call.run(&*driver, op.instance))
-                .catch_unwind()
-                .await
-            {
-                Ok(Ok(report)) => Ok(view::report(&report)),
+            match AssertUnwindSafe(ticket.finished()).catch_unwind().await {
+                Ok(Ok(InstanceReply::Done { report, .. })) => Ok(view::report(&report)),
                 Ok(Err(e)) => Err(view::error(&e)),
                 Err(_) => Err(ErrorDetail {
                     code: "internal".into(),
@@ -679,7 +597,7 @@ impl AgentService {
         let t0 = Instant::now();
         info!(instance = %uuid, request = label, "peer request");
         let bound = self.settings.peer_serve_timeout;
-        let r = tokio::time::timeout(bound, self.driver.peer_request(uuid, req.into())).await;
+        let r = tokio::time::timeout(bound, self.driver.complete(uuid, req.into())).await;
         self.metrics.peer_in_flight.fetch_sub(1, Ordering::Relaxed);
         if ends_link {
             self.linked.remove(&uuid);
@@ -947,14 +865,6 @@ impl AgentService {
     }
 }
 
-/// The lifecycle request with the driver's name for it (`spawn`, ...), for a busy answer.
-fn request_named(name: &str) -> Request {
-    Request::ALL
-        .into_iter()
-        .find(|r| r.as_str() == name)
-        .unwrap_or(Request::Recover)
-}
-
 const CODES: [&str; 4] = ["200", "400", "404", "422"];
 
 fn code_slot(code: u16) -> usize {
@@ -969,29 +879,6 @@ fn code_slot(code: u16) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn lifecycle_precheck_follows_accepts() {
-        use InstanceState as S;
-        assert!(allowed(OpKind::Pause, S::Running));
-        assert!(!allowed(OpKind::Pause, S::Stopped));
-        assert!(allowed(OpKind::PowerOn, S::Stopped));
-        assert!(!allowed(OpKind::PowerOn, S::Running));
-        assert!(allowed(OpKind::Delete, S::Building));
-        assert!(allowed(OpKind::ConfirmResize, S::ResizeTarget));
-        assert!(!allowed(OpKind::ConfirmResize, S::Running));
-        assert!(allowed(OpKind::RevertResize, S::ResizeTarget));
-        assert!(allowed(OpKind::Resize, S::Stopped));
-        assert!(allowed(OpKind::Create, S::Absent));
-        assert!(allowed(OpKind::Create, S::Gone));
-        assert!(!allowed(OpKind::Create, S::Running));
-        for k in OpKind::ALL {
-            if k != OpKind::Delete && k != OpKind::Create {
-                assert!(!allowed(k, S::Gone), "{k:?} on a gone instance");
-            }
-            assert_eq!(request_named(request_of(k).as_str()), request_of(k));
-        }
-    }
 
     #[test]
     fn flavors_and_names_are_checked() {

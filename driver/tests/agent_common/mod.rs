@@ -22,7 +22,7 @@ use tokio::time::Instant;
 use uuid::Uuid;
 use vireo::agent::server::{serve, ServeError};
 use vireo::agent::service::{AgentService, Settings};
-use vireo::compute::{ComputeDriver, LibvirtDriver};
+use vireo::compute::{ComputeDriver, ComputeOps, LibvirtDriver};
 use vireo::config::AgentConfig;
 use vireo_actors::instance::{BootSource, NetworkRequest, SpawnArgs};
 use vireo_actors::vif::NetworkInfo;

@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use uuid::Uuid;
-use vireo::compute::ComputeDriver;
+use vireo::compute::{ComputeDriver, ComputeOps};
 use vireo::local::{LocalCloud, LocalCloudConfig};
 use vireo::network::embedded::{EmbeddedConfig, EmbeddedNetworkDef, Mechanism};
 use vireo_actors::events::{EventConfig, EventStats, WaitPolicy};

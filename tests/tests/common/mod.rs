@@ -164,7 +164,8 @@ use std::time::Instant;
 
 use async_trait::async_trait;
 use vireo::compute::{
-    ComputeDriver, DriverConfig, LibvirtDriver, NetworkConfig, PluggingConfig, SharedNetwork,
+    ComputeDriver, ComputeOps, DriverConfig, LibvirtDriver, NetworkConfig, PluggingConfig,
+    SharedNetwork,
 };
 use vireo::local::test_uri;
 use vireo::network::embedded::EmbeddedNetwork;

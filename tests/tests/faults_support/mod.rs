@@ -13,7 +13,7 @@ use std::fmt;
 use std::time::Duration;
 
 use uuid::Uuid;
-use vireo::compute::ComputeDriver;
+use vireo::compute::{ComputeDriver, ComputeOps};
 use vireo_actors::external::{EventName, EventStatus, ExternalEvent};
 use vireo_actors::instance::{
     DestroyArgs, InstanceError, LiveMigrateArgs, Migration, OpReport, RebootKind, ResizeArgs,
