@@ -122,7 +122,7 @@ async fn an_operation_stuck_in_libvirt_is_aborted_at_the_deadline() {
     assert_eq!(m.ops_in_flight.load(Ordering::Relaxed), 0);
     // The registry is closed: nothing new is admitted.
     assert!(matches!(
-        agent.svc.action(a, Action::PowerOn).await,
+        agent.svc.action(a, Action::PowerOn {}).await,
         Err(ApiError::ShuttingDown)
     ));
     assert!(refused(&agent).await);

@@ -1165,7 +1165,7 @@ async fn two_host_resize_revert(run: &Run, b: &HostBAgent) -> R {
         .remote_ok(
             "revert on B",
             id,
-            api_op(&b.client, &bname, id, Action::RevertResize),
+            api_op(&b.client, &bname, id, Action::RevertResize {}),
         )
         .await;
     assert!(

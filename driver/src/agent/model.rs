@@ -133,49 +133,52 @@ fn yes() -> bool {
 }
 
 /// `POST /v1/instances/{uuid}/action`: `{"action": "<name>", ...arguments}`. An argument the
-/// action does not take is refused (also for the actions without arguments).
+/// action does not take is refused, also for the actions without arguments: every variant is
+/// a struct (`PowerOn {}`), since serde ignores extra fields on unit variants.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "action", rename_all = "kebab-case", from = "ActionWire")]
+#[serde(tag = "action", rename_all = "kebab-case", deny_unknown_fields)]
 pub enum Action {
     /// Start a stopped instance.
-    PowerOn,
+    PowerOn {},
     /// Shut down gracefully within `timeout` seconds (default: the configured one), then hard.
     PowerOff {
         /// Seconds the guest gets.
-        #[serde(skip_serializing_if = "Option::is_none")]
+        #[serde(default, skip_serializing_if = "Option::is_none")]
         timeout: Option<u64>,
     },
     /// Guest-cooperative reboot.
-    RebootSoft,
+    RebootSoft {},
     /// Re-create the domain.
-    RebootHard,
+    RebootHard {},
     /// Pause the vCPUs.
-    Pause,
+    Pause {},
     /// Resume the vCPUs.
-    Unpause,
+    Unpause {},
     /// Save to disk.
-    Suspend,
+    Suspend {},
     /// Restore from disk.
-    Resume,
+    Resume {},
     /// Resize to a new flavor (to `dest_host`, default this host).
     Resize {
         /// The new size.
         flavor: Flavor,
         /// Destination host; default this host.
-        #[serde(skip_serializing_if = "Option::is_none")]
+        #[serde(default, skip_serializing_if = "Option::is_none")]
         dest_host: Option<String>,
     },
     /// Confirm a resize.
-    ConfirmResize,
+    ConfirmResize {},
     /// Revert a resize.
-    RevertResize,
+    RevertResize {},
     /// Live-migrate to another host.
     LiveMigrate {
         /// Destination host name.
         dest_host: String,
         /// Disks are on shared block storage.
+        #[serde(default)]
         shared_block_storage: bool,
         /// The instance directory is shared between the hosts.
+        #[serde(default)]
         shared_instance_path: bool,
     },
     /// Attach an interface: one network_info entry.
@@ -189,97 +192,28 @@ pub enum Action {
         port_id: String,
     },
     /// Remove a failed build's remains and release its networking.
-    CleanupForReschedule,
-}
-
-/// [`Action`] as read: every variant a struct, so that `deny_unknown_fields` also refuses
-/// arguments given to an action that takes none (serde ignores them on unit variants).
-#[derive(Debug, Deserialize)]
-#[serde(tag = "action", rename_all = "kebab-case", deny_unknown_fields)]
-enum ActionWire {
-    PowerOn {},
-    PowerOff {
-        #[serde(default)]
-        timeout: Option<u64>,
-    },
-    RebootSoft {},
-    RebootHard {},
-    Pause {},
-    Unpause {},
-    Suspend {},
-    Resume {},
-    Resize {
-        flavor: Flavor,
-        #[serde(default)]
-        dest_host: Option<String>,
-    },
-    ConfirmResize {},
-    RevertResize {},
-    LiveMigrate {
-        dest_host: String,
-        #[serde(default)]
-        shared_block_storage: bool,
-        #[serde(default)]
-        shared_instance_path: bool,
-    },
-    AttachInterface {
-        vif: Value,
-    },
-    DetachInterface {
-        port_id: String,
-    },
     CleanupForReschedule {},
-}
-
-impl From<ActionWire> for Action {
-    fn from(w: ActionWire) -> Action {
-        match w {
-            ActionWire::PowerOn {} => Action::PowerOn,
-            ActionWire::PowerOff { timeout } => Action::PowerOff { timeout },
-            ActionWire::RebootSoft {} => Action::RebootSoft,
-            ActionWire::RebootHard {} => Action::RebootHard,
-            ActionWire::Pause {} => Action::Pause,
-            ActionWire::Unpause {} => Action::Unpause,
-            ActionWire::Suspend {} => Action::Suspend,
-            ActionWire::Resume {} => Action::Resume,
-            ActionWire::Resize { flavor, dest_host } => Action::Resize { flavor, dest_host },
-            ActionWire::ConfirmResize {} => Action::ConfirmResize,
-            ActionWire::RevertResize {} => Action::RevertResize,
-            ActionWire::LiveMigrate {
-                dest_host,
-                shared_block_storage,
-                shared_instance_path,
-            } => Action::LiveMigrate {
-                dest_host,
-                shared_block_storage,
-                shared_instance_path,
-            },
-            ActionWire::AttachInterface { vif } => Action::AttachInterface { vif },
-            ActionWire::DetachInterface { port_id } => Action::DetachInterface { port_id },
-            ActionWire::CleanupForReschedule {} => Action::CleanupForReschedule,
-        }
-    }
 }
 
 impl Action {
     /// The operation kind (also the metric label).
     pub fn kind(&self) -> OpKind {
         match self {
-            Action::PowerOn => OpKind::PowerOn,
+            Action::PowerOn {} => OpKind::PowerOn,
             Action::PowerOff { .. } => OpKind::PowerOff,
-            Action::RebootSoft => OpKind::RebootSoft,
-            Action::RebootHard => OpKind::RebootHard,
-            Action::Pause => OpKind::Pause,
-            Action::Unpause => OpKind::Unpause,
-            Action::Suspend => OpKind::Suspend,
-            Action::Resume => OpKind::Resume,
+            Action::RebootSoft {} => OpKind::RebootSoft,
+            Action::RebootHard {} => OpKind::RebootHard,
+            Action::Pause {} => OpKind::Pause,
+            Action::Unpause {} => OpKind::Unpause,
+            Action::Suspend {} => OpKind::Suspend,
+            Action::Resume {} => OpKind::Resume,
             Action::Resize { .. } => OpKind::Resize,
-            Action::ConfirmResize => OpKind::ConfirmResize,
-            Action::RevertResize => OpKind::RevertResize,
+            Action::ConfirmResize {} => OpKind::ConfirmResize,
+            Action::RevertResize {} => OpKind::RevertResize,
             Action::LiveMigrate { .. } => OpKind::LiveMigrate,
             Action::AttachInterface { .. } => OpKind::AttachInterface,
             Action::DetachInterface { .. } => OpKind::DetachInterface,
-            Action::CleanupForReschedule => OpKind::CleanupForReschedule,
+            Action::CleanupForReschedule {} => OpKind::CleanupForReschedule,
         }
     }
 }

@@ -379,7 +379,7 @@ impl AgentService {
 
     fn prepare_action(&self, action: Action) -> Result<InstanceRequest, ApiError> {
         Ok(match action {
-            Action::PowerOn => InstanceRequest::PowerOn,
+            Action::PowerOn {} => InstanceRequest::PowerOn,
             Action::PowerOff { timeout } => {
                 if timeout.is_some_and(|t| t > 3_600) {
                     return Err(ApiError::Invalid("timeout: more than 3600 seconds".into()));
@@ -388,12 +388,12 @@ impl AgentService {
                     timeout: timeout.map(Duration::from_secs),
                 }
             }
-            Action::RebootSoft => InstanceRequest::Reboot(RebootKind::Soft),
-            Action::RebootHard => InstanceRequest::Reboot(RebootKind::Hard),
-            Action::Pause => InstanceRequest::Pause,
-            Action::Unpause => InstanceRequest::Unpause,
-            Action::Suspend => InstanceRequest::Suspend,
-            Action::Resume => InstanceRequest::Resume,
+            Action::RebootSoft {} => InstanceRequest::Reboot(RebootKind::Soft),
+            Action::RebootHard {} => InstanceRequest::Reboot(RebootKind::Hard),
+            Action::Pause {} => InstanceRequest::Pause,
+            Action::Unpause {} => InstanceRequest::Unpause,
+            Action::Suspend {} => InstanceRequest::Suspend,
+            Action::Resume {} => InstanceRequest::Resume,
             Action::Resize { flavor, dest_host } => {
                 check_flavor(&flavor)?;
                 let dest_host = dest_host.unwrap_or_else(|| self.settings.host.clone());
@@ -403,8 +403,8 @@ impl AgentService {
                     new_flavor: DriverFlavor::from(flavor),
                 }))
             }
-            Action::ConfirmResize => InstanceRequest::ConfirmResize,
-            Action::RevertResize => InstanceRequest::RevertResize,
+            Action::ConfirmResize {} => InstanceRequest::ConfirmResize,
+            Action::RevertResize {} => InstanceRequest::RevertResize,
             Action::LiveMigrate {
                 dest_host,
                 shared_block_storage,
@@ -430,7 +430,7 @@ impl AgentService {
                     .parse::<PortId>()
                     .map_err(|e| ApiError::Invalid(format!("port_id: {e}")))?,
             ),
-            Action::CleanupForReschedule => InstanceRequest::CleanupForReschedule,
+            Action::CleanupForReschedule {} => InstanceRequest::CleanupForReschedule,
         })
     }
 

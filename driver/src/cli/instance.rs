@@ -505,7 +505,7 @@ mod tests {
         let mut stdin: &[u8] = b"";
         assert_eq!(
             build_action(&args("pause"), &mut stdin).unwrap(),
-            Action::Pause
+            Action::Pause {}
         );
         assert!(matches!(
             build_action(&args("explode"), &mut stdin),
