@@ -287,7 +287,9 @@ fn main() {
     rt.block_on(vireo_run(4));
     plain_run(4, 4);
     let mut ratios = Vec::new();
-    for round in 0..3 {
+    // Five rounds, vireo and the plain loop alternating, so that drift in the machine's speed
+    // hits both alike; the median is the figure.
+    for round in 0..5 {
         let v = rt.block_on(vireo_run(n));
         let p = plain_run(n, 4);
         let vireo_rate = n as f64 / v.as_secs_f64();
@@ -303,8 +305,9 @@ fn main() {
     }
     ratios.sort_by(|a, b| a.total_cmp(b));
     println!(
-        "median vireo/plain throughput ratio: {:.2} (target >= 0.80)",
-        ratios[1]
+        "median vireo/plain throughput ratio over {} rounds: {:.2} (target >= 0.90)",
+        ratios.len(),
+        ratios[ratios.len() / 2]
     );
     let (per, size) = rt.block_on(idle_actor_memory(10_000));
     println!(
