@@ -16,7 +16,7 @@ use crate::instance::op::OpCtx;
 use crate::instance::record::InstanceRecord;
 use crate::instance::types::InstanceError;
 
-use super::{policy, predicted, refresh_active, Finished};
+use super::{policy, predicted, refresh_active, with_rollback, Finished};
 
 /// Hot-plug a port: expect its events, plug, attach the device, await.
 pub(crate) async fn attach_interface(
@@ -42,7 +42,8 @@ pub(crate) async fn attach_interface(
     vif.index = record.network_info.vifs.len();
     let mut with = record.clone();
     with.network_info.vifs.push(vif.clone());
-    let mut attached = false;
+    // Set once the device exists (the rollback detaches it then): read by the rollback.
+    let attached = std::cell::Cell::new(false);
     let in_flight = op.in_flight(
         "plug",
         InFlight::AttachInterface(InterfaceStep {
@@ -50,92 +51,95 @@ pub(crate) async fn attach_interface(
             index: vif.index,
         }),
     );
-    let r = async {
-        let mut single = NetworkInfo {
-            vifs: vec![vif.clone()],
-        };
-        refresh_active(op, &mut single).await?;
-        let prediction = predicted(op, &Operation::AttachInterface, &single.vifs)?;
-        let live = from != InstanceState::Stopped;
-        let pol = policy(op);
-        let bind = op
-            .expect(Timing::BindTime, prediction.bind_time_events(), pol)
-            .await?;
-        let plug = op
-            .expect(Timing::PlugTime, prediction.plug_time_events(), pol)
-            .await?;
-        // The interface is marked in flight before anything of it exists: an agent that
-        // dies before the attach finished has recovery take it away again.
-        op.save(&record, Some(in_flight.clone())).await?;
-        op.phase("plug");
-        op.plug(&with, &vif).await?;
-        op.phase("attach");
-        let dev = op.device(&vif, op.form(&vif))?;
-        let xml = dev.to_xml().map_err(|e| InstanceError::Record(e.into()))?;
-        let lv = op.deps.libvirt.clone();
-        let affect = if live {
-            crate::libvirt::Affect::LiveAndConfig
-        } else {
-            crate::libvirt::Affect::Config
-        };
-        match op
-            .lv(
-                "attach device",
-                lv.attach_device(op.uuid, xml.clone(), affect),
-            )
-            .await
-        {
-            Ok(()) => {}
-            Err(e) if persistent_change_unsupported(&e) => {
-                // A driver that changes only live devices (libvirt's test driver): the live
-                // device through the API, the definition rewritten from the record.
-                if live {
-                    op.lv(
-                        "attach device (live)",
-                        lv.attach_device(op.uuid, xml, crate::libvirt::Affect::Live),
-                    )
-                    .await?;
+    let done = with_rollback(
+        op,
+        async |op| {
+            let mut single = NetworkInfo {
+                vifs: vec![vif.clone()],
+            };
+            refresh_active(op, &mut single).await?;
+            let prediction = predicted(op, &Operation::AttachInterface, &single.vifs)?;
+            let live = from != InstanceState::Stopped;
+            let pol = policy(op);
+            let bind = op
+                .expect(Timing::BindTime, prediction.bind_time_events(), pol)
+                .await?;
+            let plug = op
+                .expect(Timing::PlugTime, prediction.plug_time_events(), pol)
+                .await?;
+            // The interface is marked in flight before anything of it exists: an agent that
+            // dies before the attach finished has recovery take it away again.
+            op.save(&record, Some(in_flight.clone())).await?;
+            op.phase("plug");
+            op.plug(&with, &vif).await?;
+            op.phase("attach");
+            let dev = op.device(&vif, op.form(&vif))?;
+            let xml = dev.to_xml().map_err(|e| InstanceError::Record(e.into()))?;
+            let lv = op.deps.libvirt.clone();
+            let affect = if live {
+                crate::libvirt::Affect::LiveAndConfig
+            } else {
+                crate::libvirt::Affect::Config
+            };
+            match op
+                .lv(
+                    "attach device",
+                    lv.attach_device(op.uuid, xml.clone(), affect),
+                )
+                .await
+            {
+                Ok(()) => {}
+                Err(e) if persistent_change_unsupported(&e) => {
+                    // A driver that changes only live devices (libvirt's test driver): the live
+                    // device through the API, the definition rewritten from the record.
+                    if live {
+                        op.lv(
+                            "attach device (live)",
+                            lv.attach_device(op.uuid, xml, crate::libvirt::Affect::Live),
+                        )
+                        .await?;
+                    }
+                    attached.set(true);
+                    op.define(&with, Some(in_flight.clone())).await?;
                 }
-                attached = true;
-                op.define(&with, Some(in_flight.clone())).await?;
+                Err(e) => return Err(e),
             }
-            Err(e) => return Err(e),
-        }
-        attached = true;
-        if live {
-            op.deps.plugger.devices_attached(&[vif.id]).await;
-        }
-        if live {
-            op.phase("wait for events");
-            op.wait(bind).await?;
-            op.wait(plug).await?;
-        } else {
-            // A stopped guest's devices are not wired until it starts: nothing will come.
-            op.cancel_waits().await;
-        }
-        op.save(&with, None).await
-    }
-    .await;
-    match r {
-        Ok(()) => Finished::ok(from, Some(with)),
-        Err(e) => {
-            op.cancel_waits().await;
-            if attached {
+            attached.set(true);
+            if live {
+                op.deps.plugger.devices_attached(&[vif.id]).await;
+            }
+            if live {
+                op.phase("wait for events");
+                op.wait(bind).await?;
+                op.wait(plug).await?;
+            } else {
+                // A stopped guest's devices are not wired until it starts: nothing will come.
+                op.cancel_waits().await;
+            }
+            op.save(&with, None).await
+        },
+        async |op, e| {
+            if attached.get() {
                 let _ = detach(op, &vif, from != InstanceState::Stopped, &record, None).await;
             }
             let form = op.form(&vif);
             let _ = op.unplug_as(&with, &vif, form).await;
             // Nothing of the interface is left: neither is its in-flight mark.
             let _ = op.save(&record, None).await;
-            Finished::err(
+            // Always rolled back: what the rollback could not remove is logged by its steps.
+            Finished::rolled_back(
+                Request::AttachInterface,
                 from,
-                Some(record),
-                InstanceError::RolledBack {
-                    request: Request::AttachInterface,
-                    cause: Box::new(e),
-                },
+                Some(record.clone()),
+                e,
+                Ok(()),
             )
-        }
+        },
+    )
+    .await;
+    match done {
+        Ok(()) => Finished::ok(from, Some(with)),
+        Err(rolled_back) => rolled_back,
     }
 }
 
@@ -235,6 +239,8 @@ pub(crate) async fn detach_interface(
             index: vif.index,
         }),
     );
+    // No event waits and no rollback (a failed detach leaves the interface attached and the
+    // marker for recovery to finish it): a plain match, not [`with_rollback`].
     let r = async {
         op.save(&record, Some(in_flight.clone())).await?;
         op.phase("detach");

@@ -24,7 +24,9 @@ use crate::instance::types::{
     Handover, InstanceError, InstanceRequest, LiveMigrateArgs, Migration, PowerState,
 };
 
-use super::{handover, policy, predicted, record_from_handover, settle_state, Finished};
+use super::{
+    handover, policy, predicted, record_from_handover, settle_state, with_rollback, Finished,
+};
 
 /// Source side of a live migration: inactive bindings for the destination, `migrating_to`
 /// (its rebind events consumed by a wait of their own), the destination pre-wired, the
@@ -56,63 +58,96 @@ pub(crate) async fn live_migrate(
             migration: migration.clone(),
         }),
     );
-    let migrated = async {
-        op.save(&record, Some(in_flight)).await?;
-        let peer = op.deps.peers.get(&dest)?;
-        let uri = peer.migration_uri().ok_or_else(|| {
-            InstanceError::Invalid(format!("host {dest} takes no live migrations"))
-        })?;
-        op.phase("destination bindings");
-        let net = op.deps.network.clone();
-        for vif in &record.network_info.vifs {
-            let binding = NewBinding {
-                host: dest.clone(),
-                vnic_type: Some(vif.vnic_type),
-                profile: None,
-            };
-            match op
-                .net("create binding", net.create_binding(vif.id, &binding))
-                .await
-            {
-                Ok(_) => {}
-                Err(InstanceError::Network {
-                    source: NetworkError::BindingExists { .. },
-                    ..
-                }) => {}
-                Err(e) => return Err(e),
+    let migrated = with_rollback(
+        op,
+        async |op| {
+            op.save(&record, Some(in_flight)).await?;
+            let peer = op.deps.peers.get(&dest)?;
+            let uri = peer.migration_uri().ok_or_else(|| {
+                InstanceError::Invalid(format!("host {dest} takes no live migrations"))
+            })?;
+            op.phase("destination bindings");
+            let net = op.deps.network.clone();
+            for vif in &record.network_info.vifs {
+                let binding = NewBinding {
+                    host: dest.clone(),
+                    vnic_type: Some(vif.vnic_type),
+                    profile: None,
+                };
+                match op
+                    .net("create binding", net.create_binding(vif.id, &binding))
+                    .await
+                {
+                    Ok(_) => {}
+                    Err(InstanceError::Network {
+                        source: NetworkError::BindingExists { .. },
+                        ..
+                    }) => {}
+                    Err(e) => return Err(e),
+                }
             }
-        }
-        if op.deps.config.set_migrating_to {
-            op.phase("set migrating_to");
-            update_profiles(op, &record, Some(&dest)).await?;
-        }
-        op.phase("pre-wire the destination");
-        op.peer(
-            &dest,
-            "pre-live-migration",
-            InstanceRequest::PreLiveMigration {
-                migration: migration.clone(),
-                handover: Box::new(h.clone()),
-            },
-        )
-        .await?;
-        op.phase("migrate");
-        let lv = op.deps.libvirt.clone();
-        let flags = virt::sys::VIR_MIGRATE_LIVE
-            | virt::sys::VIR_MIGRATE_PERSIST_DEST
-            | virt::sys::VIR_MIGRATE_UNDEFINE_SOURCE;
-        op.lv(
-            "migrate",
-            lv.migrate(
-                op.uuid,
-                uri,
-                flags,
-                crate::libvirt::MigrateParameters::default(),
-            ),
-        )
-        .await?;
-        Ok::<_, InstanceError>(())
-    }
+            if op.deps.config.set_migrating_to {
+                op.phase("set migrating_to");
+                update_profiles(op, &record, Some(&dest)).await?;
+            }
+            op.phase("pre-wire the destination");
+            op.peer(
+                &dest,
+                "pre-live-migration",
+                InstanceRequest::PreLiveMigration {
+                    migration: migration.clone(),
+                    handover: Box::new(h.clone()),
+                },
+            )
+            .await?;
+            op.phase("migrate");
+            let lv = op.deps.libvirt.clone();
+            let flags = virt::sys::VIR_MIGRATE_LIVE
+                | virt::sys::VIR_MIGRATE_PERSIST_DEST
+                | virt::sys::VIR_MIGRATE_UNDEFINE_SOURCE;
+            op.lv(
+                "migrate",
+                lv.migrate(
+                    op.uuid,
+                    uri,
+                    flags,
+                    crate::libvirt::MigrateParameters::default(),
+                ),
+            )
+            .await?;
+            Ok::<_, InstanceError>(())
+        },
+        async |op, cause| {
+            // Logged once the operation's waits are cancelled (before, in the copy this
+            // replaced): the order of a log line only.
+            warn!(instance = %op.uuid, error = %cause, "live migration failed; rolling back");
+            let (do_cleanup, destroy_disks) = args.cleanup_flags();
+            let rollback = rollback_live_migration(
+                op,
+                &record,
+                &migration,
+                h.clone(),
+                do_cleanup,
+                destroy_disks,
+                std::time::Duration::ZERO,
+            )
+            .await;
+            let state = settle_state(op, from).await;
+            let state = if matches!(state, InstanceState::Running | InstanceState::Paused) {
+                state
+            } else {
+                InstanceState::Error
+            };
+            let _ = op.save(&record, None).await;
+            Finished::rolled_back(
+                Request::LiveMigrate,
+                state,
+                Some(record.clone()),
+                cause,
+                rollback,
+            )
+        },
+    )
     .await;
     match migrated {
         Ok(()) => {
@@ -143,47 +178,7 @@ pub(crate) async fn live_migrate(
                 Err(e) => Finished::err(InstanceState::Gone, None, e),
             }
         }
-        Err(cause) => {
-            warn!(instance = %op.uuid, error = %cause, "live migration failed; rolling back");
-            op.cancel_waits().await;
-            let (do_cleanup, destroy_disks) = args.cleanup_flags();
-            let rollback = rollback_live_migration(
-                op,
-                &record,
-                &migration,
-                h,
-                do_cleanup,
-                destroy_disks,
-                std::time::Duration::ZERO,
-            )
-            .await;
-            let state = settle_state(op, from).await;
-            let state = if matches!(state, InstanceState::Running | InstanceState::Paused) {
-                state
-            } else {
-                InstanceState::Error
-            };
-            let _ = op.save(&record, None).await;
-            match rollback {
-                Ok(()) => Finished::err(
-                    state,
-                    Some(record),
-                    InstanceError::RolledBack {
-                        request: Request::LiveMigrate,
-                        cause: Box::new(cause),
-                    },
-                ),
-                Err(e) => Finished::err(
-                    InstanceState::Error,
-                    Some(record),
-                    InstanceError::RollbackFailed {
-                        request: Request::LiveMigrate,
-                        rollback: e,
-                        cause: Box::new(cause),
-                    },
-                ),
-            }
-        }
+        Err(rolled_back) => rolled_back,
     }
 }
 
@@ -349,63 +344,66 @@ pub(crate) async fn post_live_migration(
     record: InstanceRecord,
     source: String,
 ) -> Finished {
-    let r = async {
-        let prediction = predicted(
-            op,
-            &Operation::PostLiveMigration {
-                source,
-                dest: op.deps.host.clone(),
-            },
-            &record.network_info.vifs,
-        )?;
-        let pol = policy(op);
-        let bind = op
-            .expect(Timing::BindTime, prediction.bind_time_events(), pol)
-            .await?;
-        let plug = op
-            .expect(Timing::PlugTime, prediction.plug_time_events(), pol)
-            .await?;
-        op.phase("activate bindings");
-        let net = op.deps.network.clone();
-        let host = op.deps.host.clone();
-        for vif in &record.network_info.vifs {
-            match op
-                .net("activate binding", net.activate_binding(vif.id, &host))
-                .await
-            {
-                Ok(_) => {}
-                Err(InstanceError::Network {
-                    source: NetworkError::BindingAlreadyActive { .. },
-                    ..
-                }) => {}
-                Err(e) => return Err(e),
+    let done = with_rollback(
+        op,
+        async |op| {
+            let prediction = predicted(
+                op,
+                &Operation::PostLiveMigration {
+                    source,
+                    dest: op.deps.host.clone(),
+                },
+                &record.network_info.vifs,
+            )?;
+            let pol = policy(op);
+            let bind = op
+                .expect(Timing::BindTime, prediction.bind_time_events(), pol)
+                .await?;
+            let plug = op
+                .expect(Timing::PlugTime, prediction.plug_time_events(), pol)
+                .await?;
+            op.phase("activate bindings");
+            let net = op.deps.network.clone();
+            let host = op.deps.host.clone();
+            for vif in &record.network_info.vifs {
+                match op
+                    .net("activate binding", net.activate_binding(vif.id, &host))
+                    .await
+                {
+                    Ok(_) => {}
+                    Err(InstanceError::Network {
+                        source: NetworkError::BindingAlreadyActive { .. },
+                        ..
+                    }) => {}
+                    Err(e) => return Err(e),
+                }
             }
-        }
-        op.phase("wait for events");
-        op.wait(bind).await?;
-        op.wait(plug).await?;
-        let state = match op.power().await? {
-            PowerState::Paused => InstanceState::Paused,
-            _ => InstanceState::Running,
-        };
-        let mut done = record.clone();
-        done.state = state;
-        op.save(&done, None).await?;
-        Ok::<_, InstanceError>(state)
-    }
-    .await;
-    match r {
-        Ok(state) => Finished::ok(state, Some(record)),
-        Err(e) => {
-            op.cancel_waits().await;
+            op.phase("wait for events");
+            op.wait(bind).await?;
+            op.wait(plug).await?;
+            let state = match op.power().await? {
+                PowerState::Paused => InstanceState::Paused,
+                _ => InstanceState::Running,
+            };
+            let mut done = record.clone();
+            done.state = state;
+            op.save(&done, None).await?;
+            Ok::<_, InstanceError>(state)
+        },
+        async |op, e| {
             let state = settle_state(op, InstanceState::Error).await;
             let state = if state == InstanceState::Error || !state.has_domain() {
                 InstanceState::Error
             } else {
                 state
             };
-            Finished::err(state, Some(record), e)
-        }
+            Finished::err(state, Some(record.clone()), e)
+        },
+    )
+    .await;
+    match done {
+        Ok(state) => Finished::ok(state, Some(record)),
+        Err(rolled_back) => rolled_back,
     }
 }
 

@@ -30,7 +30,7 @@ mod resize;
 mod spawn;
 
 use crate::events::WaitPolicy;
-use crate::lifecycle::InstanceState;
+use crate::lifecycle::{InstanceState, Request};
 use crate::network::PortStatus;
 use crate::predict::{predict, Operation, Prediction, Timing};
 use crate::vif::{NetworkInfo, Vif};
@@ -75,6 +75,58 @@ impl Finished {
                 r
             }),
             result: Err(e),
+        }
+    }
+}
+
+impl Finished {
+    /// A failure an operation rolled back from: [`InstanceError::RolledBack`] in `state`
+    /// when the rollback did all it had to, [`InstanceError::RollbackFailed`] (with what it
+    /// could not undo) in `error` otherwise. The record is the one the rollback left.
+    fn rolled_back(
+        request: Request,
+        state: InstanceState,
+        record: Option<InstanceRecord>,
+        cause: InstanceError,
+        rollback: Result<(), String>,
+    ) -> Self {
+        match rollback {
+            Ok(()) => Finished::err(
+                state,
+                record,
+                InstanceError::RolledBack {
+                    request,
+                    cause: Box::new(cause),
+                },
+            ),
+            Err(rollback) => Finished::err(
+                InstanceState::Error,
+                record,
+                InstanceError::RollbackFailed {
+                    request,
+                    rollback,
+                    cause: Box::new(cause),
+                },
+            ),
+        }
+    }
+}
+
+/// Run an operation's steps; when one fails, end the operation's event waits (none it
+/// registered outlives it: a late event is not taken for a later operation's) and run its
+/// rollback with the failure. `Ok`: what the steps returned; `Err`: where the rollback left
+/// the instance. The shared shape of every operation that registers event waits; those
+/// that register none keep a plain `match` (no waits to end).
+async fn with_rollback<T>(
+    op: &mut OpCtx,
+    steps: impl AsyncFnOnce(&mut OpCtx) -> Result<T, InstanceError>,
+    rollback: impl AsyncFnOnce(&mut OpCtx, InstanceError) -> Finished,
+) -> Result<T, Finished> {
+    match steps(op).await {
+        Ok(done) => Ok(done),
+        Err(cause) => {
+            op.cancel_waits().await;
+            Err(rollback(op, cause).await)
         }
     }
 }
@@ -124,7 +176,8 @@ async fn settle_state(op: &mut OpCtx, fallback: InstanceState) -> InstanceState 
 }
 
 /// Start the guest with the devices wired and the predicted events awaited: the common tail
-/// of power on, hard reboot and resume. `operation` picks the prediction.
+/// of power on, hard reboot, resume and the same-host resize and revert. `operation` picks
+/// the prediction.
 async fn boot_with_events(
     op: &mut OpCtx,
     record: &InstanceRecord,
@@ -132,6 +185,18 @@ async fn boot_with_events(
     run: bool,
 ) -> Result<(), InstanceError> {
     let prediction = predicted(op, &operation, &record.network_info.vifs)?;
+    boot_predicted(op, record, &prediction, run).await
+}
+
+/// [`boot_with_events`] with the prediction made already: spawn predicts before it defines
+/// the domain (a VIF the model refuses fails the build before anything exists), then boots.
+/// Register the waits, plug, start paused, await, then resume (`run`) or stop again.
+async fn boot_predicted(
+    op: &mut OpCtx,
+    record: &InstanceRecord,
+    prediction: &Prediction,
+    run: bool,
+) -> Result<(), InstanceError> {
     let pol = policy(op);
     let bind = op
         .expect(Timing::BindTime, prediction.bind_time_events(), pol)

@@ -17,7 +17,7 @@ use crate::instance::op::OpCtx;
 use crate::instance::record::InstanceRecord;
 use crate::instance::types::InstanceError;
 
-use super::{boot_with_events, settle_state, Finished};
+use super::{boot_with_events, settle_state, with_rollback, Finished};
 
 /// Graceful shutdown, then hard. Devices stay plugged.
 pub(crate) async fn power_off(
@@ -28,6 +28,8 @@ pub(crate) async fn power_off(
 ) -> Finished {
     op.phase("shutdown");
     let timeout = timeout.unwrap_or(op.deps.config.power_off_timeout);
+    // No event waits: nothing to cancel, and no rollback (the state is read back), so not
+    // [`with_rollback`].
     let r = async {
         if from == InstanceState::Suspended {
             // A managed-save image would resume the guest on the next start: drop it.
@@ -60,19 +62,17 @@ pub(crate) async fn power_on(
     record: InstanceRecord,
     from: InstanceState,
 ) -> Finished {
-    let r = async {
-        let in_flight = op.in_flight("start", InFlight::PowerOn);
-        op.save(&record, Some(in_flight)).await?;
-        boot_with_events(op, &record, Operation::PowerOn, true).await?;
-        let mut done = record.clone();
-        done.state = InstanceState::Running;
-        op.save(&done, None).await
-    }
-    .await;
-    match r {
-        Ok(()) => Finished::ok(InstanceState::Running, Some(record)),
-        Err(e) => {
-            op.cancel_waits().await;
+    let done = with_rollback(
+        op,
+        async |op| {
+            let in_flight = op.in_flight("start", InFlight::PowerOn);
+            op.save(&record, Some(in_flight)).await?;
+            boot_with_events(op, &record, Operation::PowerOn, true).await?;
+            let mut done = record.clone();
+            done.state = InstanceState::Running;
+            op.save(&done, None).await
+        },
+        async |op, cause| {
             let _ = op.destroy_domain().await;
             let _ = op.save(&record, None).await;
             let state = if from == InstanceState::Error {
@@ -80,41 +80,43 @@ pub(crate) async fn power_on(
             } else {
                 InstanceState::Stopped
             };
-            Finished::err(
-                state,
-                Some(record),
-                InstanceError::RolledBack {
-                    request: op.request,
-                    cause: Box::new(e),
-                },
-            )
-        }
+            // Always rolled back: what the rollback could not do is left for the next start.
+            Finished::rolled_back(op.request, state, Some(record.clone()), cause, Ok(()))
+        },
+    )
+    .await;
+    match done {
+        Ok(()) => Finished::ok(InstanceState::Running, Some(record)),
+        Err(rolled_back) => rolled_back,
     }
 }
 
 /// Destroy and recreate the domain; wait only for the events the model predicts.
 pub(crate) async fn reboot_hard(op: &mut OpCtx, record: InstanceRecord) -> Finished {
-    let r = async {
-        let in_flight = op.in_flight("reboot", InFlight::reboot(op.request));
-        op.save(&record, Some(in_flight)).await?;
-        op.phase("destroy");
-        op.destroy_domain().await?;
-        boot_with_events(op, &record, Operation::HardReboot, true).await?;
-        let mut done = record.clone();
-        done.state = InstanceState::Running;
-        op.save(&done, None).await
-    }
-    .await;
-    match r {
-        Ok(()) => Finished::ok(InstanceState::Running, Some(record)),
-        Err(e) => {
-            op.cancel_waits().await;
+    let done = with_rollback(
+        op,
+        async |op| {
+            let in_flight = op.in_flight("reboot", InFlight::reboot(op.request));
+            op.save(&record, Some(in_flight)).await?;
+            op.phase("destroy");
+            op.destroy_domain().await?;
+            boot_with_events(op, &record, Operation::HardReboot, true).await?;
+            let mut done = record.clone();
+            done.state = InstanceState::Running;
+            op.save(&done, None).await
+        },
+        async |op, cause| {
             // The guest was down already; leave it down, devices plugged, recoverable by
             // another hard reboot or power on.
             let _ = op.destroy_domain().await;
             let _ = op.save(&record, None).await;
-            Finished::err(InstanceState::Error, Some(record), e)
-        }
+            Finished::err(InstanceState::Error, Some(record.clone()), cause)
+        },
+    )
+    .await;
+    match done {
+        Ok(()) => Finished::ok(InstanceState::Running, Some(record)),
+        Err(rolled_back) => rolled_back,
     }
 }
 
@@ -187,17 +189,15 @@ pub(crate) async fn suspend(
 /// Restore a suspended guest: like a power on (libvirt restores the managed-save image),
 /// with the same event rules.
 pub(crate) async fn resume(op: &mut OpCtx, record: InstanceRecord) -> Finished {
-    let r = async {
-        boot_with_events(op, &record, Operation::PowerOn, true).await?;
-        let mut done = record.clone();
-        done.state = InstanceState::Running;
-        op.save(&done, None).await
-    }
-    .await;
-    match r {
-        Ok(()) => Finished::ok(InstanceState::Running, Some(record)),
-        Err(e) => {
-            op.cancel_waits().await;
+    let done = with_rollback(
+        op,
+        async |op| {
+            boot_with_events(op, &record, Operation::PowerOn, true).await?;
+            let mut done = record.clone();
+            done.state = InstanceState::Running;
+            op.save(&done, None).await
+        },
+        async |op, cause| {
             let state = settle_state(op, InstanceState::Error).await;
             let state = match state {
                 InstanceState::Running | InstanceState::Paused => {
@@ -206,7 +206,12 @@ pub(crate) async fn resume(op: &mut OpCtx, record: InstanceRecord) -> Finished {
                 }
                 s => s,
             };
-            Finished::err(state, Some(record), e)
-        }
+            Finished::err(state, Some(record.clone()), cause)
+        },
+    )
+    .await;
+    match done {
+        Ok(()) => Finished::ok(InstanceState::Running, Some(record)),
+        Err(rolled_back) => rolled_back,
     }
 }

@@ -19,7 +19,9 @@ use crate::instance::types::InstanceError;
 use super::interfaces::detach;
 use super::migrate::rollback_live_migration;
 
-use super::{boot_with_events, handover, running_or_stopped, settle_state, Finished};
+use super::{
+    boot_with_events, handover, running_or_stopped, settle_state, with_rollback, Finished,
+};
 
 /// How long the recovery of an interrupted live migration waits for the destination's agent
 /// to be known: hosts served by one process (`vireo::local`) start one after the other, and
@@ -207,23 +209,23 @@ async fn recover_same_host(
     };
     info!(instance = %op.uuid, interrupted = %interrupted.describe(), %state, "booting an interrupted same-host resize or revert again");
     let replug = matches!(operation, Operation::RevertResize { .. });
-    let r = async {
-        op.destroy_domain().await?;
-        if replug {
-            // As the revert does: every device plugged again for the original guest.
-            op.unplug_all(record).await?;
-        }
-        boot_with_events(op, record, operation, run).await?;
-        let mut done = record.clone();
-        done.state = state;
-        op.save(&done, None).await?;
-        Ok::<_, InstanceError>(done)
-    }
-    .await;
-    Some(match r {
-        Ok(done) => Finished::ok(state, Some(done)),
-        Err(e) => {
-            op.cancel_waits().await;
+    let done = with_rollback(
+        op,
+        async |op| {
+            op.destroy_domain().await?;
+            if replug {
+                // As the revert does: every device plugged again for the original guest.
+                op.unplug_all(record).await?;
+            }
+            boot_with_events(op, record, operation, run).await?;
+            let mut done = record.clone();
+            done.state = state;
+            op.save(&done, None).await?;
+            Ok(done)
+        },
+        // The boot's failure is this recovery's rollback failure; its cause, the
+        // interrupted operation.
+        async |op, e| {
             let _ = op.destroy_domain().await;
             Finished::err(
                 InstanceState::Error,
@@ -237,6 +239,11 @@ async fn recover_same_host(
                     ))),
                 },
             )
-        }
+        },
+    )
+    .await;
+    Some(match done {
+        Ok(done) => Finished::ok(state, Some(done)),
+        Err(rolled_back) => rolled_back,
     })
 }

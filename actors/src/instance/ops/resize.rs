@@ -27,7 +27,7 @@ use crate::instance::types::{
 
 use super::{
     boot_with_events, handover, policy, predicted, record_from_handover, running_or_stopped,
-    Finished,
+    with_rollback, Finished,
 };
 
 /// Source side of a resize. Same host: the whole resize here. Otherwise: power off (devices
@@ -65,6 +65,8 @@ pub(crate) async fn resize(
         was_running,
     });
     source.state = InstanceState::ResizeSource;
+    // Not [`with_rollback`]: this side registers no event waits (the destination does, and
+    // ends them itself), and its rollback, [`bring_back`], ends its own.
     let r = async {
         let in_flight = op.in_flight(
             "power off",
@@ -103,25 +105,8 @@ pub(crate) async fn resize(
             // The destination removed its copy; bring the instance back here exactly as a
             // revert does (bindings back where they moved, devices, domain).
             let back = bring_back(op, source.clone()).await;
-            match back.result {
-                Ok(()) => Finished::err(
-                    back.state,
-                    back.record,
-                    InstanceError::RolledBack {
-                        request: Request::Resize,
-                        cause: Box::new(cause),
-                    },
-                ),
-                Err(e) => Finished::err(
-                    InstanceState::Error,
-                    back.record,
-                    InstanceError::RollbackFailed {
-                        request: Request::Resize,
-                        rollback: e.to_string(),
-                        cause: Box::new(cause),
-                    },
-                ),
-            }
+            let rollback = back.result.map_err(|e| e.to_string());
+            Finished::rolled_back(Request::Resize, back.state, back.record, cause, rollback)
         }
     }
 }
@@ -142,65 +127,73 @@ pub(crate) async fn finish_resize(op: &mut OpCtx, migration: Migration, h: Hando
     record.state = InstanceState::ResizeTarget;
     op.use_record(&record);
     op.deps.events.track(op.uuid);
-    let r = async {
-        let prediction = predicted(
-            op,
-            &Operation::FinishResize {
-                same_host: migration.same_host(),
-            },
-            &record.network_info.vifs,
-        )?;
-        op.phase("define");
-        let in_flight = op.in_flight(
-            "finish-resize",
-            InFlight::FinishResize(MigrationStep {
-                migration: migration.clone(),
-            }),
-        );
-        op.define(&record, Some(in_flight)).await?;
-        let pol = policy(op);
-        let bind = op
-            .expect(Timing::BindTime, prediction.bind_time_events(), pol)
-            .await?;
-        let plug = op
-            .expect(Timing::PlugTime, prediction.plug_time_events(), pol)
-            .await?;
-        op.phase("bind ports here");
-        bind_ports_here(op, &record.network_info).await?;
-        op.phase("plug");
-        op.plug_all(&record).await?;
-        op.phase("start paused");
-        op.start_paused().await?;
-        op.phase("wait for events");
-        op.wait(bind).await?;
-        op.wait(plug).await?;
-        if h.power_on {
-            op.resume().await?;
-        } else {
-            op.destroy_domain().await?;
-        }
-        op.save(&record, None).await
-    }
-    .await;
-    match r {
-        Ok(()) => Finished::ok(InstanceState::ResizeTarget, Some(record)),
-        Err(e) => {
-            op.cancel_waits().await;
-            // The source takes the instance back: this host gives it up whatever happens
-            // here. What libvirt could not remove (its connection lost) stays with the
-            // record, gone but kept, and the actor removes it once libvirt is back
-            // (never adopted again as a resize target by the recovery after a reconnect).
-            let destroyed = op.destroy_domain().await;
-            let unplugged = op.unplug_all(&record).await;
-            let undefined = op.undefine_domain().await;
-            op.deps.events.forget(op.uuid);
-            match destroyed.and(unplugged).and(undefined) {
-                Ok(()) => Finished::err(InstanceState::Gone, None, e),
-                Err(left) => {
-                    warn!(instance = %op.uuid, error = %left, "finish-resize rollback left the domain behind; it goes once libvirt is back");
-                    Finished::err(InstanceState::Gone, Some(record), e)
-                }
+    let done = with_rollback(
+        op,
+        // Not boot_with_events: the ports are bound here between registering the waits and
+        // plugging (their bind-time events come from that move).
+        async |op| {
+            let prediction = predicted(
+                op,
+                &Operation::FinishResize {
+                    same_host: migration.same_host(),
+                },
+                &record.network_info.vifs,
+            )?;
+            op.phase("define");
+            let in_flight = op.in_flight(
+                "finish-resize",
+                InFlight::FinishResize(MigrationStep {
+                    migration: migration.clone(),
+                }),
+            );
+            op.define(&record, Some(in_flight)).await?;
+            let pol = policy(op);
+            let bind = op
+                .expect(Timing::BindTime, prediction.bind_time_events(), pol)
+                .await?;
+            let plug = op
+                .expect(Timing::PlugTime, prediction.plug_time_events(), pol)
+                .await?;
+            op.phase("bind ports here");
+            bind_ports_here(op, &record.network_info).await?;
+            op.phase("plug");
+            op.plug_all(&record).await?;
+            op.phase("start paused");
+            op.start_paused().await?;
+            op.phase("wait for events");
+            op.wait(bind).await?;
+            op.wait(plug).await?;
+            if h.power_on {
+                op.resume().await?;
+            } else {
+                op.destroy_domain().await?;
             }
+            op.save(&record, None).await
+        },
+        async |op, e| give_up_copy(op, &record, e).await,
+    )
+    .await;
+    match done {
+        Ok(()) => Finished::ok(InstanceState::ResizeTarget, Some(record)),
+        Err(rolled_back) => rolled_back,
+    }
+}
+
+/// A failed finish-resize gives this host's copy up: the source takes the instance back.
+async fn give_up_copy(op: &mut OpCtx, record: &InstanceRecord, e: InstanceError) -> Finished {
+    // The source takes the instance back: this host gives it up whatever happens
+    // here. What libvirt could not remove (its connection lost) stays with the
+    // record, gone but kept, and the actor removes it once libvirt is back
+    // (never adopted again as a resize target by the recovery after a reconnect).
+    let destroyed = op.destroy_domain().await;
+    let unplugged = op.unplug_all(record).await;
+    let undefined = op.undefine_domain().await;
+    op.deps.events.forget(op.uuid);
+    match destroyed.and(unplugged).and(undefined) {
+        Ok(()) => Finished::err(InstanceState::Gone, None, e),
+        Err(left) => {
+            warn!(instance = %op.uuid, error = %left, "finish-resize rollback left the domain behind; it goes once libvirt is back");
+            Finished::err(InstanceState::Gone, Some(record.clone()), e)
         }
     }
 }
@@ -235,6 +228,8 @@ pub(crate) async fn confirm_resize(op: &mut OpCtx, record: InstanceRecord) -> Fi
             InstanceError::Invalid("no resize to confirm".into()),
         );
     };
+    // No event waits and nothing to roll back (a failure leaves the resize to confirm
+    // again): a plain match, not [`with_rollback`].
     let r = async {
         if !resize.migration.same_host() {
             op.phase("clean up the source");
@@ -357,79 +352,82 @@ async fn bring_back(op: &mut OpCtx, record: InstanceRecord) -> Finished {
         );
     };
     let was_running = resize.was_running;
-    let r = async {
-        let in_flight = op.in_flight(
-            "finish-revert",
-            InFlight::bring_back(op.request, resize.migration.clone()),
-        );
-        op.save(&record, Some(in_flight)).await?;
-        op.deps.events.track(op.uuid);
-        let prediction = predicted(
-            op,
-            &Operation::RevertResize {
-                source: resize.migration.source_host.clone(),
-                dest: resize.migration.dest_host.clone(),
-            },
-            &record.network_info.vifs,
-        )?;
-        // Bind-time events come only for ports whose binding really moves back.
-        let net = op.deps.network.clone();
-        let mut away = BTreeSet::new();
-        for vif in &record.network_info.vifs {
-            let port = op.net("get port", net.get_port(vif.id)).await?;
-            if port.host_id != op.deps.host {
-                away.insert(vif.id);
+    let done = with_rollback(
+        op,
+        async |op| {
+            let in_flight = op.in_flight(
+                "finish-revert",
+                InFlight::bring_back(op.request, resize.migration.clone()),
+            );
+            op.save(&record, Some(in_flight)).await?;
+            op.deps.events.track(op.uuid);
+            let prediction = predicted(
+                op,
+                &Operation::RevertResize {
+                    source: resize.migration.source_host.clone(),
+                    dest: resize.migration.dest_host.clone(),
+                },
+                &record.network_info.vifs,
+            )?;
+            // Bind-time events come only for ports whose binding really moves back.
+            let net = op.deps.network.clone();
+            let mut away = BTreeSet::new();
+            for vif in &record.network_info.vifs {
+                let port = op.net("get port", net.get_port(vif.id)).await?;
+                if port.host_id != op.deps.host {
+                    away.insert(vif.id);
+                }
             }
-        }
-        // An agent-served port reports at bind time only while its devices are still wired
-        // here (kept through the resize); one whose devices went meanwhile (removed outside
-        // vireo, a host reboot) reports once they are plugged again.
-        let wired: BTreeSet<PortId> = op.deps.plugger.wiring().wired().into_iter().collect();
-        let mut bind_events = Vec::new();
-        let mut plug_events = prediction.plug_time_events();
-        for v in prediction
-            .vifs
-            .iter()
-            .filter(|v| v.timing == Timing::BindTime && away.contains(&v.port))
-        {
-            if v.kind.agent_served() && !wired.contains(&v.port) {
-                plug_events.push(ExpectedEvent::plugged(v.port));
+            // An agent-served port reports at bind time only while its devices are still wired
+            // here (kept through the resize); one whose devices went meanwhile (removed outside
+            // vireo, a host reboot) reports once they are plugged again.
+            let wired: BTreeSet<PortId> = op.deps.plugger.wiring().wired().into_iter().collect();
+            let mut bind_events = Vec::new();
+            let mut plug_events = prediction.plug_time_events();
+            for v in prediction
+                .vifs
+                .iter()
+                .filter(|v| v.timing == Timing::BindTime && away.contains(&v.port))
+            {
+                if v.kind.agent_served() && !wired.contains(&v.port) {
+                    plug_events.push(ExpectedEvent::plugged(v.port));
+                } else {
+                    bind_events.push(ExpectedEvent::plugged(v.port));
+                }
+            }
+            let pol = policy(op);
+            let bind = op.expect(Timing::BindTime, bind_events, pol).await?;
+            op.phase("bind ports back");
+            bind_ports_here(op, &record.network_info).await?;
+            op.phase("wait for bind-time events");
+            op.wait(bind).await?;
+            let plug = op.expect(Timing::PlugTime, plug_events, pol).await?;
+            op.phase("plug");
+            op.plug_all(&record).await?;
+            op.phase("start paused");
+            op.start_paused().await?;
+            op.phase("wait for plug-time events");
+            op.wait(plug).await?;
+            if was_running {
+                op.resume().await?;
             } else {
-                bind_events.push(ExpectedEvent::plugged(v.port));
+                op.destroy_domain().await?;
             }
-        }
-        let pol = policy(op);
-        let bind = op.expect(Timing::BindTime, bind_events, pol).await?;
-        op.phase("bind ports back");
-        bind_ports_here(op, &record.network_info).await?;
-        op.phase("wait for bind-time events");
-        op.wait(bind).await?;
-        let plug = op.expect(Timing::PlugTime, plug_events, pol).await?;
-        op.phase("plug");
-        op.plug_all(&record).await?;
-        op.phase("start paused");
-        op.start_paused().await?;
-        op.phase("wait for plug-time events");
-        op.wait(plug).await?;
-        if was_running {
-            op.resume().await?;
-        } else {
-            op.destroy_domain().await?;
-        }
-        let mut done = record.clone();
-        done.resize = None;
-        done.state = running_or_stopped(was_running);
-        op.save(&done, None).await?;
-        Ok::<_, InstanceError>(done)
-    }
-    .await;
-    match r {
-        Ok(done) => Finished::ok(done.state, Some(done)),
-        Err(e) => {
-            op.cancel_waits().await;
+            let mut done = record.clone();
+            done.resize = None;
+            done.state = running_or_stopped(was_running);
+            op.save(&done, None).await?;
+            Ok::<_, InstanceError>(done)
+        },
+        async |op, e| {
             let _ = op.destroy_domain().await;
-            Finished::err(InstanceState::Error, Some(record), e)
-        }
+            Finished::err(InstanceState::Error, Some(record.clone()), e)
+        },
+    )
+    .await;
+    match done {
+        Ok(done) => Finished::ok(done.state, Some(done)),
+        Err(rolled_back) => rolled_back,
     }
 }
 
@@ -450,32 +448,30 @@ async fn resize_same_host(
         was_running,
     });
     target.state = InstanceState::ResizeTarget;
-    let r = async {
-        let in_flight = op.in_flight(
-            "resize",
-            InFlight::Resize(MigrationStep {
-                migration: migration.clone(),
-            }),
-        );
-        op.save(&record, Some(in_flight.clone())).await?;
-        op.phase("power off");
-        op.shutdown_domain(op.deps.config.power_off_timeout).await?;
-        op.phase("redefine");
-        op.define(&target, Some(in_flight)).await?;
-        boot_with_events(
-            op,
-            &target,
-            Operation::FinishResize { same_host: true },
-            was_running,
-        )
-        .await?;
-        op.save(&target, None).await
-    }
-    .await;
-    match r {
-        Ok(()) => Finished::ok(InstanceState::ResizeTarget, Some(target)),
-        Err(cause) => {
-            op.cancel_waits().await;
+    let done = with_rollback(
+        op,
+        async |op| {
+            let in_flight = op.in_flight(
+                "resize",
+                InFlight::Resize(MigrationStep {
+                    migration: migration.clone(),
+                }),
+            );
+            op.save(&record, Some(in_flight.clone())).await?;
+            op.phase("power off");
+            op.shutdown_domain(op.deps.config.power_off_timeout).await?;
+            op.phase("redefine");
+            op.define(&target, Some(in_flight)).await?;
+            boot_with_events(
+                op,
+                &target,
+                Operation::FinishResize { same_host: true },
+                was_running,
+            )
+            .await?;
+            op.save(&target, None).await
+        },
+        async |op, cause| {
             // Back to the old definition, running again if it ran (with its devices: a
             // failed plug may have been of devices that had gone).
             let back = async {
@@ -490,26 +486,14 @@ async fn resize_same_host(
                 Ok::<_, InstanceError>(())
             }
             .await;
-            match back {
-                Ok(()) => Finished::err(
-                    from,
-                    Some(record),
-                    InstanceError::RolledBack {
-                        request: Request::Resize,
-                        cause: Box::new(cause),
-                    },
-                ),
-                Err(e) => Finished::err(
-                    InstanceState::Error,
-                    Some(record),
-                    InstanceError::RollbackFailed {
-                        request: Request::Resize,
-                        rollback: e.to_string(),
-                        cause: Box::new(cause),
-                    },
-                ),
-            }
-        }
+            let back = back.map_err(|e| e.to_string());
+            Finished::rolled_back(Request::Resize, from, Some(record.clone()), cause, back)
+        },
+    )
+    .await;
+    match done {
+        Ok(()) => Finished::ok(InstanceState::ResizeTarget, Some(target)),
+        Err(rolled_back) => rolled_back,
     }
 }
 
@@ -523,40 +507,44 @@ async fn revert_same_host(
     let mut back = record.clone();
     back.flavor = resize.old_flavor.clone();
     back.resize = None;
-    let r = async {
-        let in_flight = op.in_flight(
-            "revert",
-            InFlight::RevertResize(RevertStep {
-                migration: resize.migration.clone(),
-                was_running: Some(resize.was_running),
-            }),
-        );
-        op.save(&record, Some(in_flight.clone())).await?;
-        op.phase("remove the resized guest");
-        op.destroy_domain().await?;
-        op.unplug_all(&record).await?;
-        op.phase("redefine");
-        op.define(&back, Some(in_flight)).await?;
-        boot_with_events(
-            op,
-            &back,
-            Operation::RevertResize {
-                source: resize.migration.source_host.clone(),
-                dest: resize.migration.dest_host.clone(),
-            },
-            resize.was_running,
-        )
-        .await?;
-        back.state = running_or_stopped(resize.was_running);
-        op.save(&back, None).await
-    }
-    .await;
-    match r {
-        Ok(()) => Finished::ok(running_or_stopped(resize.was_running), Some(back)),
-        Err(e) => {
-            op.cancel_waits().await;
+    let done = with_rollback(
+        op,
+        async |op| {
+            let in_flight = op.in_flight(
+                "revert",
+                InFlight::RevertResize(RevertStep {
+                    migration: resize.migration.clone(),
+                    was_running: Some(resize.was_running),
+                }),
+            );
+            op.save(&record, Some(in_flight.clone())).await?;
+            op.phase("remove the resized guest");
+            op.destroy_domain().await?;
+            op.unplug_all(&record).await?;
+            op.phase("redefine");
+            op.define(&back, Some(in_flight)).await?;
+            boot_with_events(
+                op,
+                &back,
+                Operation::RevertResize {
+                    source: resize.migration.source_host.clone(),
+                    dest: resize.migration.dest_host.clone(),
+                },
+                resize.was_running,
+            )
+            .await?;
+            let mut done = back.clone();
+            done.state = running_or_stopped(resize.was_running);
+            op.save(&done, None).await
+        },
+        async |op, e| {
             let _ = op.destroy_domain().await;
-            Finished::err(InstanceState::Error, Some(back), e)
-        }
+            Finished::err(InstanceState::Error, Some(back.clone()), e)
+        },
+    )
+    .await;
+    match done {
+        Ok(()) => Finished::ok(running_or_stopped(resize.was_running), Some(back)),
+        Err(rolled_back) => rolled_back,
     }
 }

@@ -11,7 +11,7 @@ use tracing::warn;
 
 use crate::lifecycle::{InstanceState, Request};
 use crate::network::{BindingStatus, NetworkError, PortUpdate, MIGRATING_TO};
-use crate::predict::{Operation, Timing};
+use crate::predict::Operation;
 use crate::vif::NetworkInfo;
 
 use crate::instance::in_flight::InFlight;
@@ -19,7 +19,9 @@ use crate::instance::op::OpCtx;
 use crate::instance::record::InstanceRecord;
 use crate::instance::types::{DestroyArgs, InstanceError, NetworkRequest, Released, SpawnArgs};
 
-use super::{policy, predicted, refresh_active, Finished};
+use super::{
+    boot_predicted, predicted, refresh_active, running_or_stopped, with_rollback, Finished,
+};
 
 /// Build the instance: network (allocate or take the caller's), define, register the
 /// predicted waits, plug, start paused, await, resume. Any failure: destroy, unplug,
@@ -38,7 +40,7 @@ pub(crate) async fn spawn(op: &mut OpCtx, args: SpawnArgs) -> Finished {
     // registered later, not dropped as one for an unknown instance.
     op.deps.events.track(op.uuid);
     let host = op.deps.host.clone();
-    let mut network_info = match network {
+    let network_info = match network {
         NetworkRequest::Allocate(requests) => {
             let net = op.deps.network.clone();
             match op
@@ -71,29 +73,26 @@ pub(crate) async fn spawn(op: &mut OpCtx, args: SpawnArgs) -> Finished {
         name,
         flavor,
         boot,
-        network_info: network_info.clone(),
+        network_info,
         state: InstanceState::Building,
         resize: None,
     };
     op.use_record(&record);
-    let result = async {
-        // The caller's network_info may be older than the ports: a port that is ACTIVE on
-        // this host already has no transition left to report. Read after the operation
-        // began, so an event that makes it ACTIVE from here on is kept for the wait.
-        refresh_active(op, &mut network_info).await?;
-        let mut record = record.clone();
-        record.network_info = network_info.clone();
-        spawn_steps(op, &record, power_on).await
-    }
-    .await;
-    match result {
-        Ok(state) => {
-            let mut record = record;
-            record.network_info = network_info;
-            Finished::ok(state, Some(record))
-        }
-        Err(cause) => {
-            op.cancel_waits().await;
+    let done = with_rollback(
+        op,
+        async |op| {
+            // The caller's network_info may be older than the ports: a port that is ACTIVE on
+            // this host already has no transition left to report. Read after the operation
+            // began, so an event that makes it ACTIVE from here on is kept for the wait.
+            let mut network_info = record.network_info.clone();
+            refresh_active(op, &mut network_info).await?;
+            let mut record = record.clone();
+            record.network_info = network_info.clone();
+            let state = spawn_steps(op, &record, power_on).await?;
+            Ok((state, network_info))
+        },
+        // The record as it was before the refresh: the ports the build was given.
+        async |op, cause| {
             op.phase("rollback");
             let mut leftovers = Vec::new();
             if let Err(e) = op.destroy_domain().await {
@@ -123,6 +122,7 @@ pub(crate) async fn spawn(op: &mut OpCtx, args: SpawnArgs) -> Finished {
                 leftovers.push(format!("release networking: {e}"));
             }
             if leftovers.is_empty() {
+                // Everything removed: a build failure (maybe rescheduled), not RolledBack.
                 Finished::err(
                     InstanceState::Gone,
                     None,
@@ -136,7 +136,7 @@ pub(crate) async fn spawn(op: &mut OpCtx, args: SpawnArgs) -> Finished {
                 warn!(instance = %op.uuid, ?leftovers, "build clean-up incomplete");
                 Finished::err(
                     InstanceState::Error,
-                    Some(record),
+                    Some(record.clone()),
                     InstanceError::RollbackFailed {
                         request: Request::Spawn,
                         rollback: leftovers.join("; "),
@@ -144,10 +144,21 @@ pub(crate) async fn spawn(op: &mut OpCtx, args: SpawnArgs) -> Finished {
                     },
                 )
             }
+        },
+    )
+    .await;
+    match done {
+        Ok((state, network_info)) => {
+            let mut record = record;
+            record.network_info = network_info;
+            Finished::ok(state, Some(record))
         }
+        Err(rolled_back) => rolled_back,
     }
 }
 
+/// Define (in flight: spawn), then boot as every start does. The prediction comes first: a
+/// VIF the model refuses fails the build before the domain exists.
 async fn spawn_steps(
     op: &mut OpCtx,
     record: &InstanceRecord,
@@ -157,28 +168,8 @@ async fn spawn_steps(
     op.phase("define");
     let in_flight = op.in_flight("define", InFlight::Spawn);
     op.define(record, Some(in_flight)).await?;
-    let pol = policy(op);
-    let bind = op
-        .expect(Timing::BindTime, prediction.bind_time_events(), pol)
-        .await?;
-    let plug = op
-        .expect(Timing::PlugTime, prediction.plug_time_events(), pol)
-        .await?;
-    op.phase("plug");
-    op.plug_all(record).await?;
-    op.phase("start paused");
-    op.start_paused().await?;
-    op.phase("wait for events");
-    op.wait(bind).await?;
-    op.wait(plug).await?;
-    let state = if power_on {
-        op.phase("resume");
-        op.resume().await?;
-        InstanceState::Running
-    } else {
-        op.destroy_domain().await?;
-        InstanceState::Stopped
-    };
+    boot_predicted(op, record, &prediction, power_on).await?;
+    let state = running_or_stopped(power_on);
     let mut done = record.clone();
     done.state = state;
     op.save(&done, None).await?;
