@@ -126,7 +126,7 @@ pub(crate) async fn attach_interface(
             let _ = op.unplug_as(&with, &vif, form).await;
             // Nothing of the interface is left: neither is its in-flight mark.
             let _ = op.save(&record, None).await;
-            // Always rolled back: what the rollback could not remove is logged by its steps.
+            // Always RolledBack: the rollback's own failures are not reported (as before).
             Finished::rolled_back(
                 Request::AttachInterface,
                 from,

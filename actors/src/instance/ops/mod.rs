@@ -15,12 +15,12 @@
 //! - [`interfaces`]: attach and detach a port.
 //! - [`recover`]: operations interrupted by an agent stop.
 //! - here: what they share — [`Finished`], the prediction and wait policy, the state read
-//!   back after a failure, [`boot_with_events`], the hand-over between hosts, and
-//!   [`dispatch`], which picks the operation for a request.
+//!   back after a failure, [`boot_with_events`], the one rollback shape ([`with_rollback`]),
+//!   the hand-over between hosts, and [`dispatch`], which picks the operation for a request.
 //!
-//! Why split this way: each family owns its requests' in-flight markers ([`InFlight`]
-//! variants) and their rollbacks, so what an interrupted or failed operation leaves behind
-//! is read in one file.
+//! Why split this way: each family owns its requests' in-flight markers (the
+//! [`InFlight`](crate::instance::InFlight) variants) and their rollbacks, so what an
+//! interrupted or failed operation leaves behind is read in one file.
 
 mod interfaces;
 mod migrate;
