@@ -118,7 +118,7 @@ pub fn point_host(op: Op, point: Point) -> &'static str {
 /// - An interrupted start (power on, hard reboot) is done again: running.
 /// - The destination of a resize interrupted before it finished gives the instance back to
 ///   the source, which runs it again (the same for a revert interrupted on the source).
-/// - Every other interrupted operation is settled from what libvirt has (`flows::recover`):
+/// - Every other interrupted operation is settled from what libvirt has (`ops::recover`):
 ///   a live migration the guest never left for is rolled back; an attach that did not
 ///   finish is undone and a detach finished (the instance runs without the interface); a
 ///   destroy that stopped the guest leaves it stopped (the caller destroys it again).

@@ -28,8 +28,8 @@ use crate::lifecycle::{accepts, check_end, valid_transition, InstanceState, Requ
 
 use super::admission::{AdmissionError, Admitted, Completion, Ticket};
 use super::deps::HostDeps;
-use super::flows::{self, Finished};
 use super::op::{power_of, LiveProgress, OpCtx};
+use super::ops::{dispatch, Finished};
 use super::record::{InstanceRecord, ResizeRole};
 use super::types::{
     DestroyArgs, InstanceError, InstanceReply, InstanceRequest, InstanceView, OpReport, PowerState,
@@ -639,7 +639,7 @@ impl Handler<RecoverInterrupted> for InstanceActor {
                 }
                 // Everything else (a live migration the guest never left for, a resize handed
                 // over or not, an interface half attached or detached, a soft reboot): see
-                // flows::recover.
+                // ops::recover.
                 InFlight::FinishResize(_)
                 | InFlight::RevertResize(_)
                 | InFlight::FinishRevertResize(_)
@@ -690,89 +690,4 @@ pub fn error_chain(e: &dyn std::error::Error) -> String {
         cur = src.source();
     }
     s
-}
-
-async fn dispatch(
-    op: &mut OpCtx,
-    request: InstanceRequest,
-    record: Option<InstanceRecord>,
-    from: InstanceState,
-) -> Finished {
-    use InstanceRequest as R;
-    match request {
-        R::Spawn(args) => return flows::spawn(op, *args).await,
-        R::Destroy(args) => {
-            if let Some(r) = &record {
-                op.use_record(r);
-            }
-            return flows::destroy(op, record, args).await;
-        }
-        R::CleanupForReschedule => {
-            if let Some(r) = &record {
-                op.use_record(r);
-            }
-            return flows::destroy(
-                op,
-                record,
-                DestroyArgs {
-                    deallocate_network: true,
-                },
-            )
-            .await;
-        }
-        R::FinishResize {
-            migration,
-            handover,
-        } => return flows::finish_resize(op, migration, *handover).await,
-        R::PreLiveMigration {
-            migration,
-            handover,
-        } => return flows::pre_live_migration(op, migration, *handover).await,
-        R::RollbackLiveMigrationAtDestination {
-            handover,
-            do_cleanup,
-            destroy_disks,
-        } => return flows::rollback_at_destination(op, *handover, do_cleanup, destroy_disks).await,
-        _ => {}
-    }
-    let Some(record) = record else {
-        return Finished {
-            state: from,
-            record: None,
-            result: Err(AdmissionError::NotFound(op.uuid).into()),
-        };
-    };
-    op.use_record(&record);
-    match request {
-        R::PowerOff { timeout } => flows::power_off(op, record, from, timeout).await,
-        R::PowerOn => flows::power_on(op, record, from).await,
-        R::Reboot(RebootKind::Soft) => flows::reboot_soft(op, record).await,
-        R::Reboot(RebootKind::Hard) => flows::reboot_hard(op, record).await,
-        R::Pause => flows::pause(op, record, true).await,
-        R::Unpause => flows::pause(op, record, false).await,
-        R::Suspend => flows::suspend(op, record, from).await,
-        R::Resume => flows::resume(op, record).await,
-        R::Resize(args) => flows::resize(op, record, from, *args).await,
-        R::ConfirmResize => flows::confirm_resize(op, record).await,
-        R::ConfirmResizeSource => flows::confirm_resize_source(op, record).await,
-        R::RevertResize => flows::revert_resize(op, record).await,
-        R::FinishRevertResize => flows::finish_revert_resize(op, record).await,
-        R::LiveMigrate(args) => flows::live_migrate(op, record, from, *args).await,
-        R::PostLiveMigrationAtDestination { migration } => {
-            flows::post_live_migration(op, record, migration.source_host).await
-        }
-        R::AttachInterface(vif) => flows::attach_interface(op, record, from, *vif).await,
-        R::DetachInterface(port) => flows::detach_interface(op, record, from, port).await,
-        R::Recover(interrupted) => flows::recover(op, record, from, *interrupted).await,
-        R::Spawn(_)
-        | R::Destroy(_)
-        | R::CleanupForReschedule
-        | R::FinishResize { .. }
-        | R::PreLiveMigration { .. }
-        | R::RollbackLiveMigrationAtDestination { .. } => Finished {
-            state: from,
-            record: Some(record),
-            result: Err(InstanceError::Invalid("handled above".into())),
-        },
-    }
 }

@@ -10,15 +10,15 @@
 //!   the domain XML built from it.
 //! - [`in_flight`]: the typed operation in flight, as `<vireo:operation>` records it.
 //! - [`op`] (private): one operation's context and timed building blocks.
-//! - [`flows`] (private): the operations.
+//! - [`ops`] (private): the operations, one module per family.
 //! - [`actor`]: the actix actor.
 
 pub mod actor;
 pub mod admission;
 pub mod deps;
-mod flows;
 pub mod in_flight;
 pub(crate) mod op;
+mod ops;
 pub mod record;
 pub mod types;
 

@@ -1,0 +1,444 @@
+//! Live migration: the source's flow and its rollback, and the destination's
+//! pre-live-migration, post-live-migration and rollback-at-destination.
+//!
+//! Why one module: the rollback runs from the source whatever the storage (network first,
+//! then the destination asked to remove what it prepared), and recovery reuses that same
+//! rollback for a migration the agent died in; the `binding:profile` updates
+//! (`migrating_to`) are only ever made here. Owns the [`InFlight::LiveMigrate`] marker; the
+//! destination writes none (it works from the source's hand-over).
+
+use std::collections::BTreeSet;
+
+use tracing::warn;
+
+use crate::events::WaitPolicy;
+use crate::lifecycle::{InstanceState, Request};
+use crate::network::{MigrationHosts, NetworkError, NewBinding, PortStatus, MIGRATING_TO};
+use crate::predict::{Operation, Timing};
+
+use crate::instance::admission::AdmissionError;
+use crate::instance::in_flight::{InFlight, MigrationStep};
+use crate::instance::op::OpCtx;
+use crate::instance::record::InstanceRecord;
+use crate::instance::types::{
+    Handover, InstanceError, InstanceRequest, LiveMigrateArgs, Migration, PowerState,
+};
+
+use super::{
+    handover, policy, predicted, record_from_handover, settle_state, with_rollback, Finished,
+};
+
+/// Source side of a live migration: inactive bindings for the destination, `migrating_to`
+/// (its rebind events consumed by a wait of their own), the destination pre-wired, the
+/// migration, then the destination takes over and this host cleans up. Any failure before
+/// the guest moved: roll back — `migrating_to` cleared and destination bindings deleted from
+/// here, whatever the storage, then the destination removes what it prepared.
+pub(crate) async fn live_migrate(
+    op: &mut OpCtx,
+    record: InstanceRecord,
+    from: InstanceState,
+    args: LiveMigrateArgs,
+) -> Finished {
+    let migration = args.migration.clone();
+    if migration.source_host != op.deps.host || migration.same_host() {
+        return Finished::err(
+            from,
+            Some(record),
+            InstanceError::Invalid(format!(
+                "live migration from {} to {} cannot run on {}",
+                migration.source_host, migration.dest_host, op.deps.host
+            )),
+        );
+    }
+    let dest = migration.dest_host.clone();
+    let h = handover(&record, &record.flavor, from == InstanceState::Running);
+    let in_flight = op.in_flight(
+        "prepare",
+        InFlight::LiveMigrate(MigrationStep {
+            migration: migration.clone(),
+        }),
+    );
+    let migrated = with_rollback(
+        op,
+        async |op| {
+            op.save(&record, Some(in_flight)).await?;
+            let peer = op.deps.peers.get(&dest)?;
+            let uri = peer.migration_uri().ok_or_else(|| {
+                InstanceError::Invalid(format!("host {dest} takes no live migrations"))
+            })?;
+            op.phase("destination bindings");
+            let net = op.deps.network.clone();
+            for vif in &record.network_info.vifs {
+                let binding = NewBinding {
+                    host: dest.clone(),
+                    vnic_type: Some(vif.vnic_type),
+                    profile: None,
+                };
+                match op
+                    .net("create binding", net.create_binding(vif.id, &binding))
+                    .await
+                {
+                    Ok(_) => {}
+                    Err(InstanceError::Network {
+                        source: NetworkError::BindingExists { .. },
+                        ..
+                    }) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            if op.deps.config.set_migrating_to {
+                op.phase("set migrating_to");
+                update_profiles(op, &record, Some(&dest)).await?;
+            }
+            op.phase("pre-wire the destination");
+            op.peer(
+                &dest,
+                "pre-live-migration",
+                InstanceRequest::PreLiveMigration {
+                    migration: migration.clone(),
+                    handover: Box::new(h.clone()),
+                },
+            )
+            .await?;
+            op.phase("migrate");
+            let lv = op.deps.libvirt.clone();
+            let flags = virt::sys::VIR_MIGRATE_LIVE
+                | virt::sys::VIR_MIGRATE_PERSIST_DEST
+                | virt::sys::VIR_MIGRATE_UNDEFINE_SOURCE;
+            op.lv(
+                "migrate",
+                lv.migrate(
+                    op.uuid,
+                    uri,
+                    flags,
+                    crate::libvirt::MigrateParameters::default(),
+                ),
+            )
+            .await?;
+            Ok::<_, InstanceError>(())
+        },
+        async |op, cause| {
+            // Logged once the operation's waits are cancelled (before, in the copy this
+            // replaced): the order of a log line only.
+            warn!(instance = %op.uuid, error = %cause, "live migration failed; rolling back");
+            let (do_cleanup, destroy_disks) = args.cleanup_flags();
+            let rollback = rollback_live_migration(
+                op,
+                &record,
+                &migration,
+                h.clone(),
+                do_cleanup,
+                destroy_disks,
+                std::time::Duration::ZERO,
+            )
+            .await;
+            let state = settle_state(op, from).await;
+            let state = if matches!(state, InstanceState::Running | InstanceState::Paused) {
+                state
+            } else {
+                InstanceState::Error
+            };
+            let _ = op.save(&record, None).await;
+            Finished::rolled_back(
+                Request::LiveMigrate,
+                state,
+                Some(record.clone()),
+                cause,
+                rollback,
+            )
+        },
+    )
+    .await;
+    match migrated {
+        Ok(()) => {
+            // The guest runs on the destination now: there is nothing to roll back to.
+            op.phase("destination takes over");
+            let post = op
+                .peer(
+                    &dest,
+                    "post-live-migration",
+                    InstanceRequest::PostLiveMigrationAtDestination {
+                        migration: migration.clone(),
+                    },
+                )
+                .await;
+            op.phase("clean up the source");
+            let _ = op.unplug_all(&record).await;
+            let net = op.deps.network.clone();
+            let host = op.deps.host.clone();
+            for vif in &record.network_info.vifs {
+                let _ = op
+                    .net("delete source binding", net.delete_binding(vif.id, &host))
+                    .await;
+            }
+            let _ = op.undefine_domain().await;
+            op.deps.events.forget(op.uuid);
+            match post {
+                Ok(_) => Finished::ok(InstanceState::Gone, None),
+                Err(e) => Finished::err(InstanceState::Gone, None, e),
+            }
+        }
+        Err(rolled_back) => rolled_back,
+    }
+}
+
+/// Roll a failed live migration back from the source. The network part (clear
+/// `migrating_to`, delete the destination's inactive bindings) runs here always — shared
+/// storage or not — because the destination's clean-up may not run; then the destination
+/// removes its devices and any incoming domain.
+pub(super) async fn rollback_live_migration(
+    op: &mut OpCtx,
+    record: &InstanceRecord,
+    migration: &Migration,
+    h: Handover,
+    do_cleanup: bool,
+    destroy_disks: bool,
+    peer_wait: std::time::Duration,
+) -> Result<(), String> {
+    let mut failures = Vec::new();
+    op.phase("roll back: network");
+    if let Err(e) = update_profiles(op, record, None).await {
+        failures.push(format!("clear migrating_to: {e}"));
+    }
+    let net = op.deps.network.clone();
+    let host = op.deps.host.clone();
+    let m = MigrationHosts {
+        dest: migration.dest_host.clone(),
+    };
+    if let Err(e) = op
+        .net(
+            "tear down destination bindings",
+            net.setup_networks_on_host(op.uuid, &host, true, Some(&m)),
+        )
+        .await
+    {
+        failures.push(format!("destination bindings: {e}"));
+    }
+    op.phase("roll back: destination");
+    // The destination is the only one to know what it prepared once its agent restarted
+    // (nothing of the instance is in its libvirt): one that is not back yet is waited for,
+    // up to `peer_wait`.
+    let deadline = tokio::time::Instant::now() + peer_wait;
+    loop {
+        let r = op
+            .peer(
+                &migration.dest_host,
+                "rollback-live-migration-at-destination",
+                InstanceRequest::RollbackLiveMigrationAtDestination {
+                    handover: Box::new(h.clone()),
+                    do_cleanup,
+                    destroy_disks,
+                },
+            )
+            .await;
+        match r {
+            Ok(_) => break,
+            Err(InstanceError::Peer { ref source, .. })
+                if matches!(
+                    **source,
+                    InstanceError::UnknownHost(_)
+                        | InstanceError::Unavailable
+                        | InstanceError::Refused(AdmissionError::Unavailable)
+                ) && tokio::time::Instant::now() < deadline =>
+            {
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+            Err(e) => {
+                // The destination may be unreachable; the network side is done.
+                warn!(instance = %op.uuid, error = %e, "destination rollback failed");
+                break;
+            }
+        }
+    }
+    if failures.is_empty() {
+        Ok(())
+    } else {
+        Err(failures.join("; "))
+    }
+}
+
+/// Set (`Some(dest)`) or clear (`None`) `binding:profile.migrating_to` on the ports that need
+/// it, consuming the rebind events the change causes with a wait of its own (non-fatal, short)
+/// so they can never satisfy a later wait.
+async fn update_profiles(
+    op: &mut OpCtx,
+    record: &InstanceRecord,
+    dest: Option<&str>,
+) -> Result<(), InstanceError> {
+    let net = op.deps.network.clone();
+    let mut changing = Vec::new();
+    let mut changing_ids = BTreeSet::new();
+    for vif in &record.network_info.vifs {
+        let port = op.net("get port", net.get_port(vif.id)).await?;
+        let needs = match dest {
+            Some(d) => port.migrating_to() != Some(d),
+            None => port.profile.contains_key(MIGRATING_TO),
+        };
+        if needs {
+            if port.status == PortStatus::Active {
+                changing.push(vif.clone());
+            }
+            changing_ids.insert(vif.id);
+        }
+    }
+    if changing_ids.is_empty() {
+        return Ok(());
+    }
+    let prediction = predicted(op, &Operation::UpdateBindingProfile, &changing)?;
+    let consume = WaitPolicy {
+        timeout: op.deps.config.profile_wait,
+        fatal: false,
+    };
+    let wait = op
+        .expect(Timing::BindTime, prediction.bind_time_events(), consume)
+        .await?;
+    let host = op.deps.host.clone();
+    match dest {
+        Some(d) => {
+            let m = MigrationHosts { dest: d.to_owned() };
+            op.net(
+                "set migrating_to",
+                net.setup_networks_on_host(op.uuid, &host, false, Some(&m)),
+            )
+            .await?;
+        }
+        None => {
+            op.net(
+                "clear migrating_to",
+                net.setup_networks_on_host(op.uuid, &host, true, None),
+            )
+            .await?;
+        }
+    }
+    op.wait(wait).await?;
+    Ok(())
+}
+
+/// Destination: pre-wire the devices so the guest has its network the moment it arrives.
+pub(crate) async fn pre_live_migration(
+    op: &mut OpCtx,
+    migration: Migration,
+    h: Handover,
+) -> Finished {
+    let mut record = match record_from_handover(op, &h) {
+        Ok(r) => r,
+        Err(e) => return Finished::err(InstanceState::Gone, None, e),
+    };
+    record.state = InstanceState::Incoming;
+    op.use_record(&record);
+    let _ = migration;
+    op.deps.events.track(op.uuid);
+    op.phase("plug");
+    match op.plug_all(&record).await {
+        Ok(()) => Finished::ok(InstanceState::Incoming, Some(record)),
+        Err(e) => {
+            let _ = op.unplug_all(&record).await;
+            Finished::err(InstanceState::Gone, None, e)
+        }
+    }
+}
+
+/// Destination: the guest arrived; activate the bindings here and await the events.
+pub(crate) async fn post_live_migration(
+    op: &mut OpCtx,
+    record: InstanceRecord,
+    source: String,
+) -> Finished {
+    let done = with_rollback(
+        op,
+        async |op| {
+            let prediction = predicted(
+                op,
+                &Operation::PostLiveMigration {
+                    source,
+                    dest: op.deps.host.clone(),
+                },
+                &record.network_info.vifs,
+            )?;
+            let pol = policy(op);
+            let bind = op
+                .expect(Timing::BindTime, prediction.bind_time_events(), pol)
+                .await?;
+            let plug = op
+                .expect(Timing::PlugTime, prediction.plug_time_events(), pol)
+                .await?;
+            op.phase("activate bindings");
+            let net = op.deps.network.clone();
+            let host = op.deps.host.clone();
+            for vif in &record.network_info.vifs {
+                match op
+                    .net("activate binding", net.activate_binding(vif.id, &host))
+                    .await
+                {
+                    Ok(_) => {}
+                    Err(InstanceError::Network {
+                        source: NetworkError::BindingAlreadyActive { .. },
+                        ..
+                    }) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            op.phase("wait for events");
+            op.wait(bind).await?;
+            op.wait(plug).await?;
+            let state = match op.power().await? {
+                PowerState::Paused => InstanceState::Paused,
+                _ => InstanceState::Running,
+            };
+            let mut done = record.clone();
+            done.state = state;
+            op.save(&done, None).await?;
+            Ok::<_, InstanceError>(state)
+        },
+        async |op, e| {
+            let state = settle_state(op, InstanceState::Error).await;
+            let state = if state == InstanceState::Error || !state.has_domain() {
+                InstanceState::Error
+            } else {
+                state
+            };
+            Finished::err(state, Some(record.clone()), e)
+        },
+    )
+    .await;
+    match done {
+        Ok(state) => Finished::ok(state, Some(record)),
+        Err(rolled_back) => rolled_back,
+    }
+}
+
+/// Destination: the migration failed; remove the pre-wired devices and any incoming domain.
+/// Works from the source's handover even when this host lost its own record.
+pub(crate) async fn rollback_at_destination(
+    op: &mut OpCtx,
+    h: Handover,
+    do_cleanup: bool,
+    destroy_disks: bool,
+) -> Finished {
+    let record = match record_from_handover(op, &h) {
+        Ok(r) => r,
+        Err(e) => return Finished::err(InstanceState::Error, None, e),
+    };
+    op.use_record(&record);
+    // vireo keeps no instance directory or disks of its own: the flags only decide whether
+    // an incoming domain definition is removed (it always is when it exists and is not the
+    // running guest).
+    let _ = (do_cleanup, destroy_disks);
+    op.phase("remove prepared devices");
+    let mut errors = Vec::new();
+    if let Err(e) = op.destroy_domain().await {
+        errors.push(e);
+    }
+    if let Err(e) = op.undefine_domain().await {
+        errors.push(e);
+    }
+    if let Err(e) = op.unplug_all(&record).await {
+        errors.push(e);
+    }
+    op.deps.events.forget(op.uuid);
+    if errors.is_empty() {
+        Finished::ok(InstanceState::Gone, None)
+    } else {
+        Finished::err(InstanceState::Error, Some(record), errors.remove(0))
+    }
+}

@@ -1,0 +1,550 @@
+//! Resize: the source's hand-over, the destination's finish, confirm and revert on both
+//! sides, the same-host variants, and bringing an instance back after a failed or reverted
+//! resize.
+//!
+//! Why one module: a resize is one operation spread over two hosts and up to three requests
+//! (resize, then confirm or revert); the source's rollback of a failed resize is exactly the
+//! revert's second half ([`bring_back`]), so both live here. Owns the [`InFlight::Resize`],
+//! [`InFlight::FinishResize`], [`InFlight::RevertResize`] and
+//! [`InFlight::FinishRevertResize`] markers.
+
+use std::collections::BTreeSet;
+
+use tracing::warn;
+
+use crate::lifecycle::{InstanceState, Request};
+use crate::network::PortUpdate;
+use crate::predict::{ExpectedEvent, Operation, Timing};
+use crate::vif::{NetworkInfo, PortId};
+
+use crate::instance::admission::AdmissionError;
+use crate::instance::in_flight::{InFlight, MigrationStep, RevertStep};
+use crate::instance::op::OpCtx;
+use crate::instance::record::{InstanceRecord, ResizeRecord, ResizeRole};
+use crate::instance::types::{
+    Handover, InstanceError, InstanceRequest, Migration, PowerState, ResizeArgs,
+};
+
+use super::{
+    boot_with_events, handover, policy, predicted, record_from_handover, running_or_stopped,
+    with_rollback, Finished,
+};
+
+/// Source side of a resize. Same host: the whole resize here. Otherwise: power off (devices
+/// vireo created stay wired), hand the instance over to the destination, and wait there for
+/// confirm or revert. If the destination fails, the instance comes back here.
+pub(crate) async fn resize(
+    op: &mut OpCtx,
+    record: InstanceRecord,
+    from: InstanceState,
+    args: ResizeArgs,
+) -> Finished {
+    let ResizeArgs {
+        migration,
+        new_flavor,
+    } = args;
+    if migration.source_host != op.deps.host {
+        return Finished::err(
+            from,
+            Some(record),
+            InstanceError::Invalid(format!(
+                "resize source is {}, this host is {}",
+                migration.source_host, op.deps.host
+            )),
+        );
+    }
+    if migration.same_host() {
+        return resize_same_host(op, record, from, migration, new_flavor).await;
+    }
+    let was_running = from == InstanceState::Running;
+    let mut source = record.clone();
+    source.resize = Some(ResizeRecord {
+        migration: migration.clone(),
+        role: ResizeRole::Source,
+        old_flavor: record.flavor.clone(),
+        was_running,
+    });
+    source.state = InstanceState::ResizeSource;
+    // Not [`with_rollback`]: this side registers no event waits (the destination does, and
+    // ends them itself), and its rollback, [`bring_back`], ends its own.
+    let r = async {
+        let in_flight = op.in_flight(
+            "power off",
+            InFlight::Resize(MigrationStep {
+                migration: migration.clone(),
+            }),
+        );
+        op.save(&record, Some(in_flight)).await?;
+        op.phase("power off");
+        op.shutdown_domain(op.deps.config.power_off_timeout).await?;
+        let in_flight = op.in_flight(
+            "handover",
+            InFlight::Resize(MigrationStep {
+                migration: migration.clone(),
+            }),
+        );
+        op.save(&source, Some(in_flight)).await?;
+        op.phase("finish on destination");
+        let h = handover(&record, &new_flavor, was_running);
+        op.peer(
+            &migration.dest_host,
+            "finish-resize",
+            InstanceRequest::FinishResize {
+                migration: migration.clone(),
+                handover: Box::new(h),
+            },
+        )
+        .await?;
+        op.save(&source, None).await
+    }
+    .await;
+    match r {
+        Ok(()) => Finished::ok(InstanceState::ResizeSource, Some(source)),
+        Err(cause) => {
+            warn!(instance = %op.uuid, error = %cause, "resize failed; bringing the instance back");
+            // The destination removed its copy; bring the instance back here exactly as a
+            // revert does (bindings back where they moved, devices, domain).
+            let back = bring_back(op, source.clone()).await;
+            let rollback = back.result.map_err(|e| e.to_string());
+            Finished::rolled_back(Request::Resize, back.state, back.record, cause, rollback)
+        }
+    }
+}
+
+/// Destination side of a cross-host resize: define with the new flavor, register the
+/// predicted waits, bind the ports here, plug, start paused, await, resume if it ran.
+pub(crate) async fn finish_resize(op: &mut OpCtx, migration: Migration, h: Handover) -> Finished {
+    let mut record = match record_from_handover(op, &h) {
+        Ok(r) => r,
+        Err(e) => return Finished::err(InstanceState::Gone, None, e),
+    };
+    record.resize = Some(ResizeRecord {
+        migration: migration.clone(),
+        role: ResizeRole::Target,
+        old_flavor: h.old_flavor.clone(),
+        was_running: h.power_on,
+    });
+    record.state = InstanceState::ResizeTarget;
+    op.use_record(&record);
+    op.deps.events.track(op.uuid);
+    let done = with_rollback(
+        op,
+        // Not boot_with_events: the ports are bound here between registering the waits and
+        // plugging (their bind-time events come from that move).
+        async |op| {
+            let prediction = predicted(
+                op,
+                &Operation::FinishResize {
+                    same_host: migration.same_host(),
+                },
+                &record.network_info.vifs,
+            )?;
+            op.phase("define");
+            let in_flight = op.in_flight(
+                "finish-resize",
+                InFlight::FinishResize(MigrationStep {
+                    migration: migration.clone(),
+                }),
+            );
+            op.define(&record, Some(in_flight)).await?;
+            let pol = policy(op);
+            let bind = op
+                .expect(Timing::BindTime, prediction.bind_time_events(), pol)
+                .await?;
+            let plug = op
+                .expect(Timing::PlugTime, prediction.plug_time_events(), pol)
+                .await?;
+            op.phase("bind ports here");
+            bind_ports_here(op, &record.network_info).await?;
+            op.phase("plug");
+            op.plug_all(&record).await?;
+            op.phase("start paused");
+            op.start_paused().await?;
+            op.phase("wait for events");
+            op.wait(bind).await?;
+            op.wait(plug).await?;
+            if h.power_on {
+                op.resume().await?;
+            } else {
+                op.destroy_domain().await?;
+            }
+            op.save(&record, None).await
+        },
+        async |op, e| give_up_copy(op, &record, e).await,
+    )
+    .await;
+    match done {
+        Ok(()) => Finished::ok(InstanceState::ResizeTarget, Some(record)),
+        Err(rolled_back) => rolled_back,
+    }
+}
+
+/// A failed finish-resize gives this host's copy up: the source takes the instance back.
+async fn give_up_copy(op: &mut OpCtx, record: &InstanceRecord, e: InstanceError) -> Finished {
+    // The source takes the instance back: this host gives it up whatever happens
+    // here. What libvirt could not remove (its connection lost) stays with the
+    // record, gone but kept, and the actor removes it once libvirt is back
+    // (never adopted again as a resize target by the recovery after a reconnect).
+    let destroyed = op.destroy_domain().await;
+    let unplugged = op.unplug_all(record).await;
+    let undefined = op.undefine_domain().await;
+    op.deps.events.forget(op.uuid);
+    match destroyed.and(unplugged).and(undefined) {
+        Ok(()) => Finished::err(InstanceState::Gone, None, e),
+        Err(left) => {
+            warn!(instance = %op.uuid, error = %left, "finish-resize rollback left the domain behind; it goes once libvirt is back");
+            Finished::err(InstanceState::Gone, Some(record.clone()), e)
+        }
+    }
+}
+
+/// Move every port's binding to this host (Nova's `migrate_instance_finish`).
+async fn bind_ports_here(op: &mut OpCtx, ni: &NetworkInfo) -> Result<Vec<PortId>, InstanceError> {
+    let net = op.deps.network.clone();
+    let host = op.deps.host.clone();
+    let mut moved = Vec::new();
+    for vif in &ni.vifs {
+        let port = op.net("get port", net.get_port(vif.id)).await?;
+        if port.host_id == host {
+            continue;
+        }
+        let update = PortUpdate {
+            host_id: Some(host.clone()),
+            ..PortUpdate::default()
+        };
+        op.net("bind port", net.update_port(vif.id, &update))
+            .await?;
+        moved.push(vif.id);
+    }
+    Ok(moved)
+}
+
+/// Where the resized instance runs: confirm.
+pub(crate) async fn confirm_resize(op: &mut OpCtx, record: InstanceRecord) -> Finished {
+    let Some(resize) = record.resize.clone() else {
+        return Finished::err(
+            InstanceState::Error,
+            Some(record),
+            InstanceError::Invalid("no resize to confirm".into()),
+        );
+    };
+    // No event waits and nothing to roll back (a failure leaves the resize to confirm
+    // again): a plain match, not [`with_rollback`].
+    let r = async {
+        if !resize.migration.same_host() {
+            op.phase("clean up the source");
+            match op
+                .peer(
+                    &resize.migration.source_host,
+                    "confirm-resize-source",
+                    InstanceRequest::ConfirmResizeSource,
+                )
+                .await
+            {
+                Ok(_) => {}
+                // The source holds nothing of the instance any more: clean already.
+                Err(InstanceError::Peer { source, .. })
+                    if matches!(*source, InstanceError::Refused(AdmissionError::NotFound(_))) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        let running = op.power().await? == PowerState::Running;
+        let mut done = record.clone();
+        done.resize = None;
+        done.state = running_or_stopped(running);
+        op.save(&done, None).await?;
+        Ok::<_, InstanceError>(done)
+    }
+    .await;
+    match r {
+        Ok(done) => Finished::ok(done.state, Some(done)),
+        Err(e) => Finished::err(InstanceState::ResizeTarget, Some(record), e),
+    }
+}
+
+/// The source of a confirmed resize: remove the old instance (domain, kept devices).
+pub(crate) async fn confirm_resize_source(op: &mut OpCtx, record: InstanceRecord) -> Finished {
+    op.phase("remove the old instance");
+    let mut errors = Vec::new();
+    if let Err(e) = op.destroy_domain().await {
+        errors.push(e);
+    }
+    if let Err(e) = op.unplug_all(&record).await {
+        errors.push(e);
+    }
+    if let Err(e) = op.undefine_domain().await {
+        errors.push(e);
+    }
+    if errors.is_empty() {
+        op.deps.events.forget(op.uuid);
+        Finished::ok(InstanceState::Gone, None)
+    } else {
+        Finished::err(InstanceState::Error, Some(record), errors.remove(0))
+    }
+}
+
+/// Where the resized instance runs: revert. Same host: all here. Otherwise remove the copy
+/// here, then have the source bring the instance back.
+pub(crate) async fn revert_resize(op: &mut OpCtx, record: InstanceRecord) -> Finished {
+    let Some(resize) = record.resize.clone() else {
+        return Finished::err(
+            InstanceState::Error,
+            Some(record),
+            InstanceError::Invalid("no resize to revert".into()),
+        );
+    };
+    if resize.migration.same_host() {
+        return revert_same_host(op, record, resize).await;
+    }
+    op.phase("remove the resized copy");
+    let in_flight = op.in_flight(
+        "revert",
+        InFlight::RevertResize(RevertStep {
+            migration: resize.migration.clone(),
+            was_running: None,
+        }),
+    );
+    let _ = op.save(&record, Some(in_flight)).await;
+    let mut errors = Vec::new();
+    if let Err(e) = op.destroy_domain().await {
+        errors.push(e);
+    }
+    if let Err(e) = op.unplug_all(&record).await {
+        errors.push(e);
+    }
+    if let Err(e) = op.undefine_domain().await {
+        errors.push(e);
+    }
+    if !errors.is_empty() {
+        return Finished::err(InstanceState::Error, Some(record), errors.remove(0));
+    }
+    op.deps.events.forget(op.uuid);
+    op.phase("bring back on the source");
+    match op
+        .peer(
+            &resize.migration.source_host,
+            "finish-revert-resize",
+            InstanceRequest::FinishRevertResize,
+        )
+        .await
+    {
+        Ok(_) => Finished::ok(InstanceState::Gone, None),
+        Err(e) => Finished::err(InstanceState::Gone, None, e),
+    }
+}
+
+/// The source of a reverted resize: bring the instance back.
+pub(crate) async fn finish_revert_resize(op: &mut OpCtx, record: InstanceRecord) -> Finished {
+    bring_back(op, record).await
+}
+
+/// Bring an instance whose domain waits stopped on this host back to life after the
+/// destination let go of it: expect the bind-time events, move the bindings back (only
+/// those that moved), await; expect the plug-time events, plug, start paused, await, resume
+/// if it ran. The waits are registered before their triggers, so an event Neutron sends at
+/// bind time — before any plug — is never missed.
+async fn bring_back(op: &mut OpCtx, record: InstanceRecord) -> Finished {
+    let Some(resize) = record.resize.clone() else {
+        return Finished::err(
+            InstanceState::Error,
+            Some(record),
+            InstanceError::Invalid("no resize to revert".into()),
+        );
+    };
+    let was_running = resize.was_running;
+    let done = with_rollback(
+        op,
+        async |op| {
+            let in_flight = op.in_flight(
+                "finish-revert",
+                InFlight::bring_back(op.request, resize.migration.clone()),
+            );
+            op.save(&record, Some(in_flight)).await?;
+            op.deps.events.track(op.uuid);
+            let prediction = predicted(
+                op,
+                &Operation::RevertResize {
+                    source: resize.migration.source_host.clone(),
+                    dest: resize.migration.dest_host.clone(),
+                },
+                &record.network_info.vifs,
+            )?;
+            // Bind-time events come only for ports whose binding really moves back.
+            let net = op.deps.network.clone();
+            let mut away = BTreeSet::new();
+            for vif in &record.network_info.vifs {
+                let port = op.net("get port", net.get_port(vif.id)).await?;
+                if port.host_id != op.deps.host {
+                    away.insert(vif.id);
+                }
+            }
+            // An agent-served port reports at bind time only while its devices are still wired
+            // here (kept through the resize); one whose devices went meanwhile (removed outside
+            // vireo, a host reboot) reports once they are plugged again.
+            let wired: BTreeSet<PortId> = op.deps.plugger.wiring().wired().into_iter().collect();
+            let mut bind_events = Vec::new();
+            let mut plug_events = prediction.plug_time_events();
+            for v in prediction
+                .vifs
+                .iter()
+                .filter(|v| v.timing == Timing::BindTime && away.contains(&v.port))
+            {
+                if v.kind.agent_served() && !wired.contains(&v.port) {
+                    plug_events.push(ExpectedEvent::plugged(v.port));
+                } else {
+                    bind_events.push(ExpectedEvent::plugged(v.port));
+                }
+            }
+            let pol = policy(op);
+            let bind = op.expect(Timing::BindTime, bind_events, pol).await?;
+            op.phase("bind ports back");
+            bind_ports_here(op, &record.network_info).await?;
+            op.phase("wait for bind-time events");
+            op.wait(bind).await?;
+            let plug = op.expect(Timing::PlugTime, plug_events, pol).await?;
+            op.phase("plug");
+            op.plug_all(&record).await?;
+            op.phase("start paused");
+            op.start_paused().await?;
+            op.phase("wait for plug-time events");
+            op.wait(plug).await?;
+            if was_running {
+                op.resume().await?;
+            } else {
+                op.destroy_domain().await?;
+            }
+            let mut done = record.clone();
+            done.resize = None;
+            done.state = running_or_stopped(was_running);
+            op.save(&done, None).await?;
+            Ok::<_, InstanceError>(done)
+        },
+        async |op, e| {
+            let _ = op.destroy_domain().await;
+            Finished::err(InstanceState::Error, Some(record.clone()), e)
+        },
+    )
+    .await;
+    match done {
+        Ok(done) => Finished::ok(done.state, Some(done)),
+        Err(rolled_back) => rolled_back,
+    }
+}
+
+async fn resize_same_host(
+    op: &mut OpCtx,
+    record: InstanceRecord,
+    from: InstanceState,
+    migration: Migration,
+    new_flavor: vireo_xml::metadata::Flavor,
+) -> Finished {
+    let was_running = from == InstanceState::Running;
+    let mut target = record.clone();
+    target.flavor = new_flavor;
+    target.resize = Some(ResizeRecord {
+        migration: migration.clone(),
+        role: ResizeRole::Target,
+        old_flavor: record.flavor.clone(),
+        was_running,
+    });
+    target.state = InstanceState::ResizeTarget;
+    let done = with_rollback(
+        op,
+        async |op| {
+            let in_flight = op.in_flight(
+                "resize",
+                InFlight::Resize(MigrationStep {
+                    migration: migration.clone(),
+                }),
+            );
+            op.save(&record, Some(in_flight.clone())).await?;
+            op.phase("power off");
+            op.shutdown_domain(op.deps.config.power_off_timeout).await?;
+            op.phase("redefine");
+            op.define(&target, Some(in_flight)).await?;
+            boot_with_events(
+                op,
+                &target,
+                Operation::FinishResize { same_host: true },
+                was_running,
+            )
+            .await?;
+            op.save(&target, None).await
+        },
+        async |op, cause| {
+            // Back to the old definition, running again if it ran (with its devices: a
+            // failed plug may have been of devices that had gone).
+            let back = async {
+                op.destroy_domain().await?;
+                op.define(&record, None).await?;
+                if was_running {
+                    op.plug_all(&record).await?;
+                    op.lv("start", op.deps.libvirt.clone().start(op.uuid, false))
+                        .await?;
+                    op.attached().await;
+                }
+                Ok::<_, InstanceError>(())
+            }
+            .await;
+            let back = back.map_err(|e| e.to_string());
+            Finished::rolled_back(Request::Resize, from, Some(record.clone()), cause, back)
+        },
+    )
+    .await;
+    match done {
+        Ok(()) => Finished::ok(InstanceState::ResizeTarget, Some(target)),
+        Err(rolled_back) => rolled_back,
+    }
+}
+
+/// Same-host revert: the resized guest's VIFs are unplugged and plugged again for the
+/// original guest (so every agent-served port reports at plug time).
+async fn revert_same_host(
+    op: &mut OpCtx,
+    record: InstanceRecord,
+    resize: ResizeRecord,
+) -> Finished {
+    let mut back = record.clone();
+    back.flavor = resize.old_flavor.clone();
+    back.resize = None;
+    let done = with_rollback(
+        op,
+        async |op| {
+            let in_flight = op.in_flight(
+                "revert",
+                InFlight::RevertResize(RevertStep {
+                    migration: resize.migration.clone(),
+                    was_running: Some(resize.was_running),
+                }),
+            );
+            op.save(&record, Some(in_flight.clone())).await?;
+            op.phase("remove the resized guest");
+            op.destroy_domain().await?;
+            op.unplug_all(&record).await?;
+            op.phase("redefine");
+            op.define(&back, Some(in_flight)).await?;
+            boot_with_events(
+                op,
+                &back,
+                Operation::RevertResize {
+                    source: resize.migration.source_host.clone(),
+                    dest: resize.migration.dest_host.clone(),
+                },
+                resize.was_running,
+            )
+            .await?;
+            let mut done = back.clone();
+            done.state = running_or_stopped(resize.was_running);
+            op.save(&done, None).await
+        },
+        async |op, e| {
+            let _ = op.destroy_domain().await;
+            Finished::err(InstanceState::Error, Some(back.clone()), e)
+        },
+    )
+    .await;
+    match done {
+        Ok(()) => Finished::ok(running_or_stopped(resize.was_running), Some(back)),
+        Err(rolled_back) => rolled_back,
+    }
+}

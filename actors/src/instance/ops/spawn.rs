@@ -1,0 +1,276 @@
+//! Spawn and destroy: what makes an instance exist on this host and what removes it.
+//!
+//! Why one module: the build's rollback *is* a destroy (domain, devices, definition, then
+//! the networking released), and the reschedule clean-up is a destroy that releases the
+//! networking; keeping them together keeps the order of those steps in one place. The
+//! only in-flight marker here is [`InFlight::Spawn`], written with the first definition
+//! (recovery rolls an interrupted build back); destroy writes none (it is idempotent and
+//! simply runs again).
+
+use tracing::warn;
+
+use crate::lifecycle::{InstanceState, Request};
+use crate::network::{BindingStatus, NetworkError, PortUpdate, MIGRATING_TO};
+use crate::predict::Operation;
+use crate::vif::NetworkInfo;
+
+use crate::instance::in_flight::InFlight;
+use crate::instance::op::OpCtx;
+use crate::instance::record::InstanceRecord;
+use crate::instance::types::{DestroyArgs, InstanceError, NetworkRequest, Released, SpawnArgs};
+
+use super::{
+    boot_predicted, predicted, refresh_active, running_or_stopped, with_rollback, Finished,
+};
+
+/// Build the instance: network (allocate or take the caller's), define, register the
+/// predicted waits, plug, start paused, await, resume. Any failure: destroy, unplug,
+/// undefine, release the networking, then report a build failure that may be rescheduled.
+pub(crate) async fn spawn(op: &mut OpCtx, args: SpawnArgs) -> Finished {
+    let SpawnArgs {
+        name,
+        flavor,
+        boot,
+        network,
+        power_on,
+    } = args;
+    op.phase("network");
+    // Known to the network-event actor from the start: an event that comes from here on
+    // (a port going ACTIVE while its status is read below) is kept for the waits
+    // registered later, not dropped as one for an unknown instance.
+    op.deps.events.track(op.uuid);
+    let host = op.deps.host.clone();
+    let network_info = match network {
+        NetworkRequest::Allocate(requests) => {
+            let net = op.deps.network.clone();
+            match op
+                .net(
+                    "allocate",
+                    net.allocate_for_instance(op.uuid, &host, &requests),
+                )
+                .await
+            {
+                Ok(ni) => ni,
+                // allocate_for_instance cleaned up after itself.
+                Err(cause) => {
+                    op.deps.events.forget(op.uuid);
+                    return Finished::err(
+                        InstanceState::Gone,
+                        None,
+                        InstanceError::BuildFailed {
+                            reschedule: true,
+                            released: Released::default(),
+                            cause: Box::new(cause),
+                        },
+                    );
+                }
+            }
+        }
+        NetworkRequest::Allocated(ni) => ni,
+    };
+    let record = InstanceRecord {
+        uuid: op.uuid,
+        name,
+        flavor,
+        boot,
+        network_info,
+        state: InstanceState::Building,
+        resize: None,
+    };
+    op.use_record(&record);
+    let done = with_rollback(
+        op,
+        async |op| {
+            // The caller's network_info may be older than the ports: a port that is ACTIVE on
+            // this host already has no transition left to report. Read after the operation
+            // began, so an event that makes it ACTIVE from here on is kept for the wait.
+            let mut network_info = record.network_info.clone();
+            refresh_active(op, &mut network_info).await?;
+            let mut record = record.clone();
+            record.network_info = network_info.clone();
+            let state = spawn_steps(op, &record, power_on).await?;
+            Ok((state, network_info))
+        },
+        // The record as it was before the refresh: the ports the build was given.
+        async |op, cause| {
+            op.phase("rollback");
+            let mut leftovers = Vec::new();
+            if let Err(e) = op.destroy_domain().await {
+                leftovers.push(format!("destroy: {e}"));
+            }
+            if let Err(e) = op.unplug_all(&record).await {
+                leftovers.push(format!("unplug: {e}"));
+            }
+            if let Err(e) = op.undefine_domain().await {
+                leftovers.push(format!("undefine: {e}"));
+            }
+            let released = release_network(op, &record.network_info).await;
+            let reschedule = !matches!(
+                cause,
+                InstanceError::Invalid(_)
+                    | InstanceError::Predict(_)
+                    | InstanceError::VifConfig(_)
+                    | InstanceError::Record(_)
+            );
+            let (released, release_err) = match released {
+                Ok(r) => (r, None),
+                Err(e) => (Released::default(), Some(e)),
+            };
+            op.report.released = Some(released.clone());
+            op.deps.events.forget(op.uuid);
+            if let Some(e) = release_err {
+                leftovers.push(format!("release networking: {e}"));
+            }
+            if leftovers.is_empty() {
+                // Everything removed: a build failure (maybe rescheduled), not RolledBack.
+                Finished::err(
+                    InstanceState::Gone,
+                    None,
+                    InstanceError::BuildFailed {
+                        reschedule,
+                        released,
+                        cause: Box::new(cause),
+                    },
+                )
+            } else {
+                warn!(instance = %op.uuid, ?leftovers, "build clean-up incomplete");
+                Finished::err(
+                    InstanceState::Error,
+                    Some(record.clone()),
+                    InstanceError::RollbackFailed {
+                        request: Request::Spawn,
+                        rollback: leftovers.join("; "),
+                        cause: Box::new(cause),
+                    },
+                )
+            }
+        },
+    )
+    .await;
+    match done {
+        Ok((state, network_info)) => {
+            let mut record = record;
+            record.network_info = network_info;
+            Finished::ok(state, Some(record))
+        }
+        Err(rolled_back) => rolled_back,
+    }
+}
+
+/// Define (in flight: spawn), then boot as every start does. The prediction comes first: a
+/// VIF the model refuses fails the build before the domain exists.
+async fn spawn_steps(
+    op: &mut OpCtx,
+    record: &InstanceRecord,
+    power_on: bool,
+) -> Result<InstanceState, InstanceError> {
+    let prediction = predicted(op, &Operation::Spawn, &record.network_info.vifs)?;
+    op.phase("define");
+    let in_flight = op.in_flight("define", InFlight::Spawn);
+    op.define(record, Some(in_flight)).await?;
+    boot_predicted(op, record, &prediction, power_on).await?;
+    let state = running_or_stopped(power_on);
+    let mut done = record.clone();
+    done.state = state;
+    op.save(&done, None).await?;
+    Ok(state)
+}
+
+/// Release the instance's networking (delete the ports vireo created, unbind the others).
+async fn release_network(op: &mut OpCtx, ni: &NetworkInfo) -> Result<Released, InstanceError> {
+    let net = op.deps.network.clone();
+    let uuid = op.uuid;
+    op.phase("release networking");
+    op.net("deallocate", net.deallocate_for_instance(uuid, ni))
+        .await
+        .map(Released::from)
+}
+
+/// Destroy the domain, unplug every VIF, undefine; optionally release networking.
+/// Idempotent: whatever is already gone is skipped.
+pub(crate) async fn destroy(
+    op: &mut OpCtx,
+    record: Option<InstanceRecord>,
+    args: DestroyArgs,
+) -> Finished {
+    op.phase("destroy");
+    let mut errors = Vec::new();
+    if let Err(e) = op.destroy_domain().await {
+        errors.push(e);
+    }
+    if let Some(r) = &record {
+        if let Err(e) = op.unplug_all(r).await {
+            errors.push(e);
+        }
+    }
+    if let Err(e) = op.undefine_domain().await {
+        errors.push(e);
+    }
+    if args.deallocate_network {
+        if let Some(r) = &record {
+            let released = match clear_migration_leftovers(op, &r.network_info).await {
+                Ok(()) => release_network(op, &r.network_info).await,
+                // Unbinding now would hide what is left: keep the ports for a retry.
+                Err(e) => Err(e),
+            };
+            match released {
+                Ok(released) => op.report.released = Some(released),
+                Err(e) => errors.push(e),
+            }
+        }
+    }
+    if errors.is_empty() {
+        op.deps.events.forget(op.uuid);
+        Finished::ok(InstanceState::Gone, None)
+    } else {
+        let first = errors.remove(0);
+        Finished::err(InstanceState::Error, record, first)
+    }
+}
+
+/// A live migration whose rollback could not reach the network service leaves
+/// `migrating_to` and inactive bindings for the destination on the ports. The release
+/// deletes the ports vireo created, bindings and all, and only unbinds user-supplied ones:
+/// take those marks off them first.
+async fn clear_migration_leftovers(op: &mut OpCtx, ni: &NetworkInfo) -> Result<(), InstanceError> {
+    let net = op.deps.network.clone();
+    for vif in ni.vifs.iter().filter(|v| v.preserve_on_delete) {
+        let bindings = match op.net("show bindings", net.show_bindings(vif.id)).await {
+            Ok(b) => b,
+            // Gone, or no longer bound to an instance (released already): nothing of ours.
+            Err(InstanceError::Network { source, .. })
+                if matches!(source, NetworkError::PortNotFound { .. })
+                    || source.http_status() == Some(400) =>
+            {
+                continue
+            }
+            Err(e) => return Err(e),
+        };
+        for b in &bindings {
+            match b.status {
+                BindingStatus::Inactive => {
+                    op.net(
+                        "delete leftover binding",
+                        net.delete_binding(vif.id, &b.host),
+                    )
+                    .await?;
+                }
+                BindingStatus::Active if b.profile.contains_key(MIGRATING_TO) => {
+                    let mut profile = b.profile.clone();
+                    profile.remove(MIGRATING_TO);
+                    let update = PortUpdate {
+                        profile: Some(profile),
+                        ..PortUpdate::default()
+                    };
+                    op.net(
+                        "clear leftover migrating_to",
+                        net.update_port(vif.id, &update),
+                    )
+                    .await?;
+                }
+                BindingStatus::Active => {}
+            }
+        }
+    }
+    Ok(())
+}
