@@ -195,12 +195,8 @@ impl InstanceActor {
     /// Start an admitted request; its completion goes to the ticket.
     fn admit(&mut self, request: InstanceRequest, ctx: &mut Context<Self>) -> Ticket {
         let kind = request.kind();
-        let fut = self.start(request, ctx);
-        let admitted = match &self.running {
-            Some(r) => Admitted::Started(r.op_id),
-            None => Admitted::Queued,
-        };
-        let (ticket, tx) = Ticket::new(kind, admitted);
+        let (op_id, fut) = self.begin(request, ctx);
+        let (ticket, tx) = Ticket::new(kind, Admitted::Started(op_id));
         ctx.spawn(fut.map(move |reply, _act, _ctx| {
             let _ = tx.send(reply);
         }));
@@ -226,6 +222,15 @@ impl InstanceActor {
         request: InstanceRequest,
         ctx: &mut Context<Self>,
     ) -> ResponseActFuture<Self, Reply> {
+        self.begin(request, ctx).1
+    }
+
+    /// Start `request` now: its operation id, and the future that runs it.
+    fn begin(
+        &mut self,
+        request: InstanceRequest,
+        ctx: &mut Context<Self>,
+    ) -> (OpId, ResponseActFuture<Self, Reply>) {
         let kind = request.kind();
         let op_id = OpId(self.op_ids.fetch_add(1, Ordering::Relaxed) + 1);
         let live = Arc::new(Mutex::new(LiveProgress::default()));
@@ -265,12 +270,12 @@ impl InstanceActor {
             (fin, power, op.into_report())
         }
         .instrument(span);
-        Box::pin(
-            fut.into_actor(self)
-                .map(move |(fin, power, report), act, ctx| {
-                    act.finish(kind, from, fin, power, report, ctx)
-                }),
-        )
+        let fut = fut
+            .into_actor(self)
+            .map(move |(fin, power, report), act, ctx| {
+                act.finish(kind, from, fin, power, report, ctx)
+            });
+        (op_id, Box::pin(fut))
     }
 
     fn finish(

@@ -446,13 +446,20 @@ impl AgentService {
             self.rejected(kind);
             return Err(ApiError::ShuttingDown);
         }
-        let destroy = matches!(request, InstanceRequest::Destroy(_));
-        let submitted = match self.driver.submit(uuid, request.clone()).await {
+        let destroy = match &request {
+            InstanceRequest::Destroy(args) => Some(*args),
+            _ => None,
+        };
+        let submitted = match (self.driver.submit(uuid, request).await, destroy) {
             // A destroy that preempted a running operation can reach the instance's actor
             // just as that operation's rollback removes it; destroy is idempotent, so ask
             // once more.
-            Err(AdmissionError::Unavailable) if destroy => self.driver.submit(uuid, request).await,
-            other => other,
+            (Err(AdmissionError::Unavailable), Some(args)) => {
+                self.driver
+                    .submit(uuid, InstanceRequest::Destroy(args))
+                    .await
+            }
+            (other, _) => other,
         };
         let ticket = match submitted {
             // Deleting what is not here: the API's answer is 404 (the driver's is done).
