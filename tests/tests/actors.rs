@@ -39,6 +39,25 @@ async fn eventually_state(h: &Host, id: uuid::Uuid, want: InstanceState) {
     .await
 }
 
+/// Make a running instance's guest one that restarts when asked to power off: redefine it so
+/// and start it again.
+async fn make_stubborn(h: &Host, id: uuid::Uuid) {
+    let lv = h.driver.libvirt();
+    h.driver.power_off(id, None).await.unwrap();
+    let xml = lv.xml_desc(id, true).await.unwrap();
+    assert!(xml.contains("<on_poweroff>destroy</on_poweroff>"), "{xml}");
+    lv.define_xml(
+        xml.replace(
+            "<on_poweroff>destroy</on_poweroff>",
+            "<on_poweroff>restart</on_poweroff>",
+        ),
+        false,
+    )
+    .await
+    .unwrap();
+    h.driver.power_on(id).await.unwrap();
+}
+
 // ----------------------------------------------------------------------------------------
 // One operation at a time
 
@@ -115,19 +134,7 @@ async fn admission_is_answered_before_the_operation_runs_and_one_destroy_waits_a
     // A destroy is admitted next to a running operation, behind it; a second one is refused.
     // The operation: a power-off of a guest that restarts when asked to stop, so it runs its
     // whole 2 s grace period (destroy cancels event waits; a power-off has none).
-    let lv = h1.driver.libvirt();
-    h1.driver.power_off(id, None).await.unwrap();
-    let xml = lv.xml_desc(id, true).await.unwrap();
-    lv.define_xml(
-        xml.replace(
-            "<on_poweroff>destroy</on_poweroff>",
-            "<on_poweroff>restart</on_poweroff>",
-        ),
-        false,
-    )
-    .await
-    .unwrap();
-    h1.driver.power_on(id).await.unwrap();
+    make_stubborn(h1, id).await;
     let timeout = Some(Duration::from_secs(2));
     let power_off = h1.driver.submit(id, InstanceRequest::PowerOff { timeout });
     let power_off = power_off.await.unwrap();
@@ -682,26 +689,12 @@ async fn suspend_resume_and_power_off_from_suspended() {
 async fn power_off_that_the_guest_ignores_ends_hard_after_the_timeout() {
     let c = spec(&["h1"]).start().await;
     let h1 = c.host("h1");
-    let lv = h1.driver.libvirt();
     let id = uuid();
     h1.driver
         .spawn(id, spawn_args("vm-stubborn", vec![on(NET_NATIVE)]))
         .await
         .unwrap();
-    // A guest that restarts when asked to power off: redefine it so and start it again.
-    h1.driver.power_off(id, None).await.unwrap();
-    let xml = lv.xml_desc(id, true).await.unwrap();
-    assert!(xml.contains("<on_poweroff>destroy</on_poweroff>"), "{xml}");
-    lv.define_xml(
-        xml.replace(
-            "<on_poweroff>destroy</on_poweroff>",
-            "<on_poweroff>restart</on_poweroff>",
-        ),
-        false,
-    )
-    .await
-    .unwrap();
-    h1.driver.power_on(id).await.unwrap();
+    make_stubborn(h1, id).await;
     let t0 = Instant::now();
     let r = h1
         .driver

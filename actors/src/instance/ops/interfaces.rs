@@ -8,7 +8,7 @@
 //! anything of the interface changes.
 
 use crate::lifecycle::{InstanceState, Request};
-use crate::predict::{Operation, Timing};
+use crate::predict::Operation;
 use crate::vif::{NetworkInfo, PortId, Vif};
 
 use crate::instance::in_flight::{InFlight, InterfaceStep};
@@ -16,7 +16,7 @@ use crate::instance::op::OpCtx;
 use crate::instance::record::InstanceRecord;
 use crate::instance::types::InstanceError;
 
-use super::{policy, predicted, refresh_active, with_rollback, Finished};
+use super::{expect_predicted, predicted, refresh_active, with_rollback, Finished};
 
 /// Hot-plug a port: expect its events, plug, attach the device, await.
 pub(crate) async fn attach_interface(
@@ -60,13 +60,7 @@ pub(crate) async fn attach_interface(
             refresh_active(op, &mut single).await?;
             let prediction = predicted(op, &Operation::AttachInterface, &single.vifs)?;
             let live = from != InstanceState::Stopped;
-            let pol = policy(op);
-            let bind = op
-                .expect(Timing::BindTime, prediction.bind_time_events(), pol)
-                .await?;
-            let plug = op
-                .expect(Timing::PlugTime, prediction.plug_time_events(), pol)
-                .await?;
+            let (bind, plug) = expect_predicted(op, &prediction).await?;
             // The interface is marked in flight before anything of it exists: an agent that
             // dies before the attach finished has recovery take it away again.
             op.save(&record, Some(in_flight.clone())).await?;

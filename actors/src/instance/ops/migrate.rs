@@ -25,7 +25,8 @@ use crate::instance::types::{
 };
 
 use super::{
-    handover, policy, predicted, record_from_handover, settle_state, with_rollback, Finished,
+    expect_predicted, handover, predicted, record_from_handover, settle_state, with_rollback,
+    Finished,
 };
 
 /// Source side of a live migration: inactive bindings for the destination, `migrating_to`
@@ -355,13 +356,7 @@ pub(crate) async fn post_live_migration(
                 },
                 &record.network_info.vifs,
             )?;
-            let pol = policy(op);
-            let bind = op
-                .expect(Timing::BindTime, prediction.bind_time_events(), pol)
-                .await?;
-            let plug = op
-                .expect(Timing::PlugTime, prediction.plug_time_events(), pol)
-                .await?;
+            let (bind, plug) = expect_predicted(op, &prediction).await?;
             op.phase("activate bindings");
             let net = op.deps.network.clone();
             let host = op.deps.host.clone();

@@ -36,7 +36,7 @@ use crate::predict::{predict, Operation, Prediction, Timing};
 use crate::vif::{NetworkInfo, Vif};
 
 use crate::instance::admission::AdmissionError;
-use crate::instance::op::OpCtx;
+use crate::instance::op::{OpCtx, PendingWait};
 use crate::instance::record::InstanceRecord;
 use crate::instance::types::{
     DestroyArgs, Handover, InstanceError, InstanceRequest, PowerState, RebootKind,
@@ -139,6 +139,34 @@ fn policy(op: &OpCtx) -> WaitPolicy {
     op.deps.config.wait
 }
 
+/// Remove this host's domain of the instance: destroy it, unplug its VIFs, undefine it. Each
+/// step is tried whatever the one before did; the first failure is the answer.
+pub(crate) async fn remove_domain(
+    op: &mut OpCtx,
+    record: &InstanceRecord,
+) -> Result<(), InstanceError> {
+    let destroyed = op.destroy_domain().await;
+    let unplugged = op.unplug_all(record).await;
+    let undefined = op.undefine_domain().await;
+    destroyed.and(unplugged).and(undefined)
+}
+
+/// Register the prediction's bind-time and plug-time waits: before whatever triggers either
+/// (binding the ports, plugging), so that no event of theirs can come first.
+pub(crate) async fn expect_predicted(
+    op: &mut OpCtx,
+    prediction: &Prediction,
+) -> Result<(PendingWait, PendingWait), InstanceError> {
+    let pol = policy(op);
+    let bind = op
+        .expect(Timing::BindTime, prediction.bind_time_events(), pol)
+        .await?;
+    let plug = op
+        .expect(Timing::PlugTime, prediction.plug_time_events(), pol)
+        .await?;
+    Ok((bind, plug))
+}
+
 /// The power a stable state implies after an operation that may have started the guest.
 fn running_or_stopped(running: bool) -> InstanceState {
     if running {
@@ -197,13 +225,7 @@ async fn boot_predicted(
     prediction: &Prediction,
     run: bool,
 ) -> Result<(), InstanceError> {
-    let pol = policy(op);
-    let bind = op
-        .expect(Timing::BindTime, prediction.bind_time_events(), pol)
-        .await?;
-    let plug = op
-        .expect(Timing::PlugTime, prediction.plug_time_events(), pol)
-        .await?;
+    let (bind, plug) = expect_predicted(op, prediction).await?;
     op.phase("plug");
     op.plug_all(record).await?;
     op.phase("start paused");

@@ -26,8 +26,8 @@ use crate::instance::types::{
 };
 
 use super::{
-    boot_with_events, handover, policy, predicted, record_from_handover, running_or_stopped,
-    with_rollback, Finished,
+    boot_with_events, expect_predicted, handover, policy, predicted, record_from_handover,
+    remove_domain, running_or_stopped, with_rollback, Finished,
 };
 
 /// Source side of a resize. Same host: the whole resize here. Otherwise: power off (devices
@@ -147,13 +147,7 @@ pub(crate) async fn finish_resize(op: &mut OpCtx, migration: Migration, h: Hando
                 }),
             );
             op.define(&record, Some(in_flight)).await?;
-            let pol = policy(op);
-            let bind = op
-                .expect(Timing::BindTime, prediction.bind_time_events(), pol)
-                .await?;
-            let plug = op
-                .expect(Timing::PlugTime, prediction.plug_time_events(), pol)
-                .await?;
+            let (bind, plug) = expect_predicted(op, &prediction).await?;
             op.phase("bind ports here");
             bind_ports_here(op, &record.network_info).await?;
             op.phase("plug");
@@ -185,11 +179,9 @@ async fn give_up_copy(op: &mut OpCtx, record: &InstanceRecord, e: InstanceError)
     // here. What libvirt could not remove (its connection lost) stays with the
     // record, gone but kept, and the actor removes it once libvirt is back
     // (never adopted again as a resize target by the recovery after a reconnect).
-    let destroyed = op.destroy_domain().await;
-    let unplugged = op.unplug_all(record).await;
-    let undefined = op.undefine_domain().await;
+    let removed = remove_domain(op, record).await;
     op.deps.events.forget(op.uuid);
-    match destroyed.and(unplugged).and(undefined) {
+    match removed {
         Ok(()) => Finished::err(InstanceState::Gone, None, e),
         Err(left) => {
             warn!(instance = %op.uuid, error = %left, "finish-resize rollback left the domain behind; it goes once libvirt is back");
@@ -265,21 +257,12 @@ pub(crate) async fn confirm_resize(op: &mut OpCtx, record: InstanceRecord) -> Fi
 /// The source of a confirmed resize: remove the old instance (domain, kept devices).
 pub(crate) async fn confirm_resize_source(op: &mut OpCtx, record: InstanceRecord) -> Finished {
     op.phase("remove the old instance");
-    let mut errors = Vec::new();
-    if let Err(e) = op.destroy_domain().await {
-        errors.push(e);
-    }
-    if let Err(e) = op.unplug_all(&record).await {
-        errors.push(e);
-    }
-    if let Err(e) = op.undefine_domain().await {
-        errors.push(e);
-    }
-    if errors.is_empty() {
-        op.deps.events.forget(op.uuid);
-        Finished::ok(InstanceState::Gone, None)
-    } else {
-        Finished::err(InstanceState::Error, Some(record), errors.remove(0))
+    match remove_domain(op, &record).await {
+        Ok(()) => {
+            op.deps.events.forget(op.uuid);
+            Finished::ok(InstanceState::Gone, None)
+        }
+        Err(e) => Finished::err(InstanceState::Error, Some(record), e),
     }
 }
 
@@ -305,18 +288,8 @@ pub(crate) async fn revert_resize(op: &mut OpCtx, record: InstanceRecord) -> Fin
         }),
     );
     let _ = op.save(&record, Some(in_flight)).await;
-    let mut errors = Vec::new();
-    if let Err(e) = op.destroy_domain().await {
-        errors.push(e);
-    }
-    if let Err(e) = op.unplug_all(&record).await {
-        errors.push(e);
-    }
-    if let Err(e) = op.undefine_domain().await {
-        errors.push(e);
-    }
-    if !errors.is_empty() {
-        return Finished::err(InstanceState::Error, Some(record), errors.remove(0));
+    if let Err(e) = remove_domain(op, &record).await {
+        return Finished::err(InstanceState::Error, Some(record), e);
     }
     op.deps.events.forget(op.uuid);
     op.phase("bring back on the source");
