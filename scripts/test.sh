@@ -6,7 +6,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-section() { printf '\n=== %s (%s)\n' "$1" "$(date +%T)"; }
+section() {
+  printf '\n=== %s (%s, %s free)\n' "$1" "$(date +%T)" "$(df -h --output=avail . | tail -n1 | tr -d ' ')"
+}
+
+# One build per clone: incremental state would only double the target directory.
+export CARGO_INCREMENTAL=0
 
 section "host set-up"
 bash integration/host-setup.sh up --with-neutron
@@ -27,3 +32,4 @@ if [[ -x scripts/fuzz.sh ]]; then
 fi
 
 section "done"
+du -sh target fuzz/target 2>/dev/null || true
