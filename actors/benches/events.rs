@@ -21,7 +21,7 @@ use vireo_actors::events::{
     Deliver, DeliverBatch, EventConfig, Expect, NetworkEventActor, OpId, Stats, WaitPolicy,
 };
 use vireo_actors::external::{EventName, EventStatus, ExternalEvent};
-use vireo_actors::predict::{predict, ExpectedEvent, Operation, Wiring};
+use vireo_actors::predict::{predict, EventOp, ExpectedEvent, Wiring};
 use vireo_actors::vif::{NetworkInfo, PortId};
 
 const WAITING: u32 = 1_000;
@@ -81,7 +81,7 @@ fn cpu_time(f: impl FnOnce()) -> Duration {
 }
 
 fn bench_predict(c: &mut Criterion) {
-    let op = Operation::RevertResize {
+    let op = EventOp::RevertResize {
         source: "h1".into(),
         dest: "h2".into(),
     };

@@ -31,10 +31,9 @@ use crate::instance::admission::{AdmissionError, Ticket};
 use crate::instance::deps::{HostDeps, PeerHost};
 use crate::instance::in_flight::Interrupted;
 use crate::instance::op::power_of;
+use crate::instance::operation::Operation;
 use crate::instance::record::InstanceRecord;
-use crate::instance::types::{
-    InstanceError, InstanceReply, InstanceRequest, InstanceView, PowerState,
-};
+use crate::instance::types::{InstanceError, InstanceReply, InstanceView, PowerState};
 use crate::libvirt::LibvirtEvent;
 use crate::lifecycle::{InstanceState, Request};
 
@@ -46,7 +45,7 @@ pub struct Route {
     /// The instance.
     pub uuid: Uuid,
     /// The request.
-    pub request: InstanceRequest,
+    pub request: Operation,
 }
 
 /// Show one instance.
@@ -163,7 +162,7 @@ impl HostActor {
 }
 
 /// May this request create the instance's actor?
-fn creates(request: &InstanceRequest) -> bool {
+fn creates(request: &Operation) -> bool {
     matches!(
         request.kind(),
         Request::Spawn
@@ -455,11 +454,7 @@ impl HostHandle {
     }
 
     /// Submit a request to an instance: its actor admits it (the ticket) or refuses it.
-    pub async fn submit(
-        &self,
-        uuid: Uuid,
-        request: InstanceRequest,
-    ) -> Result<Ticket, AdmissionError> {
+    pub async fn submit(&self, uuid: Uuid, request: Operation) -> Result<Ticket, AdmissionError> {
         self.addr
             .send(Route { uuid, request })
             .await
@@ -470,7 +465,7 @@ impl HostHandle {
     pub async fn run(
         &self,
         uuid: Uuid,
-        request: InstanceRequest,
+        request: Operation,
     ) -> Result<InstanceReply, InstanceError> {
         self.submit(uuid, request).await?.finished().await
     }
@@ -520,7 +515,7 @@ impl PeerHost for HostHandle {
     async fn request(
         &self,
         instance: Uuid,
-        request: InstanceRequest,
+        request: Operation,
     ) -> Result<InstanceReply, InstanceError> {
         self.run(instance, request).await
     }

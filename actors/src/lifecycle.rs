@@ -128,7 +128,7 @@ pub fn valid_transition(from: InstanceState, to: InstanceState) -> bool {
 }
 
 /// Every operation a caller can ask of one instance.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Request {
     /// Build and start the instance here.
@@ -182,7 +182,48 @@ pub enum Request {
     Recover,
 }
 
+/// Who may ask for a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Caller {
+    /// A compute agent's user: the agent API's create, delete and actions.
+    Api,
+    /// The other host of a resize or live migration (the peer API).
+    Peer,
+    /// The driver itself (recovery at start-up).
+    Driver,
+}
+
 impl Request {
+    /// Who may ask for it.
+    pub fn caller(&self) -> Caller {
+        match self {
+            Request::FinishResize
+            | Request::ConfirmResizeSource
+            | Request::FinishRevertResize
+            | Request::PreLiveMigration
+            | Request::PostLiveMigrationAtDestination
+            | Request::RollbackLiveMigrationAtDestination => Caller::Peer,
+            Request::Recover => Caller::Driver,
+            Request::Spawn
+            | Request::Destroy
+            | Request::PowerOff
+            | Request::PowerOn
+            | Request::RebootSoft
+            | Request::RebootHard
+            | Request::Pause
+            | Request::Unpause
+            | Request::Suspend
+            | Request::Resume
+            | Request::Resize
+            | Request::ConfirmResize
+            | Request::RevertResize
+            | Request::LiveMigrate
+            | Request::AttachInterface
+            | Request::DetachInterface
+            | Request::CleanupForReschedule => Caller::Api,
+        }
+    }
+
     /// Every request.
     pub const ALL: [Request; 24] = [
         Request::Spawn,

@@ -223,7 +223,7 @@ pub fn classify(
 
 /// An operation, as far as events are concerned. Pure data.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub enum Operation {
+pub enum EventOp {
     /// Build a new instance on this host.
     Spawn,
     /// Destroy and recreate the domain; bindings unchanged.
@@ -265,25 +265,25 @@ pub enum Operation {
     UpdateBindingProfile,
 }
 
-impl Operation {
+impl EventOp {
     /// The operation's name as `vireo events explain` takes it.
     pub fn name(&self) -> &'static str {
         match self {
-            Operation::Spawn => "spawn",
-            Operation::HardReboot => "hard-reboot",
-            Operation::PowerOn => "power-on",
-            Operation::FinishResize { .. } => "finish-resize",
-            Operation::RevertResize { .. } => "revert-resize",
-            Operation::LiveMigration { .. } => "live-migration",
-            Operation::PostLiveMigration { .. } => "post-live-migration",
-            Operation::AttachInterface => "attach-interface",
-            Operation::UpdateBindingProfile => "update-binding-profile",
+            EventOp::Spawn => "spawn",
+            EventOp::HardReboot => "hard-reboot",
+            EventOp::PowerOn => "power-on",
+            EventOp::FinishResize { .. } => "finish-resize",
+            EventOp::RevertResize { .. } => "revert-resize",
+            EventOp::LiveMigration { .. } => "live-migration",
+            EventOp::PostLiveMigration { .. } => "post-live-migration",
+            EventOp::AttachInterface => "attach-interface",
+            EventOp::UpdateBindingProfile => "update-binding-profile",
         }
     }
 
     /// The table column this operation falls in.
     pub fn column(&self) -> Result<Column, PredictError> {
-        let distinct = |op: &Operation, a: &str, b: &str| {
+        let distinct = |op: &EventOp, a: &str, b: &str| {
             if a.is_empty() || b.is_empty() {
                 return Err(PredictError::InvalidMigration {
                     operation: op.name(),
@@ -293,34 +293,34 @@ impl Operation {
             Ok(a != b)
         };
         Ok(match self {
-            Operation::Spawn => Column::Spawn,
-            Operation::HardReboot => Column::HardReboot,
-            Operation::PowerOn => Column::PowerOn,
-            Operation::FinishResize { same_host: false } => Column::FinishResizeCrossHost,
-            Operation::FinishResize { same_host: true } => Column::FinishResizeSameHost,
-            Operation::RevertResize { source, dest } => {
+            EventOp::Spawn => Column::Spawn,
+            EventOp::HardReboot => Column::HardReboot,
+            EventOp::PowerOn => Column::PowerOn,
+            EventOp::FinishResize { same_host: false } => Column::FinishResizeCrossHost,
+            EventOp::FinishResize { same_host: true } => Column::FinishResizeSameHost,
+            EventOp::RevertResize { source, dest } => {
                 if distinct(self, source, dest)? {
                     Column::RevertResizeCrossHost
                 } else {
                     Column::RevertResizeSameHost
                 }
             }
-            Operation::LiveMigration { source, dest }
-            | Operation::PostLiveMigration { source, dest } => {
+            EventOp::LiveMigration { source, dest }
+            | EventOp::PostLiveMigration { source, dest } => {
                 if !distinct(self, source, dest)? {
                     return Err(PredictError::InvalidMigration {
                         operation: self.name(),
                         why: "source and destination are the same host",
                     });
                 }
-                if matches!(self, Operation::LiveMigration { .. }) {
+                if matches!(self, EventOp::LiveMigration { .. }) {
                     Column::LiveMigrationSource
                 } else {
                     Column::PostLiveMigrationDest
                 }
             }
-            Operation::AttachInterface => Column::AttachInterface,
-            Operation::UpdateBindingProfile => Column::UpdateBindingProfile,
+            EventOp::AttachInterface => Column::AttachInterface,
+            EventOp::UpdateBindingProfile => Column::UpdateBindingProfile,
         })
     }
 }
@@ -328,27 +328,27 @@ impl Operation {
 /// A column of the event table: an operation with the host relation resolved.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Column {
-    /// [`Operation::Spawn`].
+    /// [`EventOp::Spawn`].
     Spawn,
-    /// [`Operation::AttachInterface`].
+    /// [`EventOp::AttachInterface`].
     AttachInterface,
-    /// [`Operation::HardReboot`].
+    /// [`EventOp::HardReboot`].
     HardReboot,
-    /// [`Operation::PowerOn`].
+    /// [`EventOp::PowerOn`].
     PowerOn,
-    /// [`Operation::FinishResize`] to another host.
+    /// [`EventOp::FinishResize`] to another host.
     FinishResizeCrossHost,
-    /// [`Operation::FinishResize`] on the same host.
+    /// [`EventOp::FinishResize`] on the same host.
     FinishResizeSameHost,
-    /// [`Operation::RevertResize`] from another host.
+    /// [`EventOp::RevertResize`] from another host.
     RevertResizeCrossHost,
-    /// [`Operation::RevertResize`] on the same host.
+    /// [`EventOp::RevertResize`] on the same host.
     RevertResizeSameHost,
-    /// [`Operation::LiveMigration`] (source side).
+    /// [`EventOp::LiveMigration`] (source side).
     LiveMigrationSource,
-    /// [`Operation::PostLiveMigration`] (destination side).
+    /// [`EventOp::PostLiveMigration`] (destination side).
     PostLiveMigrationDest,
-    /// [`Operation::UpdateBindingProfile`].
+    /// [`EventOp::UpdateBindingProfile`].
     UpdateBindingProfile,
 }
 
@@ -589,7 +589,7 @@ impl Prediction {
 
 /// Predict the events of `operation` for `vifs` given what vireo keeps wired.
 pub fn predict(
-    operation: &Operation,
+    operation: &EventOp,
     vifs: &[Vif],
     wiring: &Wiring,
 ) -> Result<Prediction, PredictError> {

@@ -15,7 +15,7 @@ use std::fmt;
 use std::str::FromStr;
 use std::sync::Arc;
 
-use serde::{Serialize, Serializer};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::{Map, Value};
 use uuid::Uuid;
 use vireo_xml::types::{MacAddress, PciAddress};
@@ -291,6 +291,13 @@ impl FromStr for PortId {
         Uuid::parse_str(s)
             .map(PortId)
             .map_err(|_| Problem::BadUuid(s.to_owned()))
+    }
+}
+
+impl<'de> Deserialize<'de> for PortId {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
     }
 }
 

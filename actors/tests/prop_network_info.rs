@@ -15,7 +15,7 @@
 use proptest::prelude::*;
 use proptest::sample::select;
 use serde_json::{json, Map, Value};
-use vireo_actors::predict::{predict, DeviceForm, Operation, PredictError, Wiring};
+use vireo_actors::predict::{predict, DeviceForm, EventOp, PredictError, Wiring};
 use vireo_actors::vif::{NetworkInfo, Problem, VifError, VifType, VnicType};
 
 /// Free text with XML and shell metacharacters, whitespace and any Unicode.
@@ -506,16 +506,16 @@ proptest! {
     ) {
         let text = text_of(&vifs);
         let op = match column {
-            0 => Operation::Spawn,
-            1 => Operation::AttachInterface,
-            2 => Operation::HardReboot,
-            3 => Operation::PowerOn,
-            4 => Operation::FinishResize { same_host: pre },
-            5 => Operation::RevertResize { source: "a".into(), dest: "b".into() },
-            6 => Operation::LiveMigration { source: "a".into(), dest: "b".into() },
-            7 => Operation::PostLiveMigration { source: "a".into(), dest: "b".into() },
-            8 => Operation::UpdateBindingProfile,
-            _ => Operation::LiveMigration { source: "a".into(), dest: "a".into() },
+            0 => EventOp::Spawn,
+            1 => EventOp::AttachInterface,
+            2 => EventOp::HardReboot,
+            3 => EventOp::PowerOn,
+            4 => EventOp::FinishResize { same_host: pre },
+            5 => EventOp::RevertResize { source: "a".into(), dest: "b".into() },
+            6 => EventOp::LiveMigration { source: "a".into(), dest: "b".into() },
+            7 => EventOp::PostLiveMigration { source: "a".into(), dest: "b".into() },
+            8 => EventOp::UpdateBindingProfile,
+            _ => EventOp::LiveMigration { source: "a".into(), dest: "a".into() },
         };
         let form = if pre { DeviceForm::PreCreated } else { DeviceForm::LibvirtManaged };
         let w = Wiring { ovs_native: form, linux_bridge: form };

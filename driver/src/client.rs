@@ -15,11 +15,12 @@ use serde::Serialize;
 use serde_json::Value;
 use uuid::Uuid;
 use vireo_actors::external::ExternalEvent;
+use vireo_actors::instance::Operation;
 
 use crate::agent::auth::Token;
 use crate::agent::model::{
-    Accepted, Action, CreateInstance, ErrorBody, EventAnswer, EventsAnswer, Health, Instance,
-    InstanceList, OpState, Operation, OperationList, PeerReply, PeerRequest,
+    Accepted, CreateInstance, ErrorBody, EventAnswer, EventsAnswer, Health, Instance, InstanceList,
+    OpState, OpStatus, OperationList, PeerReply,
 };
 
 const DEFAULT_HEADER_LOWER: &str = "x-auth-token";
@@ -266,7 +267,7 @@ impl AgentClient {
     }
 
     /// `POST /v1/instances`: the operation to poll.
-    pub async fn create_instance(&self, req: &CreateInstance) -> Result<Operation, ClientError> {
+    pub async fn create_instance(&self, req: &CreateInstance) -> Result<OpStatus, ClientError> {
         let a: Accepted = self
             .call(Method::POST, "/v1/instances", None, Some(req))
             .await?;
@@ -278,7 +279,7 @@ impl AgentClient {
         &self,
         uuid: Uuid,
         deallocate_network: bool,
-    ) -> Result<Operation, ClientError> {
+    ) -> Result<OpStatus, ClientError> {
         let q = (!deallocate_network).then(|| ("deallocate_network", "false".to_owned()));
         let a: Accepted = self
             .call(
@@ -292,7 +293,7 @@ impl AgentClient {
     }
 
     /// `POST /v1/instances/{uuid}/action`.
-    pub async fn action(&self, uuid: Uuid, action: &Action) -> Result<Operation, ClientError> {
+    pub async fn action(&self, uuid: Uuid, action: &Operation) -> Result<OpStatus, ClientError> {
         let a: Accepted = self
             .call(
                 Method::POST,
@@ -305,7 +306,7 @@ impl AgentClient {
     }
 
     /// `GET /v1/operations/{id}`.
-    pub async fn operation(&self, id: Uuid) -> Result<Operation, ClientError> {
+    pub async fn operation(&self, id: Uuid) -> Result<OpStatus, ClientError> {
         self.call(
             Method::GET,
             &format!("/v1/operations/{id}"),
@@ -316,7 +317,7 @@ impl AgentClient {
     }
 
     /// `GET /v1/operations[?instance=UUID]`.
-    pub async fn operations(&self, instance: Option<Uuid>) -> Result<Vec<Operation>, ClientError> {
+    pub async fn operations(&self, instance: Option<Uuid>) -> Result<Vec<OpStatus>, ClientError> {
         let q = instance.map(|u| ("instance", u.to_string()));
         let l: OperationList = self
             .call(Method::GET, "/v1/operations", q, None::<&()>)
@@ -347,7 +348,7 @@ impl AgentClient {
     pub async fn peer_request(
         &self,
         uuid: Uuid,
-        request: &PeerRequest,
+        request: &Operation,
         timeout: Duration,
     ) -> Result<PeerReply, ClientError> {
         let path = format!("/v1/peer/instances/{uuid}");
@@ -392,8 +393,8 @@ impl AgentClient {
         &self,
         id: Uuid,
         every: Duration,
-        mut progress: impl FnMut(&Operation, Option<&Instance>),
-    ) -> Result<Operation, ClientError> {
+        mut progress: impl FnMut(&OpStatus, Option<&Instance>),
+    ) -> Result<OpStatus, ClientError> {
         loop {
             let op = self.operation(id).await?;
             if op.state != OpState::Running {

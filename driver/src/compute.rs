@@ -18,8 +18,8 @@ use vireo_actors::external::ExternalEvent;
 use vireo_actors::host::{HostHandle, RecoveryReport};
 use vireo_actors::instance::{
     AdmissionError, DestroyArgs, HostDeps, InstanceConfig, InstanceError, InstanceReply,
-    InstanceRequest, InstanceView, LiveMigrateArgs, OpReport, Peers, RebootKind, ResizeArgs,
-    SpawnArgs, Ticket,
+    InstanceView, LiveMigrateArgs, OpReport, Operation, Peers, RebootKind, ResizeArgs, SpawnArgs,
+    Ticket,
 };
 use vireo_actors::libvirt::{Libvirt, LibvirtConfig, LibvirtError, LibvirtHandle};
 use vireo_actors::network::NetworkApi;
@@ -33,7 +33,7 @@ use crate::plug::{HostPlugger, PlugConfig};
 
 /// The hypervisor layer of one compute host.
 ///
-/// Every operation names its instance by uuid and is one [`InstanceRequest`], handed over
+/// Every operation names its instance by uuid and is one [`Operation`], handed over
 /// with [`ComputeDriver::submit`]: the instance's actor admits it at once (a [`Ticket`] that
 /// carries its completion) or refuses it (an [`AdmissionError`]: busy, illegal in this state,
 /// not found, unavailable) — the only admission check there is. Operations on one instance run
@@ -52,7 +52,7 @@ pub trait ComputeDriver: Send + Sync + std::fmt::Debug {
 
     /// Submit an operation: admitted (the ticket; the operation runs to its end or its
     /// rollback whether or not the ticket is waited for) or refused (nothing runs).
-    async fn submit(&self, uuid: Uuid, request: InstanceRequest) -> Result<Ticket, AdmissionError>;
+    async fn submit(&self, uuid: Uuid, request: Operation) -> Result<Ticket, AdmissionError>;
 
     /// One instance: state, power, VIFs, the operation in progress and the events it waits
     /// for.
@@ -86,13 +86,13 @@ pub trait ComputeOps: ComputeDriver {
     async fn complete(
         &self,
         uuid: Uuid,
-        request: InstanceRequest,
+        request: Operation,
     ) -> Result<InstanceReply, InstanceError> {
         self.submit(uuid, request).await?.finished().await
     }
 
     /// Submit `request` and wait for its report.
-    async fn run(&self, uuid: Uuid, request: InstanceRequest) -> Result<OpReport, InstanceError> {
+    async fn run(&self, uuid: Uuid, request: Operation) -> Result<OpReport, InstanceError> {
         match self.complete(uuid, request).await? {
             InstanceReply::Done { report, .. } => Ok(report),
         }
@@ -102,13 +102,13 @@ pub trait ComputeOps: ComputeDriver {
     /// and its networking released (ports vireo created deleted, user ports unbound) before
     /// [`InstanceError::BuildFailed`] says whether the build may be rescheduled.
     async fn spawn(&self, uuid: Uuid, args: SpawnArgs) -> Result<OpReport, InstanceError> {
-        self.run(uuid, InstanceRequest::Spawn(Box::new(args))).await
+        self.run(uuid, Operation::Spawn(Box::new(args))).await
     }
 
     /// Destroy the domain, unplug its VIFs, undefine it; with `deallocate_network`, release
     /// its networking. Idempotent.
     async fn destroy(&self, uuid: Uuid, args: DestroyArgs) -> Result<OpReport, InstanceError> {
-        self.run(uuid, InstanceRequest::Destroy(args)).await
+        self.run(uuid, Operation::Destroy(args)).await
     }
 
     /// Graceful shutdown within `timeout` (None: the configured default), then hard.
@@ -117,55 +117,54 @@ pub trait ComputeOps: ComputeDriver {
         uuid: Uuid,
         timeout: Option<Duration>,
     ) -> Result<OpReport, InstanceError> {
-        self.run(uuid, InstanceRequest::PowerOff { timeout }).await
+        self.run(uuid, Operation::PowerOff { timeout }).await
     }
 
     /// Start a stopped instance, waiting for the network events the model predicts.
     async fn power_on(&self, uuid: Uuid) -> Result<OpReport, InstanceError> {
-        self.run(uuid, InstanceRequest::PowerOn).await
+        self.run(uuid, Operation::PowerOn {}).await
     }
 
     /// Reboot (soft falls back to hard; hard waits only for the predicted events).
     async fn reboot(&self, uuid: Uuid, kind: RebootKind) -> Result<OpReport, InstanceError> {
-        self.run(uuid, InstanceRequest::Reboot(kind)).await
+        self.run(uuid, Operation::reboot(kind)).await
     }
 
     /// Pause the vCPUs.
     async fn pause(&self, uuid: Uuid) -> Result<OpReport, InstanceError> {
-        self.run(uuid, InstanceRequest::Pause).await
+        self.run(uuid, Operation::Pause {}).await
     }
 
     /// Resume the vCPUs.
     async fn unpause(&self, uuid: Uuid) -> Result<OpReport, InstanceError> {
-        self.run(uuid, InstanceRequest::Unpause).await
+        self.run(uuid, Operation::Unpause {}).await
     }
 
     /// Save the guest to disk.
     async fn suspend(&self, uuid: Uuid) -> Result<OpReport, InstanceError> {
-        self.run(uuid, InstanceRequest::Suspend).await
+        self.run(uuid, Operation::Suspend {}).await
     }
 
     /// Restore a suspended guest.
     async fn resume(&self, uuid: Uuid) -> Result<OpReport, InstanceError> {
-        self.run(uuid, InstanceRequest::Resume).await
+        self.run(uuid, Operation::Resume {}).await
     }
 
     /// Resize (or cold-migrate) from this host; the destination finishes it and it waits
     /// there for confirm or revert. Same host: all of it here.
     async fn resize(&self, uuid: Uuid, args: ResizeArgs) -> Result<OpReport, InstanceError> {
-        self.run(uuid, InstanceRequest::Resize(Box::new(args)))
-            .await
+        self.run(uuid, Operation::Resize(Box::new(args))).await
     }
 
     /// On the host the resized instance runs on: confirm (the source cleans up).
     async fn confirm_resize(&self, uuid: Uuid) -> Result<OpReport, InstanceError> {
-        self.run(uuid, InstanceRequest::ConfirmResize).await
+        self.run(uuid, Operation::ConfirmResize {}).await
     }
 
     /// On the host the resized instance runs on: revert (the instance goes back to the
     /// source, waiting for exactly the events that will come — bind-time ones included).
     async fn revert_resize(&self, uuid: Uuid) -> Result<OpReport, InstanceError> {
-        self.run(uuid, InstanceRequest::RevertResize).await
+        self.run(uuid, Operation::RevertResize {}).await
     }
 
     /// Live-migrate from this host. On failure the migration is rolled back from here:
@@ -176,24 +175,24 @@ pub trait ComputeOps: ComputeDriver {
         uuid: Uuid,
         args: LiveMigrateArgs,
     ) -> Result<OpReport, InstanceError> {
-        self.run(uuid, InstanceRequest::LiveMigrate(Box::new(args)))
-            .await
+        self.run(uuid, Operation::LiveMigrate(Box::new(args))).await
     }
 
     /// Hot-plug an interface (its port bound to this host).
     async fn attach_interface(&self, uuid: Uuid, vif: Vif) -> Result<OpReport, InstanceError> {
-        self.run(uuid, InstanceRequest::AttachInterface(Box::new(vif)))
+        self.run(uuid, Operation::AttachInterface { vif: Box::new(vif) })
             .await
     }
 
     /// Hot-unplug an interface.
     async fn detach_interface(&self, uuid: Uuid, port: PortId) -> Result<OpReport, InstanceError> {
-        self.run(uuid, InstanceRequest::DetachInterface(port)).await
+        self.run(uuid, Operation::DetachInterface { port_id: port })
+            .await
     }
 
     /// Remove a failed build's remains and release its networking so it can be rescheduled.
     async fn cleanup_for_reschedule(&self, uuid: Uuid) -> Result<OpReport, InstanceError> {
-        self.run(uuid, InstanceRequest::CleanupForReschedule).await
+        self.run(uuid, Operation::CleanupForReschedule {}).await
     }
 }
 
@@ -513,7 +512,7 @@ impl ComputeDriver for LibvirtDriver {
         vireo_actors::instance::PeerHost::name(&self.host)
     }
 
-    async fn submit(&self, uuid: Uuid, request: InstanceRequest) -> Result<Ticket, AdmissionError> {
+    async fn submit(&self, uuid: Uuid, request: Operation) -> Result<Ticket, AdmissionError> {
         self.host.submit(uuid, request).await
     }
 

@@ -25,7 +25,7 @@ use vireo_actors::instance::{
 use vireo_actors::lifecycle::InstanceState;
 use vireo_actors::network::{NetworkApi, PortRequest, PortUpdate};
 use vireo_actors::plug::{DomainForm, FaultMode, InjectedFault, PlugStep, VifPlugger};
-use vireo_actors::predict::{predict, Operation, Timing};
+use vireo_actors::predict::{predict, EventOp, Timing};
 use vireo_actors::vif::{NetworkInfo, PortId, VnicType};
 use vireo_xml::domain::DomainType;
 use vireo_xml::metadata::Flavor;
@@ -354,7 +354,7 @@ impl Demo<'_> {
     }
 
     /// Print what vireo predicts for an operation, with reasons.
-    async fn explain(&mut self, op: Operation, uuid: Uuid, host: &str) -> Result<(), DemoError> {
+    async fn explain(&mut self, op: EventOp, uuid: Uuid, host: &str) -> Result<(), DemoError> {
         let view = self
             .driver(host)
             .show(uuid)
@@ -584,7 +584,7 @@ impl Demo<'_> {
         // ---- 2. A normal life.
         self.title("2. A normal life: hard reboot, power off/on, pause, suspend, soft reboot")?;
         self.note("vireo predicts for a hard reboot:")?;
-        self.explain(Operation::HardReboot, a, "h1").await?;
+        self.explain(EventOp::HardReboot, a, "h1").await?;
         let h1 = self.h1.clone();
         self.note("hard reboot (waits only where libvirt recreates the tap):")?;
         self.op("hard reboot", a, h1.reboot(a, RebootKind::Hard))
@@ -614,18 +614,12 @@ impl Demo<'_> {
         self.op(
             "resize",
             a,
-            h1.resize(
-                a,
-                ResizeArgs {
-                    migration: m.clone(),
-                    new_flavor: flavor("m1.medium", 2, 1024),
-                },
-            ),
+            h1.resize(a, ResizeArgs::of(&m, flavor("m1.medium", 2, 1024))),
         )
         .await?;
         self.note("vireo predicts for the revert on h1:")?;
         self.explain(
-            Operation::RevertResize {
+            EventOp::RevertResize {
                 source: "h1".into(),
                 dest: "h2".into(),
             },
@@ -699,18 +693,12 @@ impl Demo<'_> {
         self.op(
             "same-host resize",
             b,
-            h1.resize(
-                b,
-                ResizeArgs {
-                    migration: same,
-                    new_flavor: flavor("m1.medium", 2, 1024),
-                },
-            ),
+            h1.resize(b, ResizeArgs::of(&same, flavor("m1.medium", 2, 1024))),
         )
         .await?;
         self.note("vireo predicts for the same-host revert:")?;
         self.explain(
-            Operation::RevertResize {
+            EventOp::RevertResize {
                 source: "h1".into(),
                 dest: "h1".into(),
             },
@@ -745,14 +733,7 @@ impl Demo<'_> {
             let since = Instant::now();
             let h1 = self.h1.clone();
             match h1
-                .live_migrate(
-                    a,
-                    LiveMigrateArgs {
-                        migration: m,
-                        shared_block_storage: shared_block,
-                        shared_instance_path: shared_path,
-                    },
-                )
+                .live_migrate(a, LiveMigrateArgs::of(&m, shared_block, shared_path))
                 .await
             {
                 Ok(_) => {

@@ -648,6 +648,7 @@ async fn bad_bodies_are_refused_before_the_driver() {
             400,
         ),
         (json!({"action": "power-off", "timeout": 100000}), 400),
+        (json!({"action": "finish-revert-resize"}), 400),
         (
             json!({"action": "attach-interface", "vif": {"id": "x"}}),
             400,

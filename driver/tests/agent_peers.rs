@@ -30,7 +30,7 @@ use vireo::compute::{ComputeDriver, ComputeOps, LibvirtDriver, SharedNetwork};
 use vireo::network::embedded::{EmbeddedConfig, EmbeddedNetwork, EmbeddedNetworkDef, Mechanism};
 use vireo_actors::external::{EventSink, ExternalEvent};
 use vireo_actors::instance::{
-    AdmissionError, InstanceError, InstanceRequest, Migration, PeerHost, ResizeArgs,
+    AdmissionError, InstanceError, Migration, Operation, PeerHost, ResizeArgs,
 };
 use vireo_actors::lifecycle::Request;
 use vireo_actors::network::{BindingStatus, NetworkApi, PortStatus};
@@ -696,20 +696,20 @@ async fn a_peer_that_is_down_gives_a_typed_error_and_the_source_rolls_back() {
         .driver
         .resize(
             uuid,
-            ResizeArgs {
-                migration: Migration {
+            ResizeArgs::of(
+                &Migration {
                     id: Uuid::new_v4(),
                     source_host: "h1".into(),
                     dest_host: "h3".into(),
                 },
-                new_flavor: Flavor {
+                Flavor {
                     name: "m1.small".into(),
                     vcpus: 2,
                     memory_mb: 256,
                     root_gb: 0,
                     extra_specs: Default::default(),
                 },
-            },
+            ),
         )
         .await
         .unwrap_err();
@@ -892,7 +892,7 @@ async fn the_peer_endpoint_needs_the_api_token_and_takes_only_peer_requests() {
     let (h1, h2) = (&c.nodes[0], &c.nodes[1]);
     let unknown = Uuid::new_v4();
     let path = h1.url(&format!("/v1/peer/instances/{unknown}"));
-    let body = json!({"request": "confirm-resize-source"});
+    let body = json!({"action": "confirm-resize-source"});
     let anon = reqwest::Client::new();
 
     let post = |req: reqwest::RequestBuilder| {
@@ -928,11 +928,12 @@ async fn the_peer_endpoint_needs_the_api_token_and_takes_only_peer_requests() {
 
     // Only the six peer requests, with exactly their arguments.
     for bad in [
-        json!({"request": "spawn"}),
-        json!({"request": "confirm-resize"}),
-        json!({"request": "revert-resize"}),
-        json!({"request": "confirm-resize-source", "force": true}),
+        json!({"action": "spawn"}),
+        json!({"action": "confirm-resize"}),
+        json!({"action": "revert-resize"}),
+        json!({"action": "confirm-resize-source", "force": true}),
         json!({"action": "pause"}),
+        json!({"request": "confirm-resize-source"}),
     ] {
         let (s, v) = h1
             .post(&format!("/v1/peer/instances/{unknown}"), &bad)
@@ -954,7 +955,7 @@ async fn the_peer_endpoint_needs_the_api_token_and_takes_only_peer_requests() {
     // the image directories is refused and nothing is created.
     let f = json!({"name": "m1", "vcpus": 1, "memory_mb": 128, "root_gb": 0});
     let finish = json!({
-        "request": "finish-resize",
+        "action": "finish-resize",
         "migration": {"id": Uuid::new_v4(), "source_host": "h2", "dest_host": "h1"},
         "handover": {"name": "vm-x", "flavor": f, "old_flavor": f,
                      "boot": {"type": "kernel", "kernel": "/etc/passwd"},
@@ -982,7 +983,7 @@ async fn the_peer_endpoint_needs_the_api_token_and_takes_only_peer_requests() {
     };
     let wrong = HttpPeer::new(&link("wrong-token-0123456789")).unwrap();
     let e = wrong
-        .request(unknown, InstanceRequest::ConfirmResizeSource)
+        .request(unknown, Operation::ConfirmResizeSource {})
         .await
         .unwrap_err();
     assert_eq!(
@@ -992,7 +993,7 @@ async fn the_peer_endpoint_needs_the_api_token_and_takes_only_peer_requests() {
     );
     let right = HttpPeer::new(&link(&h1.token)).unwrap();
     let e = right
-        .request(unknown, InstanceRequest::ConfirmResizeSource)
+        .request(unknown, Operation::ConfirmResizeSource {})
         .await
         .unwrap_err();
     assert!(
@@ -1008,7 +1009,7 @@ async fn the_peer_endpoint_needs_the_api_token_and_takes_only_peer_requests() {
         .await;
     assert_eq!(op["state"], "succeeded", "{op}");
     let e = right
-        .request(running, InstanceRequest::ConfirmResizeSource)
+        .request(running, Operation::ConfirmResizeSource {})
         .await
         .unwrap_err();
     assert_eq!(
@@ -1025,10 +1026,7 @@ async fn the_peer_endpoint_needs_the_api_token_and_takes_only_peer_requests() {
     assert_eq!(h2.driver.peers().names(), ["h1", "h2"]);
     let via = h2.driver.peers().get("h1").unwrap();
     assert_eq!(via.migration_uri(), Some(h1.uri.clone()));
-    let e = via
-        .request(running, InstanceRequest::Pause)
-        .await
-        .unwrap_err();
+    let e = via.request(running, Operation::Pause {}).await.unwrap_err();
     assert!(matches!(e, InstanceError::Invalid(_)), "{e:?}");
     assert_eq!(h1.show(running).await.1["state"], "running");
 

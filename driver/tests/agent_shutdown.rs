@@ -15,8 +15,9 @@ use serde_json::{json, Value};
 use tokio::time::Instant;
 use uuid::Uuid;
 use vireo::agent::error::ApiError;
-use vireo::agent::model::{Action, OpState};
+use vireo::agent::model::OpState;
 use vireo::compute::ComputeDriver;
+use vireo_actors::instance::Operation;
 use vireo_tests::private_libvirtd::PrivateLibvirtd;
 
 const WITHIN: Duration = Duration::from_secs(30);
@@ -122,7 +123,7 @@ async fn an_operation_stuck_in_libvirt_is_aborted_at_the_deadline() {
     assert_eq!(m.ops_in_flight.load(Ordering::Relaxed), 0);
     // The registry is closed: nothing new is admitted.
     assert!(matches!(
-        agent.svc.action(a, Action::PowerOn {}).await,
+        agent.svc.action(a, Operation::PowerOn {}).await,
         Err(ApiError::ShuttingDown)
     ));
     assert!(refused(&agent).await);

@@ -10,7 +10,7 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use vireo_actors::predict::{DeviceForm, Operation, Wiring};
+use vireo_actors::predict::{DeviceForm, EventOp, Wiring};
 use vireo_xml::XmlError;
 
 /// Largest single allocation any target may make (far above anything a 64 KiB input needs).
@@ -97,33 +97,33 @@ pub fn bounded<R>(len: usize, f: impl FnOnce() -> R) -> R {
 
 /// The operations the event model is fuzzed under: every column of the table, plus one
 /// invalid migration (source = destination) that must be refused the same way everywhere.
-pub fn operation(selector: u8) -> Operation {
+pub fn operation(selector: u8) -> EventOp {
     let h = |s: &str| s.to_owned();
     match selector % 12 {
-        0 => Operation::Spawn,
-        1 => Operation::AttachInterface,
-        2 => Operation::HardReboot,
-        3 => Operation::PowerOn,
-        4 => Operation::FinishResize { same_host: false },
-        5 => Operation::FinishResize { same_host: true },
-        6 => Operation::RevertResize {
+        0 => EventOp::Spawn,
+        1 => EventOp::AttachInterface,
+        2 => EventOp::HardReboot,
+        3 => EventOp::PowerOn,
+        4 => EventOp::FinishResize { same_host: false },
+        5 => EventOp::FinishResize { same_host: true },
+        6 => EventOp::RevertResize {
             source: h("h1"),
             dest: h("h2"),
         },
-        7 => Operation::RevertResize {
+        7 => EventOp::RevertResize {
             source: h("h1"),
             dest: h("h1"),
         },
-        8 => Operation::LiveMigration {
+        8 => EventOp::LiveMigration {
             source: h("h1"),
             dest: h("h2"),
         },
-        9 => Operation::PostLiveMigration {
+        9 => EventOp::PostLiveMigration {
             source: h("h1"),
             dest: h("h2"),
         },
-        10 => Operation::UpdateBindingProfile,
-        _ => Operation::LiveMigration {
+        10 => EventOp::UpdateBindingProfile,
+        _ => EventOp::LiveMigration {
             source: h("h1"),
             dest: h("h1"),
         },

@@ -23,9 +23,7 @@ use vireo::agent::service::{AgentService, Settings};
 use vireo::compute::ComputeDriver;
 use vireo_actors::events::{EventStats, EventsHandle};
 use vireo_actors::external::{EventName, EventSink, EventStatus, ExternalEvent};
-use vireo_actors::instance::{
-    AdmissionError, InstanceError, InstanceRequest, InstanceView, Ticket,
-};
+use vireo_actors::instance::{AdmissionError, InstanceError, InstanceView, Operation, Ticket};
 
 use crate::HarnessError;
 
@@ -207,7 +205,7 @@ impl ComputeDriver for Router {
     fn host(&self) -> &str {
         &self.host
     }
-    async fn submit(&self, uuid: Uuid, request: InstanceRequest) -> Result<Ticket, AdmissionError> {
+    async fn submit(&self, uuid: Uuid, request: Operation) -> Result<Ticket, AdmissionError> {
         match self.pick(uuid).await {
             Ok(d) => d.submit(uuid, request).await,
             Err(_) => Err(AdmissionError::Unavailable),

@@ -18,16 +18,16 @@ use std::process::{Command, ExitCode};
 use std::time::{Duration, Instant};
 
 use uuid::Uuid;
-use vireo::agent::model::{Action, Flavor as ModelFlavor, OpState, Report as WireReport};
+use vireo::agent::model::{Flavor as ModelFlavor, OpState, Report as WireReport};
 use vireo::client::AgentClient;
 use vireo::compute::{ComputeDriver, ComputeOps};
 use vireo::network::embedded::{EmbeddedConfig, EmbeddedNetworkDef, Mechanism};
 use vireo::plug::leak::Fixture;
-use vireo_actors::instance::StepKind;
 use vireo_actors::instance::{
     BootSource, DestroyArgs, InstanceError, LiveMigrateArgs, Migration, NetworkRequest, OpReport,
     RebootKind, ResizeArgs,
 };
+use vireo_actors::instance::{Operation, StepKind};
 use vireo_actors::lifecycle::InstanceState;
 use vireo_actors::network::{NetworkApi, PortRequest};
 use vireo_actors::plug::DomainForm;
@@ -323,13 +323,8 @@ async fn resize_revert(s: &Scene<'_>, h: &Host, id: Uuid, vifs: &[Vif], finish_p
             h,
             "resize (same host)",
             id,
-            h.driver.resize(
-                id,
-                ResizeArgs {
-                    migration,
-                    new_flavor: flavor("m1.small", 1, 192),
-                },
-            ),
+            h.driver
+                .resize(id, ResizeArgs::of(&migration, flavor("m1.small", 1, 192))),
         )
         .await;
     assert_waits(s, "resize", &r, &[], finish_plug);
@@ -578,15 +573,15 @@ async fn live_migration_rollback(run: &Run) -> R {
                 id,
                 a.driver.live_migrate(
                     id,
-                    LiveMigrateArgs {
-                        migration: Migration {
+                    LiveMigrateArgs::of(
+                        &Migration {
                             id: Uuid::new_v4(),
                             source_host: a.name.clone(),
                             dest_host: dest.clone(),
                         },
-                        shared_block_storage: sbs,
-                        shared_instance_path: sip,
-                    },
+                        sbs,
+                        sip,
+                    ),
                 ),
             )
             .await
@@ -825,7 +820,7 @@ async fn api_op(
     client: &AgentClient,
     host: &str,
     uuid: Uuid,
-    action: Action,
+    action: Operation,
 ) -> Result<OpReport, InstanceError> {
     let remote = |code: &str, message: String| InstanceError::Remote {
         host: host.to_owned(),
@@ -1021,11 +1016,7 @@ async fn two_host_live_migration(run: &Run, b: &HostBAgent) -> R {
                 &a_api,
                 &h.name,
                 id,
-                Action::LiveMigrate {
-                    dest_host: bname.clone(),
-                    shared_block_storage: false,
-                    shared_instance_path: false,
-                },
+                Operation::LiveMigrate(Box::new(LiveMigrateArgs::new(&bname, false, false))),
             ),
         )
         .await;
@@ -1093,7 +1084,11 @@ async fn two_host_live_migration(run: &Run, b: &HostBAgent) -> R {
                 .await
                 .unwrap();
             assert_eq!(done.state, OpState::Succeeded, "{done:?}");
-            wire_report(done.report.unwrap()).map_err(InstanceError::Invalid)
+            wire_report(done.report.unwrap()).map_err(|m| InstanceError::Remote {
+                host: bname.clone(),
+                code: "bad-answer".into(),
+                message: m,
+            })
         })
         .await;
     assert_eq!(
@@ -1136,10 +1131,7 @@ async fn two_host_resize_revert(run: &Run, b: &HostBAgent) -> R {
                 &a_api,
                 &h.name,
                 id,
-                Action::Resize {
-                    flavor: small,
-                    dest_host: Some(bname.clone()),
-                },
+                Operation::Resize(Box::new(ResizeArgs::new(Some(&bname), small))),
             ),
         )
         .await;
@@ -1165,7 +1157,7 @@ async fn two_host_resize_revert(run: &Run, b: &HostBAgent) -> R {
         .remote_ok(
             "revert on B",
             id,
-            api_op(&b.client, &bname, id, Action::RevertResize {}),
+            api_op(&b.client, &bname, id, Operation::RevertResize {}),
         )
         .await;
     assert!(

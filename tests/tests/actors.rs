@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 use common::*;
 use vireo::compute::{ComputeDriver, ComputeOps};
 use vireo_actors::instance::{
-    AdmissionError, Admitted, BootSource, DestroyArgs, Handover, InstanceError, InstanceRequest,
-    LiveMigrateArgs, Migration, PowerState, RebootKind, ResizeArgs,
+    AdmissionError, Admitted, BootSource, DestroyArgs, Handover, InstanceError, LiveMigrateArgs,
+    Migration, Operation, PowerState, RebootKind, ResizeArgs,
 };
 use vireo_actors::lifecycle::{accepts, InstanceState, Request};
 use vireo_actors::network::{NetworkApi, PortUpdate};
@@ -78,10 +78,10 @@ async fn a_second_request_while_an_operation_runs_is_busy() {
     assert_eq!(op.request, "spawn");
     assert_eq!(op.waiting_for.len(), 1);
     for request in [
-        InstanceRequest::PowerOff { timeout: None },
-        InstanceRequest::Pause,
-        InstanceRequest::Reboot(RebootKind::Hard),
-        InstanceRequest::CleanupForReschedule,
+        Operation::PowerOff { timeout: None },
+        Operation::Pause {},
+        Operation::RebootHard {},
+        Operation::CleanupForReschedule {},
     ] {
         let e = h1.driver.submit(id, request).await.unwrap_err();
         assert!(
@@ -115,7 +115,7 @@ async fn admission_is_answered_before_the_operation_runs_and_one_destroy_waits_a
         .driver
         .submit(
             id,
-            InstanceRequest::Spawn(Box::new(spawn_args("vm-admit", vec![on(NET_NATIVE)]))),
+            Operation::Spawn(Box::new(spawn_args("vm-admit", vec![on(NET_NATIVE)]))),
         )
         .await
         .unwrap();
@@ -136,13 +136,13 @@ async fn admission_is_answered_before_the_operation_runs_and_one_destroy_waits_a
     // whole 2 s grace period (destroy cancels event waits; a power-off has none).
     make_stubborn(h1, id).await;
     let timeout = Some(Duration::from_secs(2));
-    let power_off = h1.driver.submit(id, InstanceRequest::PowerOff { timeout });
+    let power_off = h1.driver.submit(id, Operation::PowerOff { timeout });
     let power_off = power_off.await.unwrap();
     assert!(matches!(power_off.admitted(), Admitted::Started(_)));
-    let destroy = h1.driver.submit(id, InstanceRequest::Destroy(dealloc()));
+    let destroy = h1.driver.submit(id, Operation::Destroy(dealloc()));
     let destroy = destroy.await.unwrap();
     assert_eq!(destroy.admitted(), Admitted::Queued);
-    let again = h1.driver.submit(id, InstanceRequest::Destroy(dealloc()));
+    let again = h1.driver.submit(id, Operation::Destroy(dealloc()));
     assert_eq!(
         again.await.unwrap_err(),
         AdmissionError::Busy {
@@ -152,7 +152,7 @@ async fn admission_is_answered_before_the_operation_runs_and_one_destroy_waits_a
     power_off.finished().await.unwrap();
     destroy.finished().await.unwrap();
     // Nothing here now: a destroy is done at admission.
-    let nothing = h1.driver.submit(id, InstanceRequest::Destroy(dealloc()));
+    let nothing = h1.driver.submit(id, Operation::Destroy(dealloc()));
     let nothing = nothing.await.unwrap();
     assert_eq!(nothing.admitted(), Admitted::NothingHere);
     nothing.finished().await.unwrap();
@@ -171,7 +171,7 @@ async fn detaching_a_port_the_instance_does_not_have_is_refused_at_admission() {
     let stranger = PortId(uuid());
     let e = h1
         .driver
-        .submit(id, InstanceRequest::DetachInterface(stranger))
+        .submit(id, Operation::DetachInterface { port_id: stranger })
         .await
         .unwrap_err();
     assert_eq!(e, AdmissionError::NotAttached { port: stranger });
@@ -304,58 +304,58 @@ async fn instances_build_in_parallel() {
 // ----------------------------------------------------------------------------------------
 // Illegal requests
 
-fn sample(req: Request, vif: &Vif, handover: &Handover) -> InstanceRequest {
+fn sample(req: Request, vif: &Vif, handover: &Handover) -> Operation {
     let migration = Migration {
         id: uuid(),
         source_host: "h1".into(),
         dest_host: "h2".into(),
     };
     let r = match req {
-        Request::Spawn => InstanceRequest::Spawn(Box::new(spawn_args("vm-x", vec![]))),
-        Request::Destroy => InstanceRequest::Destroy(DestroyArgs::default()),
-        Request::PowerOff => InstanceRequest::PowerOff { timeout: None },
-        Request::PowerOn => InstanceRequest::PowerOn,
-        Request::RebootSoft => InstanceRequest::Reboot(RebootKind::Soft),
-        Request::RebootHard => InstanceRequest::Reboot(RebootKind::Hard),
-        Request::Pause => InstanceRequest::Pause,
-        Request::Unpause => InstanceRequest::Unpause,
-        Request::Suspend => InstanceRequest::Suspend,
-        Request::Resume => InstanceRequest::Resume,
-        Request::Resize => InstanceRequest::Resize(Box::new(ResizeArgs {
-            migration,
-            new_flavor: flavor("m1.small", 2, 512),
-        })),
-        Request::FinishResize => InstanceRequest::FinishResize {
+        Request::Spawn => Operation::Spawn(Box::new(spawn_args("vm-x", vec![]))),
+        Request::Destroy => Operation::Destroy(DestroyArgs::default()),
+        Request::PowerOff => Operation::PowerOff { timeout: None },
+        Request::PowerOn => Operation::PowerOn {},
+        Request::RebootSoft => Operation::RebootSoft {},
+        Request::RebootHard => Operation::RebootHard {},
+        Request::Pause => Operation::Pause {},
+        Request::Unpause => Operation::Unpause {},
+        Request::Suspend => Operation::Suspend {},
+        Request::Resume => Operation::Resume {},
+        Request::Resize => Operation::Resize(Box::new(ResizeArgs::of(
+            &migration,
+            flavor("m1.small", 2, 512),
+        ))),
+        Request::FinishResize => Operation::FinishResize {
             migration,
             handover: Box::new(handover.clone()),
         },
-        Request::ConfirmResize => InstanceRequest::ConfirmResize,
-        Request::ConfirmResizeSource => InstanceRequest::ConfirmResizeSource,
-        Request::RevertResize => InstanceRequest::RevertResize,
-        Request::FinishRevertResize => InstanceRequest::FinishRevertResize,
-        Request::LiveMigrate => InstanceRequest::LiveMigrate(Box::new(LiveMigrateArgs {
-            migration,
-            shared_block_storage: false,
-            shared_instance_path: false,
-        })),
-        Request::PreLiveMigration => InstanceRequest::PreLiveMigration {
+        Request::ConfirmResize => Operation::ConfirmResize {},
+        Request::ConfirmResizeSource => Operation::ConfirmResizeSource {},
+        Request::RevertResize => Operation::RevertResize {},
+        Request::FinishRevertResize => Operation::FinishRevertResize {},
+        Request::LiveMigrate => {
+            Operation::LiveMigrate(Box::new(LiveMigrateArgs::of(&migration, false, false)))
+        }
+        Request::PreLiveMigration => Operation::PreLiveMigration {
             migration,
             handover: Box::new(handover.clone()),
         },
         Request::PostLiveMigrationAtDestination => {
-            InstanceRequest::PostLiveMigrationAtDestination { migration }
+            Operation::PostLiveMigrationAtDestination { migration }
         }
         Request::RollbackLiveMigrationAtDestination => {
-            InstanceRequest::RollbackLiveMigrationAtDestination {
+            Operation::RollbackLiveMigrationAtDestination {
                 handover: Box::new(handover.clone()),
                 do_cleanup: true,
                 destroy_disks: true,
             }
         }
-        Request::AttachInterface => InstanceRequest::AttachInterface(Box::new(vif.clone())),
-        Request::DetachInterface => InstanceRequest::DetachInterface(vif.id),
-        Request::CleanupForReschedule => InstanceRequest::CleanupForReschedule,
-        Request::Recover => InstanceRequest::Recover(Box::new(
+        Request::AttachInterface => Operation::AttachInterface {
+            vif: Box::new(vif.clone()),
+        },
+        Request::DetachInterface => Operation::DetachInterface { port_id: vif.id },
+        Request::CleanupForReschedule => Operation::CleanupForReschedule {},
+        Request::Recover => Operation::Recover(Box::new(
             vireo_actors::instance::Interrupted::Marked(vireo_actors::instance::Marker {
                 id: "1".into(),
                 phase: "start".into(),
@@ -444,14 +444,14 @@ async fn every_request_is_refused_in_every_state_that_does_not_accept_it() {
     h1.driver
         .resize(
             resized,
-            ResizeArgs {
-                migration: Migration {
+            ResizeArgs::of(
+                &Migration {
                     id: uuid(),
                     source_host: "h1".into(),
                     dest_host: "h2".into(),
                 },
-                new_flavor: flavor("m1.small", 2, 512),
-            },
+                flavor("m1.small", 2, 512),
+            ),
         )
         .await
         .unwrap();
@@ -463,7 +463,7 @@ async fn every_request_is_refused_in_every_state_that_does_not_accept_it() {
     h2.driver
         .complete(
             incoming,
-            InstanceRequest::PreLiveMigration {
+            Operation::PreLiveMigration {
                 migration: Migration {
                     id: uuid(),
                     source_host: "h1".into(),
@@ -517,7 +517,7 @@ async fn every_request_is_refused_in_every_state_that_does_not_accept_it() {
     h2.driver
         .complete(
             incoming,
-            InstanceRequest::RollbackLiveMigrationAtDestination {
+            Operation::RollbackLiveMigrationAtDestination {
                 handover: Box::new(ho_in),
                 do_cleanup: true,
                 destroy_disks: true,
@@ -925,14 +925,14 @@ async fn power_paths_from_paused_and_stopped() {
         .driver
         .resize(
             id,
-            ResizeArgs {
-                migration: Migration {
+            ResizeArgs::of(
+                &Migration {
                     id: uuid(),
                     source_host: "h1".into(),
                     dest_host: "h1".into(),
                 },
-                new_flavor: flavor("m1.small", 2, 512),
-            },
+                flavor("m1.small", 2, 512),
+            ),
         )
         .await
         .unwrap();

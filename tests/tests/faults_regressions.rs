@@ -109,14 +109,14 @@ async fn revert_whose_kept_devices_went_waits_for_them_at_plug_time() {
     h1.driver
         .resize(
             id,
-            ResizeArgs {
-                migration: Migration {
+            ResizeArgs::of(
+                &Migration {
                     id: uuid(),
                     source_host: "h1".into(),
                     dest_host: "h2".into(),
                 },
-                new_flavor: flavor("m1.small", 2, 512),
-            },
+                flavor("m1.small", 2, 512),
+            ),
         )
         .await
         .unwrap();
@@ -177,14 +177,14 @@ async fn same_host_resize_rollback_starts_the_guest_with_its_devices() {
         .driver
         .resize(
             id,
-            ResizeArgs {
-                migration: Migration {
+            ResizeArgs::of(
+                &Migration {
                     id: uuid(),
                     source_host: "h1".into(),
                     dest_host: "h1".into(),
                 },
-                new_flavor: flavor("m1.small", 2, 512),
-            },
+                flavor("m1.small", 2, 512),
+            ),
         )
         .await
         .unwrap_err();

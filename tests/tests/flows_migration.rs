@@ -15,7 +15,7 @@ use async_trait::async_trait;
 use common::*;
 use vireo::compute::{ComputeDriver, ComputeOps};
 use vireo_actors::instance::{
-    AdmissionError, Handover, InstanceError, InstanceReply, InstanceRequest, Migration, PeerHost,
+    AdmissionError, Handover, InstanceError, InstanceReply, Migration, Operation, PeerHost,
     PowerState,
 };
 use vireo_actors::lifecycle::{InstanceState, Request};
@@ -203,7 +203,7 @@ impl PeerHost for DeadPeer {
     async fn request(
         &self,
         _instance: uuid::Uuid,
-        _request: InstanceRequest,
+        _request: Operation,
     ) -> Result<InstanceReply, InstanceError> {
         Err(InstanceError::Unavailable)
     }
@@ -382,7 +382,7 @@ async fn destination_waits_only_for_its_activation_events() {
     h2.driver
         .complete(
             id,
-            InstanceRequest::PreLiveMigration {
+            Operation::PreLiveMigration {
                 migration: migration.clone(),
                 handover: Box::new(handover),
             },
@@ -424,7 +424,7 @@ async fn destination_waits_only_for_its_activation_events() {
         .driver
         .complete(
             id,
-            InstanceRequest::PostLiveMigrationAtDestination {
+            Operation::PostLiveMigrationAtDestination {
                 migration: migration.clone(),
             },
         )

@@ -23,10 +23,7 @@ fn migration(src: &str, dst: &str) -> Migration {
 }
 
 fn resize_to(src: &str, dst: &str, vcpus: u32) -> ResizeArgs {
-    ResizeArgs {
-        migration: migration(src, dst),
-        new_flavor: flavor("m1.small", vcpus, 512),
-    }
+    ResizeArgs::of(&migration(src, dst), flavor("m1.small", vcpus, 512))
 }
 
 /// Spawn with one port on each of the hybrid, native and Linux-bridge networks.

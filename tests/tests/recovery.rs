@@ -16,8 +16,8 @@ use async_trait::async_trait;
 use common::*;
 use vireo::compute::{ComputeDriver, ComputeOps};
 use vireo_actors::instance::{
-    AdmissionError, DestroyArgs, InstanceError, InstanceReply, InstanceRequest, Migration,
-    NetworkRequest, PeerHost, RebootKind, ResizeArgs,
+    AdmissionError, DestroyArgs, InstanceError, InstanceReply, Migration, NetworkRequest,
+    Operation, PeerHost, RebootKind, ResizeArgs,
 };
 use vireo_actors::lifecycle::InstanceState;
 use vireo_actors::network::{NetworkApi, PortStatus, PortUpdate};
@@ -41,7 +41,7 @@ impl PeerHost for HungPeer {
     async fn request(
         &self,
         _instance: uuid::Uuid,
-        _request: InstanceRequest,
+        _request: Operation,
     ) -> Result<InstanceReply, InstanceError> {
         futures::future::pending().await
     }
@@ -251,14 +251,14 @@ async fn a_resize_interrupted_at_the_handover_waits_for_confirm_or_revert() {
     let resize = tokio::spawn(async move {
         d.resize(
             id,
-            ResizeArgs {
-                migration: Migration {
+            ResizeArgs::of(
+                &Migration {
                     id: uuid(),
                     source_host: "h1".into(),
                     dest_host: "h2".into(),
                 },
-                new_flavor: flavor("m1.small", 2, 512),
-            },
+                flavor("m1.small", 2, 512),
+            ),
         )
         .await
     });
@@ -276,7 +276,7 @@ async fn a_resize_interrupted_at_the_handover_waits_for_confirm_or_revert() {
     .await;
     // The destination never finished: the instance is brought back here.
     h1.driver
-        .complete(id, InstanceRequest::FinishRevertResize)
+        .complete(id, Operation::FinishRevertResize {})
         .await
         .unwrap();
     let view = h1.driver.show(id).await.unwrap();
@@ -314,14 +314,14 @@ async fn a_resize_interrupted_on_both_hosts_is_reverted_to_the_source() {
     let resize = tokio::spawn(async move {
         d.resize(
             id,
-            ResizeArgs {
-                migration: Migration {
+            ResizeArgs::of(
+                &Migration {
                     id: uuid(),
                     source_host: "h1".into(),
                     dest_host: "h2".into(),
                 },
-                new_flavor: flavor("m1.small", 2, 512),
-            },
+                flavor("m1.small", 2, 512),
+            ),
         )
         .await
     });

@@ -49,10 +49,11 @@ pub struct Flavor {
     pub vcpus: u32,
     /// RAM in MiB.
     pub memory_mb: u64,
-    /// Root disk in GiB.
-    pub root_gb: u64,
-    /// Extra specs.
+    /// Root disk in GiB (0: the image's size).
     #[serde(default)]
+    pub root_gb: u64,
+    /// Extra specs (`hw:vif_multiqueue_enabled`, `quota:vif_*`, ...).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub extra_specs: BTreeMap<String, String>,
 }
 

@@ -29,18 +29,19 @@ use crate::lifecycle::{accepts, check_end, valid_transition, InstanceState, Requ
 use super::admission::{AdmissionError, Admitted, Completion, Ticket};
 use super::deps::HostDeps;
 use super::op::{power_of, LiveProgress, OpCtx};
+use super::operation::Operation;
 use super::ops::{dispatch, Finished};
 use super::record::{InstanceRecord, ResizeRole};
 use super::types::{
-    DestroyArgs, InstanceError, InstanceReply, InstanceRequest, InstanceView, OpReport, PowerState,
-    Progress, RebootKind, VifView,
+    DestroyArgs, InstanceError, InstanceReply, InstanceView, OpReport, PowerState, Progress,
+    VifView,
 };
 
 /// Submit a request to the instance: admitted (a [`Ticket`], the operation runs) or refused
 /// (an [`AdmissionError`], nothing runs), answered before the operation runs.
 #[derive(Debug, Message)]
 #[rtype(result = "Result<Ticket, AdmissionError>")]
-pub struct Submit(pub InstanceRequest);
+pub struct Submit(pub Operation);
 
 /// What `show` reports.
 #[derive(Debug, Message)]
@@ -148,7 +149,7 @@ impl InstanceActor {
         }
         info!(instance = %self.uuid, "removing what libvirt kept of an instance that left this host");
         let fut = self.start(
-            InstanceRequest::Destroy(DestroyArgs {
+            Operation::Destroy(DestroyArgs {
                 deallocate_network: false,
             }),
             ctx,
@@ -161,7 +162,7 @@ impl InstanceActor {
     }
 
     /// Whether the instance takes `request` now (see [`super::admission`]).
-    fn refuse(&self, request: &InstanceRequest) -> Option<AdmissionError> {
+    fn refuse(&self, request: &Operation) -> Option<AdmissionError> {
         let kind = request.kind();
         if let Some(running) = &self.running {
             return Some(AdmissionError::Busy {
@@ -180,7 +181,7 @@ impl InstanceActor {
                 request: kind,
             });
         }
-        if let InstanceRequest::DetachInterface(port) = request {
+        if let Operation::DetachInterface { port_id: port } = request {
             let attached = self
                 .record
                 .as_ref()
@@ -193,7 +194,7 @@ impl InstanceActor {
     }
 
     /// Start an admitted request; its completion goes to the ticket.
-    fn admit(&mut self, request: InstanceRequest, ctx: &mut Context<Self>) -> Ticket {
+    fn admit(&mut self, request: Operation, ctx: &mut Context<Self>) -> Ticket {
         let kind = request.kind();
         let (op_id, fut) = self.begin(request, ctx);
         let (ticket, tx) = Ticket::new(kind, Admitted::Started(op_id));
@@ -219,7 +220,7 @@ impl InstanceActor {
 
     fn start(
         &mut self,
-        request: InstanceRequest,
+        request: Operation,
         ctx: &mut Context<Self>,
     ) -> ResponseActFuture<Self, Reply> {
         self.begin(request, ctx).1
@@ -228,7 +229,7 @@ impl InstanceActor {
     /// Start `request` now: its operation id, and the future that runs it.
     fn begin(
         &mut self,
-        request: InstanceRequest,
+        request: Operation,
         ctx: &mut Context<Self>,
     ) -> (OpId, ResponseActFuture<Self, Reply>) {
         let kind = request.kind();
@@ -325,7 +326,7 @@ impl InstanceActor {
                 deallocate_network: !self.left_behind()
                     && waiters.iter().any(|(a, _)| a.deallocate_network),
             };
-            let fut = self.start(InstanceRequest::Destroy(args), ctx);
+            let fut = self.start(Operation::Destroy(args), ctx);
             ctx.spawn(fut.map(move |reply, _act, _ctx| {
                 let reply = reply.map_err(Arc::new);
                 for (_, tx) in waiters {
@@ -496,7 +497,7 @@ impl Handler<Submit> for InstanceActor {
     fn handle(&mut self, msg: Submit, ctx: &mut Self::Context) -> Self::Result {
         let request = msg.0;
         let kind = request.kind();
-        if let InstanceRequest::Destroy(args) = &request {
+        if let Operation::Destroy(args) = &request {
             if let Some(running) = &self.running {
                 // One destroy at a time (a left-behind instance's own clean-up aside).
                 let destroying = running.request == Request::Destroy && !self.left_behind();
@@ -517,7 +518,7 @@ impl Handler<Submit> for InstanceActor {
             }
             if self.left_behind() {
                 // Its networking belongs to the host that has the instance now.
-                let leftovers = InstanceRequest::Destroy(DestroyArgs {
+                let leftovers = Operation::Destroy(DestroyArgs {
                     deallocate_network: false,
                 });
                 return Ok(self.admit(leftovers, ctx));
@@ -629,19 +630,15 @@ impl Handler<RecoverInterrupted> for InstanceActor {
         let direct = match &interrupted {
             Interrupted::Marked(marker) => match &marker.operation {
                 // A build that did not finish is rolled back: nothing stays, networking released.
-                InFlight::Spawn => Some(InstanceRequest::CleanupForReschedule),
+                InFlight::Spawn => Some(Operation::CleanupForReschedule {}),
                 // The destination of a resize: remove the copy, have the source take it back.
                 InFlight::FinishResize(_) | InFlight::RevertResize(_) if target => {
-                    Some(InstanceRequest::RevertResize)
+                    Some(Operation::RevertResize {})
                 }
                 // The source bringing a reverted instance back: do it again.
-                InFlight::FinishRevertResize(_) if source => {
-                    Some(InstanceRequest::FinishRevertResize)
-                }
+                InFlight::FinishRevertResize(_) if source => Some(Operation::FinishRevertResize {}),
                 // A start that did not finish: start again, waiting for what the model predicts.
-                InFlight::PowerOn | InFlight::RebootHard => {
-                    Some(InstanceRequest::Reboot(RebootKind::Hard))
-                }
+                InFlight::PowerOn | InFlight::RebootHard => Some(Operation::RebootHard {}),
                 // Everything else (a live migration the guest never left for, a resize handed
                 // over or not, an interface half attached or detached, a soft reboot): see
                 // ops::recover.
@@ -666,9 +663,9 @@ impl Handler<RecoverInterrupted> for InstanceActor {
                 let kind = request.kind();
                 warn!(instance = %self.uuid, state = %self.state, request = %kind,
                     "cannot recover with {kind} from {}; reconciling only", self.state);
-                self.start(InstanceRequest::Recover(Box::new(interrupted)), ctx)
+                self.start(Operation::Recover(Box::new(interrupted)), ctx)
             }
-            None => self.start(InstanceRequest::Recover(Box::new(interrupted)), ctx),
+            None => self.start(Operation::Recover(Box::new(interrupted)), ctx),
         }
     }
 }

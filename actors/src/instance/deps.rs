@@ -15,8 +15,9 @@ use crate::network::NetworkApi;
 use crate::plug::{DomainForm, VifPlugger};
 use crate::predict::{DeviceForm, Wiring};
 
+use super::operation::Operation;
 use super::record::DomainSettings;
-use super::types::{InstanceError, InstanceReply, InstanceRequest};
+use super::types::{InstanceError, InstanceReply};
 
 /// Another compute host, as the flows that cross hosts (resize, revert, live migration) see
 /// it: in-process (the demo's second host, tests) or over the agent API.
@@ -32,7 +33,7 @@ pub trait PeerHost: Send + Sync + fmt::Debug + 'static {
     async fn request(
         &self,
         instance: Uuid,
-        request: InstanceRequest,
+        request: Operation,
     ) -> Result<InstanceReply, InstanceError>;
 }
 

@@ -4,7 +4,8 @@
 //!
 //! # Layout
 //! - [`admission`]: the instance's answer to a request: a [`Ticket`] or an [`AdmissionError`].
-//! - [`types`]: the request enum in, the reply and error enums out, reports and views.
+//! - [`operation`]: the one operation type in (the API's, the driver's and the actor's).
+//! - [`types`]: the operations' arguments, the reply and error enums out, reports and views.
 //! - [`deps`]: what the actors of a host share (libvirt, events, plugger, network, peers).
 //! - [`record`]: what an actor knows of its instance, as stored in the domain metadata, and
 //!   the domain XML built from it.
@@ -18,6 +19,7 @@ pub mod admission;
 pub mod deps;
 pub mod in_flight;
 pub(crate) mod op;
+pub mod operation;
 mod ops;
 pub mod record;
 pub mod types;
@@ -27,5 +29,6 @@ pub use admission::{AdmissionError, Admitted, Completion, Ticket};
 pub use deps::{HostDeps, InstanceConfig, PeerHost, Peers};
 pub use in_flight::{InFlight, InFlightError, Interrupted, Marker};
 pub use op::ALIAS_PREFIX;
+pub use operation::{LiveMigrateArgs, Operation, ResizeArgs};
 pub use record::{BootSource, DomainSettings, InstanceRecord, RecordError};
 pub use types::*;

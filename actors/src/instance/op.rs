@@ -22,9 +22,10 @@ use crate::vif::{PortId, Vif};
 use crate::vif_config::{interface_for, DeviceConfig, InterfaceOptions};
 
 use super::deps::HostDeps;
+use super::operation::Operation;
 use super::record::InstanceRecord;
 use super::types::{
-    InstanceError, InstanceReply, InstanceRequest, OpReport, PowerState, Step, StepKind, WaitReport,
+    InstanceError, InstanceReply, OpReport, PowerState, Step, StepKind, WaitReport,
 };
 
 /// What `show` sees of a running operation.
@@ -191,7 +192,7 @@ impl OpCtx {
         &mut self,
         host: &str,
         step: &'static str,
-        request: InstanceRequest,
+        request: Operation,
     ) -> Result<InstanceReply, InstanceError> {
         let start = std::time::Instant::now();
         let r = match self.deps.peers.get(host) {

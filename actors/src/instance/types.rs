@@ -13,7 +13,7 @@ use crate::lifecycle::{InstanceState, Request};
 use crate::network::{Deallocation, NetworkError, PortRequest};
 use crate::plug::PlugError;
 use crate::predict::{ExpectedEvent, PredictError, Timing};
-use crate::vif::{NetworkInfo, PortId, Vif};
+use crate::vif::{NetworkInfo, PortId};
 use crate::vif_config::VifConfigError;
 
 use super::record::{BootSource, RecordError};
@@ -77,15 +77,6 @@ impl Migration {
     }
 }
 
-/// Start a resize (or cold migration when the flavor is unchanged) on the source.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ResizeArgs {
-    /// The migration.
-    pub migration: Migration,
-    /// The new flavor.
-    pub new_flavor: Flavor,
-}
-
 /// What the destination of a resize needs to build the instance.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Handover {
@@ -101,138 +92,6 @@ pub struct Handover {
     pub network_info: serde_json::Value,
     /// The instance was running before and must run after.
     pub power_on: bool,
-}
-
-/// Live-migrate to another host.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LiveMigrateArgs {
-    /// The migration.
-    pub migration: Migration,
-    /// Disks are on shared block storage.
-    pub shared_block_storage: bool,
-    /// The instance directory is shared between the hosts.
-    pub shared_instance_path: bool,
-}
-
-impl LiveMigrateArgs {
-    /// Nova's rollback clean-up flags: (`do_cleanup`, `destroy_disks`) for the destination.
-    pub fn cleanup_flags(&self) -> (bool, bool) {
-        match (self.shared_block_storage, self.shared_instance_path) {
-            (false, false) => (true, true),
-            (true, false) => (true, false),
-            (false, true) | (true, true) => (false, false),
-        }
-    }
-}
-
-/// Everything an instance actor can be asked to do.
-#[derive(Debug, Clone)]
-pub enum InstanceRequest {
-    /// Build here.
-    Spawn(Box<SpawnArgs>),
-    /// Tear down (idempotent).
-    Destroy(DestroyArgs),
-    /// Graceful shutdown within the timeout, then hard.
-    PowerOff {
-        /// How long the guest gets to shut down (None: the configured default).
-        timeout: Option<Duration>,
-    },
-    /// Start.
-    PowerOn,
-    /// Reboot.
-    Reboot(RebootKind),
-    /// Pause the vCPUs.
-    Pause,
-    /// Resume the vCPUs.
-    Unpause,
-    /// Save to disk.
-    Suspend,
-    /// Restore from disk.
-    Resume,
-    /// Source: start a resize (same host: the whole resize).
-    Resize(Box<ResizeArgs>),
-    /// Destination: build the resized instance here.
-    FinishResize {
-        /// The migration.
-        migration: Migration,
-        /// What to build.
-        handover: Box<Handover>,
-    },
-    /// Destination (where the resized instance runs): confirm.
-    ConfirmResize,
-    /// Source: the resize was confirmed; remove the old instance.
-    ConfirmResizeSource,
-    /// Destination (where the resized instance runs): revert.
-    RevertResize,
-    /// Source: bring the instance back after the destination removed its copy.
-    FinishRevertResize,
-    /// Source: live-migrate.
-    LiveMigrate(Box<LiveMigrateArgs>),
-    /// Destination: pre-wire the devices before a live migration.
-    PreLiveMigration {
-        /// The migration.
-        migration: Migration,
-        /// The instance as the source knows it.
-        handover: Box<Handover>,
-    },
-    /// Destination: the migration succeeded, take over.
-    PostLiveMigrationAtDestination {
-        /// The migration.
-        migration: Migration,
-    },
-    /// Destination: the migration failed; remove what was prepared.
-    RollbackLiveMigrationAtDestination {
-        /// The instance's network_info (the destination may have lost its own record).
-        handover: Box<Handover>,
-        /// Remove the instance directory.
-        do_cleanup: bool,
-        /// Remove the disks.
-        destroy_disks: bool,
-    },
-    /// Hot-plug an interface.
-    AttachInterface(Box<Vif>),
-    /// Hot-unplug an interface.
-    DetachInterface(PortId),
-    /// Release everything after a failed build so it can be rescheduled.
-    CleanupForReschedule,
-    /// Finish or roll back an operation that was in flight when the agent stopped.
-    Recover(Box<super::in_flight::Interrupted>),
-}
-
-impl InstanceRequest {
-    /// The lifecycle request this is.
-    pub fn kind(&self) -> Request {
-        match self {
-            InstanceRequest::Spawn(_) => Request::Spawn,
-            InstanceRequest::Destroy(_) => Request::Destroy,
-            InstanceRequest::PowerOff { .. } => Request::PowerOff,
-            InstanceRequest::PowerOn => Request::PowerOn,
-            InstanceRequest::Reboot(RebootKind::Soft) => Request::RebootSoft,
-            InstanceRequest::Reboot(RebootKind::Hard) => Request::RebootHard,
-            InstanceRequest::Pause => Request::Pause,
-            InstanceRequest::Unpause => Request::Unpause,
-            InstanceRequest::Suspend => Request::Suspend,
-            InstanceRequest::Resume => Request::Resume,
-            InstanceRequest::Resize(_) => Request::Resize,
-            InstanceRequest::FinishResize { .. } => Request::FinishResize,
-            InstanceRequest::ConfirmResize => Request::ConfirmResize,
-            InstanceRequest::ConfirmResizeSource => Request::ConfirmResizeSource,
-            InstanceRequest::RevertResize => Request::RevertResize,
-            InstanceRequest::FinishRevertResize => Request::FinishRevertResize,
-            InstanceRequest::LiveMigrate(_) => Request::LiveMigrate,
-            InstanceRequest::PreLiveMigration { .. } => Request::PreLiveMigration,
-            InstanceRequest::PostLiveMigrationAtDestination { .. } => {
-                Request::PostLiveMigrationAtDestination
-            }
-            InstanceRequest::RollbackLiveMigrationAtDestination { .. } => {
-                Request::RollbackLiveMigrationAtDestination
-            }
-            InstanceRequest::AttachInterface(_) => Request::AttachInterface,
-            InstanceRequest::DetachInterface(_) => Request::DetachInterface,
-            InstanceRequest::CleanupForReschedule => Request::CleanupForReschedule,
-            InstanceRequest::Recover(_) => Request::Recover,
-        }
-    }
 }
 
 /// Which part of an operation a step's time counts toward.
@@ -412,9 +271,9 @@ pub enum InstanceError {
     /// The instance refused the request: nothing was started.
     #[error(transparent)]
     Refused(#[from] super::admission::AdmissionError),
-    /// The request is malformed.
-    #[error("invalid request: {0}")]
-    Invalid(String),
+    /// The request cannot apply to this instance or host.
+    #[error(transparent)]
+    Invalid(InvalidOperation),
     /// A libvirt call failed.
     #[error("libvirt {step} failed")]
     Libvirt {
@@ -540,6 +399,68 @@ pub enum InstanceError {
     /// The actor is gone (host shutting down).
     #[error("instance actor unavailable")]
     Unavailable,
+}
+
+/// Why an admitted operation cannot apply (the API answers 400 `invalid`).
+#[derive(Debug, thiserror::Error)]
+pub enum InvalidOperation {
+    /// Confirm or revert of an instance with no resize waiting.
+    #[error("{request}: the instance has no resize waiting")]
+    NoResize {
+        /// The request.
+        request: Request,
+    },
+    /// A live migration whose destination is the host it runs on.
+    #[error("live migration from {host} to itself")]
+    MigrationToItself {
+        /// The host.
+        host: String,
+    },
+    /// The destination has no migration URI configured.
+    #[error("host {host} takes no live migrations")]
+    NoLiveMigrationTo {
+        /// The destination.
+        host: String,
+    },
+    /// An attach of a port (or MAC) the instance has already.
+    #[error("port {port} or its MAC is attached already")]
+    AlreadyAttached {
+        /// The port.
+        port: PortId,
+    },
+    /// A detach of a port the instance does not have.
+    #[error("port {port} is not attached")]
+    NotAttached {
+        /// The port.
+        port: PortId,
+    },
+    /// The other host's `network_info` in a handover does not parse.
+    #[error("the handover's network_info")]
+    HandoverNetworkInfo(#[source] crate::vif::VifError),
+    /// A request sent to another host that is not one host sends another.
+    #[error("{request} is not a request one host sends another")]
+    NotPeerRequest {
+        /// The request.
+        request: Request,
+    },
+    /// An operation reached a part of the dispatch that does not run it (a bug).
+    #[error("{request} was dispatched to the wrong flow")]
+    Misrouted {
+        /// The request.
+        request: Request,
+    },
+    /// An operation the agent died in, which recovery could not finish.
+    #[error("interrupted {operation}")]
+    Interrupted {
+        /// The operation, as recorded.
+        operation: String,
+    },
+}
+
+impl From<InvalidOperation> for InstanceError {
+    fn from(e: InvalidOperation) -> Self {
+        InstanceError::Invalid(e)
+    }
 }
 
 impl InstanceError {

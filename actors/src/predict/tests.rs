@@ -75,32 +75,32 @@ fn wiring_of(variant: &str) -> (bool, Wiring) {
 }
 
 /// A representative operation for each column, with hosts.
-fn op_for(column: Column) -> Operation {
+fn op_for(column: Column) -> EventOp {
     let h = |s: &str| s.to_owned();
     match column {
-        Column::Spawn => Operation::Spawn,
-        Column::AttachInterface => Operation::AttachInterface,
-        Column::HardReboot => Operation::HardReboot,
-        Column::PowerOn => Operation::PowerOn,
-        Column::FinishResizeCrossHost => Operation::FinishResize { same_host: false },
-        Column::FinishResizeSameHost => Operation::FinishResize { same_host: true },
-        Column::RevertResizeCrossHost => Operation::RevertResize {
+        Column::Spawn => EventOp::Spawn,
+        Column::AttachInterface => EventOp::AttachInterface,
+        Column::HardReboot => EventOp::HardReboot,
+        Column::PowerOn => EventOp::PowerOn,
+        Column::FinishResizeCrossHost => EventOp::FinishResize { same_host: false },
+        Column::FinishResizeSameHost => EventOp::FinishResize { same_host: true },
+        Column::RevertResizeCrossHost => EventOp::RevertResize {
             source: h("h1"),
             dest: h("h2"),
         },
-        Column::RevertResizeSameHost => Operation::RevertResize {
+        Column::RevertResizeSameHost => EventOp::RevertResize {
             source: h("h1"),
             dest: h("h1"),
         },
-        Column::LiveMigrationSource => Operation::LiveMigration {
+        Column::LiveMigrationSource => EventOp::LiveMigration {
             source: h("h1"),
             dest: h("h2"),
         },
-        Column::PostLiveMigrationDest => Operation::PostLiveMigration {
+        Column::PostLiveMigrationDest => EventOp::PostLiveMigration {
             source: h("h1"),
             dest: h("h2"),
         },
-        Column::UpdateBindingProfile => Operation::UpdateBindingProfile,
+        Column::UpdateBindingProfile => EventOp::UpdateBindingProfile,
     }
 }
 
@@ -194,7 +194,7 @@ fn every_vif_type_vnic_type_pair_is_documented_and_classified() {
                     vif_json(1, "ovs", "normal", false, false),
                     vif_json(2, vt.as_str(), vnic.as_str(), false, false),
                 ]);
-                let err = predict(&Operation::Spawn, &v, &wiring).unwrap_err();
+                let err = predict(&EventOp::Spawn, &v, &wiring).unwrap_err();
                 assert_eq!(
                     err,
                     PredictError::Unsupported {
@@ -242,7 +242,7 @@ fn hybrid_and_normal() -> Vec<Vif> {
 
 #[test]
 fn nova_revert_cross_host_hybrid_is_bind_time_normal_is_plug_time() {
-    let op = Operation::RevertResize {
+    let op = EventOp::RevertResize {
         source: "h1".into(),
         dest: "h2".into(),
     };
@@ -255,7 +255,7 @@ fn nova_revert_cross_host_hybrid_is_bind_time_normal_is_plug_time() {
 
 #[test]
 fn nova_revert_same_host_everything_is_plug_time() {
-    let op = Operation::RevertResize {
+    let op = EventOp::RevertResize {
         source: "h1".into(),
         dest: "h1".into(),
     };
@@ -276,7 +276,7 @@ fn nova_spawn_waits_only_on_inactive_vifs_and_never_on_remote_managed() {
         vif_json(4, "hw_veb", "direct", false, false),
         vif_json(5, "bridge", "normal", false, true),
     ]);
-    let p = predict(&Operation::Spawn, &v, &Wiring::default()).unwrap();
+    let p = predict(&EventOp::Spawn, &v, &Wiring::default()).unwrap();
     let plug: Vec<u32> = [1, 4].to_vec();
     assert_eq!(
         p.plug_time_events(),
@@ -298,7 +298,7 @@ fn nova_spawn_waits_only_on_inactive_vifs_and_never_on_remote_managed() {
 fn a_missing_active_flag_counts_as_inactive() {
     let mut raw = vif_json(1, "ovs", "normal", false, false);
     raw.as_object_mut().unwrap().remove("active");
-    let p = predict(&Operation::Spawn, &vifs(vec![raw]), &Wiring::default()).unwrap();
+    let p = predict(&EventOp::Spawn, &vifs(vec![raw]), &Wiring::default()).unwrap();
     assert_eq!(p.vifs[0].timing, Timing::PlugTime);
 }
 
@@ -314,7 +314,7 @@ fn no_double_waits_an_empty_plug_list_stays_empty() {
         ovs_native: DeviceForm::PreCreated,
         linux_bridge: DeviceForm::PreCreated,
     };
-    let p = predict(&Operation::HardReboot, &v, &w).unwrap();
+    let p = predict(&EventOp::HardReboot, &v, &w).unwrap();
     assert!(p.plug_time_events().is_empty() && p.bind_time_events().is_empty());
     assert_eq!(p.not_waited().count(), 2);
 }
@@ -323,7 +323,7 @@ fn no_double_waits_an_empty_plug_list_stays_empty() {
 fn string_false_hybrid_flag_means_native() {
     let mut raw = vif_json(1, "ovs", "normal", false, false);
     raw["details"]["ovs_hybrid_plug"] = json!("False");
-    let op = Operation::RevertResize {
+    let op = EventOp::RevertResize {
         source: "h1".into(),
         dest: "h2".into(),
     };
@@ -354,7 +354,7 @@ fn every_vif_lands_in_exactly_one_list_in_order() {
 fn migrations_with_bad_hosts_are_errors() {
     let v = hybrid_and_normal();
     let w = Wiring::default();
-    let same = Operation::LiveMigration {
+    let same = EventOp::LiveMigration {
         source: "h1".into(),
         dest: "h1".into(),
     };
@@ -365,12 +365,12 @@ fn migrations_with_bad_hosts_are_errors() {
             ..
         })
     ));
-    let same = Operation::PostLiveMigration {
+    let same = EventOp::PostLiveMigration {
         source: "h1".into(),
         dest: "h1".into(),
     };
     assert!(predict(&same, &v, &w).is_err());
-    let empty = Operation::RevertResize {
+    let empty = EventOp::RevertResize {
         source: String::new(),
         dest: "h2".into(),
     };
@@ -410,7 +410,7 @@ fn parse(text: &str) -> Result<Vec<Vif>, VifError> {
     NetworkInfo::parse(text).map(|ni| ni.vifs)
 }
 
-fn full(op: &Operation, text: &str, w: &Wiring) -> Result<Prediction, PredictError> {
+fn full(op: &EventOp, text: &str, w: &Wiring) -> Result<Prediction, PredictError> {
     let vifs = parse(text).unwrap_or_else(|e| panic!("{text}: {e}"));
     predict(op, &vifs, w)
 }
@@ -474,7 +474,7 @@ fn duplicates_are_found_in_long_lists_too() {
 #[test]
 fn the_last_of_duplicate_keys_counts() {
     let w = Wiring::default();
-    let op = Operation::HardReboot;
+    let op = EventOp::HardReboot;
     let p1 = port(1);
     let texts = [
         // `type` twice: the last one (bridge) counts.

@@ -124,14 +124,44 @@ impl ApiError {
     }
 }
 
-/// The HTTP status for a driver error code.
-pub fn status_for_driver_code(code: &str) -> StatusCode {
-    match code {
-        "busy" | "illegal-state" => StatusCode::CONFLICT,
-        "not-found" => StatusCode::NOT_FOUND,
-        "invalid" => StatusCode::BAD_REQUEST,
-        "unavailable" | "cancelled" => StatusCode::SERVICE_UNAVAILABLE,
-        _ => StatusCode::INTERNAL_SERVER_ERROR,
+/// The HTTP status of an admission refusal.
+fn status_for_admission(e: &AdmissionError) -> StatusCode {
+    match e {
+        AdmissionError::Busy { .. } | AdmissionError::IllegalState { .. } => StatusCode::CONFLICT,
+        AdmissionError::NotFound(_) => StatusCode::NOT_FOUND,
+        AdmissionError::NotAttached { .. } => StatusCode::BAD_REQUEST,
+        AdmissionError::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+    }
+}
+
+/// The HTTP status of a driver error, from its type. Only another host's answer
+/// ([`InstanceError::Remote`]) is known by its code alone, the stable code that host sent.
+pub fn status_for_driver(e: &InstanceError) -> StatusCode {
+    match e {
+        InstanceError::Refused(a) => status_for_admission(a),
+        InstanceError::Invalid(_) => StatusCode::BAD_REQUEST,
+        InstanceError::Cancelled | InstanceError::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+        InstanceError::QueuedDestroy { cause } => status_for_driver(cause),
+        InstanceError::Remote { code, .. } => match code.as_str() {
+            "busy" | "illegal-state" => StatusCode::CONFLICT,
+            "not-found" => StatusCode::NOT_FOUND,
+            "invalid" => StatusCode::BAD_REQUEST,
+            "unavailable" | "cancelled" => StatusCode::SERVICE_UNAVAILABLE,
+            _ => StatusCode::INTERNAL_SERVER_ERROR,
+        },
+        InstanceError::Libvirt { .. }
+        | InstanceError::Plug { .. }
+        | InstanceError::Network { .. }
+        | InstanceError::EventWait { .. }
+        | InstanceError::Predict(_)
+        | InstanceError::VifConfig(_)
+        | InstanceError::Record(_)
+        | InstanceError::Peer { .. }
+        | InstanceError::UnknownHost(_)
+        | InstanceError::BuildFailed { .. }
+        | InstanceError::RolledBack { .. }
+        | InstanceError::RollbackFailed { .. }
+        | InstanceError::UnexpectedTransition { .. } => StatusCode::INTERNAL_SERVER_ERROR,
     }
 }
 
@@ -153,15 +183,8 @@ impl ResponseError for ApiError {
             }
             ApiError::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::PeerTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
-            ApiError::Refused(e) => match e {
-                AdmissionError::Busy { .. } | AdmissionError::IllegalState { .. } => {
-                    StatusCode::CONFLICT
-                }
-                AdmissionError::NotFound(_) => StatusCode::NOT_FOUND,
-                AdmissionError::NotAttached { .. } => StatusCode::BAD_REQUEST,
-                AdmissionError::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
-            },
-            ApiError::Driver(e) => status_for_driver_code(e.code()),
+            ApiError::Refused(e) => status_for_admission(e),
+            ApiError::Driver(e) => status_for_driver(e),
         }
     }
 
@@ -189,6 +212,7 @@ impl From<InstanceError> for ApiError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use vireo_actors::instance::InvalidOperation;
     use vireo_actors::lifecycle::{InstanceState, Request};
 
     #[test]
@@ -212,7 +236,13 @@ mod tests {
             ),
             (AdmissionError::NotFound(u).into(), 404),
             (AdmissionError::Unavailable.into(), 503),
-            (InstanceError::Invalid("x".into()), 400),
+            (
+                InvalidOperation::NoResize {
+                    request: Request::RevertResize,
+                }
+                .into(),
+                400,
+            ),
             (InstanceError::UnknownHost("h".into()), 500),
             (InstanceError::Unavailable, 503),
             (

@@ -19,7 +19,7 @@ use tokio::task::AbortHandle;
 use tokio::time::Instant;
 use uuid::Uuid;
 
-use super::model::{ErrorDetail, OpKind, OpState, Operation};
+use super::model::{ErrorDetail, OpKind, OpState, OpStatus};
 
 /// Milliseconds since the Unix epoch.
 pub fn now_ms() -> u64 {
@@ -30,7 +30,7 @@ pub fn now_ms() -> u64 {
 
 #[derive(Debug)]
 struct Running {
-    op: Operation,
+    op: OpStatus,
     abort: Option<AbortHandle>,
 }
 
@@ -39,7 +39,7 @@ struct Inner {
     closed: bool,
     running: HashMap<Uuid, Running>,
     by_instance: HashMap<Uuid, Vec<Uuid>>,
-    finished: VecDeque<Operation>,
+    finished: VecDeque<OpStatus>,
 }
 
 /// The registry. Cheap to share behind an `Arc`.
@@ -70,9 +70,9 @@ impl Operations {
 
     /// Record a `kind` operation the instance admitted (the driver decides admission; a
     /// delete may run next to another operation of the same instance).
-    pub fn record(&self, instance: Uuid, kind: OpKind) -> Operation {
+    pub fn record(&self, instance: Uuid, kind: OpKind) -> OpStatus {
         let mut inner = self.lock();
-        let op = Operation {
+        let op = OpStatus {
             id: Uuid::new_v4(),
             instance,
             kind,
@@ -112,7 +112,7 @@ impl Operations {
 
     /// Move a running operation to the finished list. Returns it, or `None` when it was no
     /// longer running (aborted at shutdown).
-    pub fn finish(&self, id: Uuid, result: Result<Value, ErrorDetail>) -> Option<Operation> {
+    pub fn finish(&self, id: Uuid, result: Result<Value, ErrorDetail>) -> Option<OpStatus> {
         let mut inner = self.lock();
         let r = inner.running.remove(&id)?;
         Self::unlink(&mut inner, r.op.instance, id);
@@ -137,7 +137,7 @@ impl Operations {
     }
 
     /// One operation, running or finished (and not yet forgotten).
-    pub fn get(&self, id: Uuid) -> Option<Operation> {
+    pub fn get(&self, id: Uuid) -> Option<OpStatus> {
         let inner = self.lock();
         if let Some(r) = inner.running.get(&id) {
             return Some(r.op.clone());
@@ -146,7 +146,7 @@ impl Operations {
     }
 
     /// The running operation of an instance (the newest, when a delete runs next to one).
-    pub fn running_for(&self, instance: Uuid) -> Option<Operation> {
+    pub fn running_for(&self, instance: Uuid) -> Option<OpStatus> {
         let inner = self.lock();
         inner
             .by_instance
@@ -158,10 +158,10 @@ impl Operations {
 
     /// Running operations (oldest first), then finished ones (newest first); `instance`
     /// filters.
-    pub fn list(&self, instance: Option<Uuid>) -> Vec<Operation> {
+    pub fn list(&self, instance: Option<Uuid>) -> Vec<OpStatus> {
         let inner = self.lock();
-        let keep = |o: &&Operation| instance.is_none_or(|u| o.instance == u);
-        let mut running: Vec<Operation> = inner
+        let keep = |o: &&OpStatus| instance.is_none_or(|u| o.instance == u);
+        let mut running: Vec<OpStatus> = inner
             .running
             .values()
             .map(|r| &r.op)
@@ -197,7 +197,7 @@ impl Operations {
 
     /// Abort every running operation's task and record it as failed with `error`. Returns the
     /// operations aborted.
-    pub fn abort_all(&self, error: &ErrorDetail) -> Vec<Operation> {
+    pub fn abort_all(&self, error: &ErrorDetail) -> Vec<OpStatus> {
         let ids: Vec<Uuid> = {
             let inner = self.lock();
             for r in inner.running.values() {
@@ -218,6 +218,7 @@ mod tests {
     use super::*;
     use serde_json::json;
     use std::time::Duration;
+    use vireo_actors::lifecycle::Request;
 
     fn err(code: &str) -> ErrorDetail {
         ErrorDetail {
@@ -231,7 +232,7 @@ mod tests {
         let ops = Operations::new(10);
         let a = Uuid::new_v4();
         let op = ops.record(a, OpKind::Create);
-        let other = ops.record(Uuid::new_v4(), OpKind::Pause);
+        let other = ops.record(Uuid::new_v4(), OpKind::Action(Request::Pause));
         assert_eq!(ops.running_count(), 2);
         assert_eq!(ops.running_for(a).unwrap().id, op.id);
         let done = ops.finish(op.id, Ok(json!({"steps": []}))).unwrap();
@@ -306,7 +307,7 @@ mod tests {
     #[tokio::test]
     async fn abort_all_cancels_tasks_and_records_failures() {
         let ops = Operations::new(3);
-        let op = ops.record(Uuid::new_v4(), OpKind::LiveMigrate);
+        let op = ops.record(Uuid::new_v4(), OpKind::Action(Request::LiveMigrate));
         let task = tokio::spawn(std::future::pending::<()>());
         ops.attach(op.id, task.abort_handle());
         let aborted = ops.abort_all(&err("shutdown"));

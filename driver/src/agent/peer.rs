@@ -23,13 +23,14 @@ use serde_json::Value;
 use tracing::{debug, info_span, warn, Instrument};
 use uuid::Uuid;
 use vireo_actors::instance::{
-    error_chain, AdmissionError, InstanceError, InstanceReply, InstanceRequest, PeerHost, Peers,
+    error_chain, AdmissionError, InstanceError, InstanceReply, InvalidOperation, Operation,
+    PeerHost, Peers,
 };
 
 use super::auth::Token;
-use super::model::PeerRequest;
 use super::view;
 use crate::client::{AgentClient, ClientError, FORWARDED_HEADER};
+use vireo_actors::lifecycle::Caller;
 
 /// Code of a peer that could not be reached or did not answer in time.
 pub const CODE_UNAVAILABLE: &str = "unavailable";
@@ -139,12 +140,12 @@ impl PeerHost for HttpPeer {
     async fn request(
         &self,
         instance: Uuid,
-        request: InstanceRequest,
+        request: Operation,
     ) -> Result<InstanceReply, InstanceError> {
-        let request = PeerRequest::try_from(request).map_err(|kind| {
-            InstanceError::Invalid(format!("{kind} is not a request one host sends another"))
-        })?;
         let kind = request.kind();
+        if kind.caller() != Caller::Peer {
+            return Err(InvalidOperation::NotPeerRequest { request: kind }.into());
+        }
         let span = info_span!("peer_request", instance = %instance, host = %self.name,
                               request = kind.as_str());
         async move {
@@ -324,10 +325,10 @@ mod tests {
         // `unavailable`, not `invalid`.
         let p = HttpPeer::new(&link("http://127.0.0.1:1")).unwrap();
         for r in [
-            InstanceRequest::PowerOn,
-            InstanceRequest::ConfirmResize,
-            InstanceRequest::RevertResize,
-            InstanceRequest::CleanupForReschedule,
+            Operation::PowerOn {},
+            Operation::ConfirmResize {},
+            Operation::RevertResize {},
+            Operation::CleanupForReschedule {},
         ] {
             let kind = r.kind();
             let e = p.request(Uuid::new_v4(), r).await.unwrap_err();
@@ -335,7 +336,7 @@ mod tests {
             assert!(e.to_string().contains(kind.as_str()), "{e}");
         }
         let e = p
-            .request(Uuid::new_v4(), InstanceRequest::ConfirmResizeSource)
+            .request(Uuid::new_v4(), Operation::ConfirmResizeSource {})
             .await
             .unwrap_err();
         assert!(

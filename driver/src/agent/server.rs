@@ -33,12 +33,12 @@ use serde::Deserialize;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 use uuid::Uuid;
+use vireo_actors::instance::Operation;
+use vireo_actors::lifecycle::Caller;
 
 use super::auth::Scope;
 use super::error::ApiError;
-use super::model::{
-    Accepted, Action, CreateInstance, InstanceList, Operation, OperationList, PeerRequest,
-};
+use super::model::{Accepted, CreateInstance, InstanceList, OpStatus, OperationList};
 use super::peer::is_forwarded;
 use super::service::AgentService;
 
@@ -89,6 +89,19 @@ async fn json_body<T: DeserializeOwned>(
     serde_json::from_slice(&body).map_err(|e| ApiError::BadJson(e.to_string()))
 }
 
+/// An endpoint's body decodes only as the operations its caller may ask for: any other is
+/// refused as the body an unknown action is (400 `bad-json`).
+fn for_caller(op: Operation, caller: Caller) -> Result<Operation, ApiError> {
+    if op.kind().caller() == caller {
+        Ok(op)
+    } else {
+        Err(ApiError::BadJson(format!(
+            "{} is not an operation this endpoint takes",
+            op.kind()
+        )))
+    }
+}
+
 fn api(req: &HttpRequest, svc: &AgentService) -> Result<(), ApiError> {
     svc.authorize(req.headers(), Scope::Api, req.path())
 }
@@ -97,7 +110,7 @@ fn parse_uuid(what: &str, s: &str) -> Result<Uuid, ApiError> {
     Uuid::parse_str(s).map_err(|_| ApiError::Invalid(format!("{what}: {s:?} is not a UUID")))
 }
 
-fn accepted(op: Operation) -> HttpResponse {
+fn accepted(op: OpStatus) -> HttpResponse {
     HttpResponse::Accepted()
         .insert_header((LOCATION, format!("/v1/operations/{}", op.id)))
         .json(Accepted { operation: op })
@@ -192,7 +205,7 @@ async fn instance_action(
 ) -> Result<HttpResponse, ApiError> {
     api(&req, &svc)?;
     let uuid = parse_uuid("instance", &path)?;
-    let action: Action = json_body(&req, payload, &svc).await?;
+    let action = for_caller(json_body(&req, payload, &svc).await?, Caller::Api)?;
     let svc: Arc<AgentService> = svc.into_inner();
     Ok(accepted(svc.action(uuid, action).await?))
 }
@@ -237,7 +250,7 @@ async fn peer_request(
 ) -> Result<HttpResponse, ApiError> {
     api(&req, &svc)?;
     let uuid = parse_uuid("instance", &path)?;
-    let body: PeerRequest = json_body(&req, payload, &svc).await?;
+    let body = for_caller(json_body(&req, payload, &svc).await?, Caller::Peer)?;
     Ok(HttpResponse::Ok().json(svc.peer_request(uuid, body).await?))
 }
 

@@ -27,22 +27,22 @@ use tokio::time::Instant;
 use tracing::{debug, info, info_span, warn, Instrument};
 use uuid::Uuid;
 use vireo_actors::instance::{
-    AdmissionError, Admitted, BootSource, DestroyArgs, InstanceReply, InstanceRequest,
-    LiveMigrateArgs, Migration, NetworkRequest, RebootKind, ResizeArgs, SpawnArgs, Ticket,
+    AdmissionError, Admitted, BootSource, DestroyArgs, InstanceReply, NetworkRequest, Operation,
+    SpawnArgs, Ticket,
 };
+use vireo_actors::lifecycle::{Caller, Request};
 use vireo_actors::network::PortRequest as DriverPortRequest;
-use vireo_actors::vif::{NetworkInfo, PortId, Vif};
-use vireo_xml::metadata::Flavor as DriverFlavor;
+use vireo_actors::vif::{NetworkInfo, PortId};
 
 use super::auth::{Auth, Scope};
 use super::error::ApiError;
 use super::events::{self, Departed, Placement};
 use super::metrics::{LibvirtStatus, Metrics, Snapshot};
+use super::model::PeerReply;
 use super::model::{
-    Action, CreateInstance, ErrorDetail, EventsAnswer, Flavor, Health, Instance, OpKind, Operation,
+    CreateInstance, ErrorDetail, EventsAnswer, Flavor, Health, Instance, OpKind, OpStatus,
     PortRequest,
 };
-use super::model::{PeerReply, PeerRequest};
 use super::ops::Operations;
 use super::paths::PathPolicy;
 use super::peer::{EventForwarder, ForwardAnswer, PeerLink};
@@ -212,7 +212,7 @@ impl AgentService {
     }
 
     /// `POST /v1/instances`.
-    pub async fn create(self: &Arc<Self>, req: CreateInstance) -> Result<Operation, ApiError> {
+    pub async fn create(self: &Arc<Self>, req: CreateInstance) -> Result<OpStatus, ApiError> {
         let kind = OpKind::Create;
         let (uuid, call) = match self.prepare_create(req) {
             Ok(c) => c,
@@ -286,7 +286,7 @@ impl AgentService {
         }
     }
 
-    fn prepare_create(&self, req: CreateInstance) -> Result<(Uuid, InstanceRequest), ApiError> {
+    fn prepare_create(&self, req: CreateInstance) -> Result<(Uuid, Operation), ApiError> {
         let uuid = req.uuid.unwrap_or_else(Uuid::new_v4);
         if uuid.is_nil() {
             return Err(ApiError::Invalid(
@@ -332,12 +332,12 @@ impl AgentService {
         };
         let args = SpawnArgs {
             name,
-            flavor: DriverFlavor::from(req.flavor),
+            flavor: req.flavor,
             boot,
             network,
             power_on: req.power_on,
         };
-        Ok((uuid, InstanceRequest::Spawn(Box::new(args))))
+        Ok((uuid, Operation::Spawn(Box::new(args))))
     }
 
     /// `DELETE /v1/instances/{uuid}`: destroy, and release the networking unless
@@ -346,92 +346,52 @@ impl AgentService {
         self: &Arc<Self>,
         uuid: Uuid,
         deallocate_network: bool,
-    ) -> Result<Operation, ApiError> {
+    ) -> Result<OpStatus, ApiError> {
         let args = DestroyArgs { deallocate_network };
-        self.start(uuid, OpKind::Delete, InstanceRequest::Destroy(args))
+        self.start(uuid, OpKind::Delete, Operation::Destroy(args))
             .await
     }
 
-    /// `POST /v1/instances/{uuid}/action`.
-    pub async fn action(
-        self: &Arc<Self>,
-        uuid: Uuid,
-        action: Action,
-    ) -> Result<Operation, ApiError> {
-        let kind = action.kind();
-        let call = match self.prepare_action(action) {
-            Ok(c) => c,
-            Err(e) => {
-                self.rejected(kind);
-                return Err(e);
-            }
-        };
-        self.start(uuid, kind, call).await
-    }
-
-    fn migration(&self, dest_host: String) -> Migration {
-        Migration {
-            id: Uuid::new_v4(),
-            source_host: self.settings.host.clone(),
-            dest_host,
+    /// `POST /v1/instances/{uuid}/action`: an [`Operation`] as read from the body; only the
+    /// ones an API caller may ask for (not a peer's half of a migration).
+    pub async fn action(self: &Arc<Self>, uuid: Uuid, op: Operation) -> Result<OpStatus, ApiError> {
+        let kind = OpKind::of(&op);
+        if let Err(e) = self.check_action(&op) {
+            self.rejected(kind);
+            return Err(e);
         }
+        self.start(uuid, kind, op).await
     }
 
-    fn prepare_action(&self, action: Action) -> Result<InstanceRequest, ApiError> {
-        Ok(match action {
-            Action::PowerOn {} => InstanceRequest::PowerOn,
-            Action::PowerOff { timeout } => {
-                if timeout.is_some_and(|t| t > 3_600) {
-                    return Err(ApiError::Invalid("timeout: more than 3600 seconds".into()));
-                }
-                InstanceRequest::PowerOff {
-                    timeout: timeout.map(Duration::from_secs),
+    /// What serde cannot check of an action: the limits of flavors and timeouts, host names.
+    fn check_action(&self, op: &Operation) -> Result<(), ApiError> {
+        match op {
+            op if op.kind().caller() != Caller::Api => Err(ApiError::Invalid(format!(
+                "action: {} is not an action (it is one host's request to another)",
+                op.kind()
+            ))),
+            Operation::PowerOff { timeout } if timeout.is_some_and(|t| t.as_secs() > 3_600) => {
+                Err(ApiError::Invalid("timeout: more than 3600 seconds".into()))
+            }
+            Operation::Resize(args) => {
+                check_flavor(&args.new_flavor)?;
+                match &args.dest_host {
+                    Some(h) => check_host("dest_host", h),
+                    None => Ok(()),
                 }
             }
-            Action::RebootSoft {} => InstanceRequest::Reboot(RebootKind::Soft),
-            Action::RebootHard {} => InstanceRequest::Reboot(RebootKind::Hard),
-            Action::Pause {} => InstanceRequest::Pause,
-            Action::Unpause {} => InstanceRequest::Unpause,
-            Action::Suspend {} => InstanceRequest::Suspend,
-            Action::Resume {} => InstanceRequest::Resume,
-            Action::Resize { flavor, dest_host } => {
-                check_flavor(&flavor)?;
-                let dest_host = dest_host.unwrap_or_else(|| self.settings.host.clone());
-                check_host("dest_host", &dest_host)?;
-                InstanceRequest::Resize(Box::new(ResizeArgs {
-                    migration: self.migration(dest_host),
-                    new_flavor: DriverFlavor::from(flavor),
-                }))
-            }
-            Action::ConfirmResize {} => InstanceRequest::ConfirmResize,
-            Action::RevertResize {} => InstanceRequest::RevertResize,
-            Action::LiveMigrate {
-                dest_host,
-                shared_block_storage,
-                shared_instance_path,
-            } => {
-                check_host("dest_host", &dest_host)?;
-                if dest_host == self.settings.host {
+            Operation::LiveMigrate(args) => {
+                check_host("dest_host", &args.dest_host)?;
+                if args.dest_host == self.settings.host {
                     return Err(ApiError::Invalid(format!(
-                        "dest_host: {dest_host:?} is this host"
+                        "dest_host: {:?} is this host",
+                        args.dest_host
                     )));
                 }
-                InstanceRequest::LiveMigrate(Box::new(LiveMigrateArgs {
-                    migration: self.migration(dest_host),
-                    shared_block_storage,
-                    shared_instance_path,
-                }))
+                Ok(())
             }
-            Action::AttachInterface { vif } => InstanceRequest::AttachInterface(Box::new(
-                Vif::from_value(0, &vif).map_err(|e| ApiError::Invalid(format!("vif: {e}")))?,
-            )),
-            Action::DetachInterface { port_id } => InstanceRequest::DetachInterface(
-                port_id
-                    .parse::<PortId>()
-                    .map_err(|e| ApiError::Invalid(format!("port_id: {e}")))?,
-            ),
-            Action::CleanupForReschedule {} => InstanceRequest::CleanupForReschedule,
-        })
+            _ => Ok(()),
+        }
     }
 
     /// Submit to the driver (the instance admits or refuses it: the one admission check),
@@ -440,24 +400,22 @@ impl AgentService {
         self: &Arc<Self>,
         uuid: Uuid,
         kind: OpKind,
-        request: InstanceRequest,
-    ) -> Result<Operation, ApiError> {
+        op: Operation,
+    ) -> Result<OpStatus, ApiError> {
         if self.ops.is_closed() {
             self.rejected(kind);
             return Err(ApiError::ShuttingDown);
         }
-        let destroy = match &request {
-            InstanceRequest::Destroy(args) => Some(*args),
+        let destroy = match &op {
+            Operation::Destroy(args) => Some(*args),
             _ => None,
         };
-        let submitted = match (self.driver.submit(uuid, request).await, destroy) {
+        let submitted = match (self.driver.submit(uuid, op).await, destroy) {
             // A destroy that preempted a running operation can reach the instance's actor
             // just as that operation's rollback removes it; destroy is idempotent, so ask
             // once more.
             (Err(AdmissionError::Unavailable), Some(args)) => {
-                self.driver
-                    .submit(uuid, InstanceRequest::Destroy(args))
-                    .await
+                self.driver.submit(uuid, Operation::Destroy(args)).await
             }
             (other, _) => other,
         };
@@ -518,7 +476,7 @@ impl AgentService {
         }
     }
 
-    async fn run(self: Arc<Self>, op: Operation, ticket: Ticket) {
+    async fn run(self: Arc<Self>, op: OpStatus, ticket: Ticket) {
         let t0 = Instant::now();
         info!(instance = %op.instance, "operation started");
         let outcome: Result<Value, ErrorDetail> =
@@ -530,7 +488,7 @@ impl AgentService {
                     message: "the driver panicked".into(),
                 }),
             };
-        if op.kind == OpKind::LiveMigrate && outcome.is_ok() {
+        if op.kind == OpKind::Action(Request::LiveMigrate) && outcome.is_ok() {
             self.departed.insert(op.instance);
         }
         if let Some(done) = self.ops.finish(op.id, outcome) {
@@ -576,7 +534,7 @@ impl AgentService {
     /// `POST /v1/peer/instances/{uuid}`: run a request of another host's flow here and wait
     /// for it (at most `peer_serve_timeout`; the operation itself is not cut short then, only
     /// the answer).
-    pub async fn peer_request(&self, uuid: Uuid, req: PeerRequest) -> Result<PeerReply, ApiError> {
+    pub async fn peer_request(&self, uuid: Uuid, req: Operation) -> Result<PeerReply, ApiError> {
         let kind = req.kind();
         let label = kind.as_str();
         if self.ops.is_closed() {
@@ -594,17 +552,17 @@ impl AgentService {
         // source's (the rollback's profile updates), until the source finishes it here.
         let ends_link = matches!(
             req,
-            PeerRequest::PostLiveMigrationAtDestination { .. }
-                | PeerRequest::RollbackLiveMigrationAtDestination { .. }
+            Operation::PostLiveMigrationAtDestination { .. }
+                | Operation::RollbackLiveMigrationAtDestination { .. }
         );
-        if matches!(req, PeerRequest::PreLiveMigration { .. }) {
+        if matches!(req, Operation::PreLiveMigration { .. }) {
             self.linked.insert(uuid);
         }
         self.metrics.peer_in_flight.fetch_add(1, Ordering::Relaxed);
         let t0 = Instant::now();
         info!(instance = %uuid, request = label, "peer request");
         let bound = self.settings.peer_serve_timeout;
-        let r = tokio::time::timeout(bound, self.driver.complete(uuid, req.into())).await;
+        let r = tokio::time::timeout(bound, self.driver.complete(uuid, req)).await;
         self.metrics.peer_in_flight.fetch_sub(1, Ordering::Relaxed);
         if ends_link {
             self.linked.remove(&uuid);
@@ -639,11 +597,17 @@ impl AgentService {
     /// flavors, and the boot source's paths, which must resolve inside this host's
     /// `image_dirs` (they are replaced by the resolved paths). A rollback builds nothing:
     /// only its name is checked, so that it can always clean up.
-    fn check_peer_request(&self, mut req: PeerRequest) -> Result<PeerRequest, ApiError> {
+    fn check_peer_request(&self, mut req: Operation) -> Result<Operation, ApiError> {
+        if req.kind().caller() != Caller::Peer {
+            return Err(ApiError::Invalid(format!(
+                "action: {} is not a peer request",
+                req.kind()
+            )));
+        }
         let (handover, builds) = match &mut req {
-            PeerRequest::FinishResize { handover, .. }
-            | PeerRequest::PreLiveMigration { handover, .. } => (handover, true),
-            PeerRequest::RollbackLiveMigrationAtDestination { handover, .. } => (handover, false),
+            Operation::FinishResize { handover, .. }
+            | Operation::PreLiveMigration { handover, .. } => (handover, true),
+            Operation::RollbackLiveMigrationAtDestination { handover, .. } => (handover, false),
             _ => return Ok(req),
         };
         check_name(&handover.name)?;
@@ -698,7 +662,9 @@ impl AgentService {
         let op = self.ops.running_for(uuid).map(|o| o.kind);
         matches!(
             op,
-            Some(OpKind::Resize | OpKind::RevertResize | OpKind::LiveMigrate)
+            Some(OpKind::Action(
+                Request::Resize | Request::RevertResize | Request::LiveMigrate
+            ))
         ) || self.linked.contains(&uuid)
     }
 

@@ -13,7 +13,7 @@ use vireo_actors::predict::{ExpectedEvent, Timing};
 use vireo_actors::vif::PortId;
 
 use super::model::{
-    AwaitedEvent, ErrorDetail, Instance, InstanceOperation, InstanceVif, Operation, Report,
+    AwaitedEvent, ErrorDetail, Instance, InstanceOperation, InstanceVif, OpStatus, Report,
     ReportReleased, ReportStep, ReportWait,
 };
 
@@ -42,7 +42,7 @@ fn awaited(e: &ExpectedEvent) -> AwaitedEvent {
 
 /// An instance as the API shows it; `op` is the agent's running operation, if any (its id
 /// and kind are shown; the driver's progress gives the phase and the awaited events).
-pub fn instance(v: &InstanceView, op: Option<&Operation>) -> Instance {
+pub fn instance(v: &InstanceView, op: Option<&OpStatus>) -> Instance {
     let operation = match (&v.operation, op) {
         (Some(p), op) => Some(InstanceOperation {
             id: op.map(|o| o.id),

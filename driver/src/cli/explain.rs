@@ -15,7 +15,7 @@ use std::io::{self, Read, Write};
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use vireo_actors::predict::{self, DeviceForm, Operation, Prediction, Timing, Wiring};
+use vireo_actors::predict::{self, DeviceForm, EventOp, Prediction, Timing, Wiring};
 use vireo_actors::vif::{NetworkInfo, Vif, VifError};
 
 use super::{ExplainArgs, EXIT_INVALID_INPUT, EXIT_IO};
@@ -121,7 +121,7 @@ struct WiringIn {
 #[derive(Debug)]
 pub struct Explained {
     /// The operation.
-    pub operation: Operation,
+    pub operation: EventOp,
     /// The wiring assumed.
     pub wiring: Wiring,
     /// The VIFs.
@@ -130,7 +130,7 @@ pub struct Explained {
     pub prediction: Prediction,
 }
 
-fn parse_operation(name: &str, migration: Option<&MigrationIn>) -> Result<Operation, ExplainError> {
+fn parse_operation(name: &str, migration: Option<&MigrationIn>) -> Result<EventOp, ExplainError> {
     let hosts = |operation: &'static str| -> Result<(String, String), ExplainError> {
         let get = |v: Option<&String>, field: &'static str| match v {
             Some(s) if !s.is_empty() => Ok(s.clone()),
@@ -146,26 +146,26 @@ fn parse_operation(name: &str, migration: Option<&MigrationIn>) -> Result<Operat
         ))
     };
     Ok(match name {
-        "spawn" => Operation::Spawn,
-        "hard-reboot" => Operation::HardReboot,
-        "power-on" => Operation::PowerOn,
-        "attach-interface" => Operation::AttachInterface,
-        "update-binding-profile" => Operation::UpdateBindingProfile,
+        "spawn" => EventOp::Spawn,
+        "hard-reboot" => EventOp::HardReboot,
+        "power-on" => EventOp::PowerOn,
+        "attach-interface" => EventOp::AttachInterface,
+        "update-binding-profile" => EventOp::UpdateBindingProfile,
         "finish-resize" => {
             let (s, d) = hosts("finish-resize")?;
-            Operation::FinishResize { same_host: s == d }
+            EventOp::FinishResize { same_host: s == d }
         }
         "revert-resize" => {
             let (source, dest) = hosts("revert-resize")?;
-            Operation::RevertResize { source, dest }
+            EventOp::RevertResize { source, dest }
         }
         "live-migration" => {
             let (source, dest) = hosts("live-migration")?;
-            Operation::LiveMigration { source, dest }
+            EventOp::LiveMigration { source, dest }
         }
         "post-live-migration" => {
             let (source, dest) = hosts("post-live-migration")?;
-            Operation::PostLiveMigration { source, dest }
+            EventOp::PostLiveMigration { source, dest }
         }
         other => return Err(ExplainError::UnknownOperation(other.to_owned())),
     })
@@ -248,16 +248,16 @@ fn json_out(p: &Prediction) -> JsonOut {
     out
 }
 
-fn describe(op: &Operation) -> String {
+fn describe(op: &EventOp) -> String {
     // Host names come from the input: keep each on the one line it is printed on.
     let (source, dest) = match op {
-        Operation::RevertResize { source, dest }
-        | Operation::LiveMigration { source, dest }
-        | Operation::PostLiveMigration { source, dest } => (one_line(source), one_line(dest)),
+        EventOp::RevertResize { source, dest }
+        | EventOp::LiveMigration { source, dest }
+        | EventOp::PostLiveMigration { source, dest } => (one_line(source), one_line(dest)),
         _ => (String::new(), String::new()),
     };
     match op {
-        Operation::FinishResize { same_host } => format!(
+        EventOp::FinishResize { same_host } => format!(
             "finish-resize ({}, destination side)",
             if *same_host {
                 "same host"
@@ -265,14 +265,14 @@ fn describe(op: &Operation) -> String {
                 "cross-host"
             }
         ),
-        Operation::RevertResize { source: s, dest: d } => format!(
+        EventOp::RevertResize { source: s, dest: d } => format!(
             "revert-resize ({}: back from {dest} to {source})",
             if s == d { "same host" } else { "cross-host" }
         ),
-        Operation::LiveMigration { .. } => {
+        EventOp::LiveMigration { .. } => {
             format!("live-migration ({source} -> {dest}, source side, destination pre-wired)")
         }
-        Operation::PostLiveMigration { .. } => format!(
+        EventOp::PostLiveMigration { .. } => format!(
             "post-live-migration ({source} -> {dest}, destination side, bindings activated)"
         ),
         other => other.name().to_owned(),

@@ -13,8 +13,9 @@ use clap::{Args, Subcommand};
 use serde_json::{json, Map, Value};
 use uuid::Uuid;
 
-use crate::agent::model::{Action, CreateInstance, Instance, OpState, Operation};
+use crate::agent::model::{CreateInstance, Instance, OpState, OpStatus};
 use crate::client::{to_json, AgentClient};
+use vireo_actors::instance::Operation;
 
 use super::remote::{block_on, client, read_json, report, table, RemoteError};
 use super::ClientOpts;
@@ -224,7 +225,7 @@ fn dispatch(
 
 /// The action request from the arguments: `{"action": NAME, ...}` checked by the same
 /// schema the agent uses.
-pub fn build_action(a: &ActionArgs, stdin: &mut dyn Read) -> Result<Action, RemoteError> {
+pub fn build_action(a: &ActionArgs, stdin: &mut dyn Read) -> Result<Operation, RemoteError> {
     let mut m = Map::new();
     m.insert("action".into(), Value::from(a.action.clone()));
     if let Some(f) = &a.flavor {
@@ -253,7 +254,7 @@ pub fn build_action(a: &ActionArgs, stdin: &mut dyn Read) -> Result<Action, Remo
 }
 
 /// The progress line for a poll (printed when it changes).
-pub fn progress_line(op: &Operation, inst: Option<&Instance>) -> String {
+pub fn progress_line(op: &OpStatus, inst: Option<&Instance>) -> String {
     let mut line = format!("{} {}: {}", op.kind, op.instance, op.state.as_str());
     if let Some(o) = inst.and_then(|i| i.operation.as_ref()) {
         if let Some(phase) = &o.phase {
@@ -273,7 +274,7 @@ pub fn progress_line(op: &Operation, inst: Option<&Instance>) -> String {
 
 async fn finish_op(
     c: &AgentClient,
-    op: Operation,
+    op: OpStatus,
     wait: bool,
     json: bool,
     stdout: &mut dyn Write,
@@ -391,7 +392,7 @@ pub fn show_text(i: &Instance) -> String {
 }
 
 /// An operation as text.
-pub fn op_text(op: &Operation) -> String {
+pub fn op_text(op: &OpStatus) -> String {
     let mut s = format!(
         "operation {} ({} of {}): {}\n",
         op.id,
@@ -471,7 +472,7 @@ mod tests {
 
     #[test]
     fn progress_lines_name_phase_and_events() {
-        let op = Operation {
+        let op = OpStatus {
             id: Uuid::nil(),
             instance: Uuid::nil(),
             kind: OpKind::Create,
@@ -503,10 +504,10 @@ mod tests {
             client: ClientOpts::default(),
         };
         let mut stdin: &[u8] = b"";
-        assert_eq!(
+        assert!(matches!(
             build_action(&args("pause"), &mut stdin).unwrap(),
-            Action::Pause {}
-        );
+            Operation::Pause {}
+        ));
         assert!(matches!(
             build_action(&args("explode"), &mut stdin),
             Err(RemoteError::Input(_))
@@ -518,20 +519,23 @@ mod tests {
         let mut a = args("live-migrate");
         a.dest_host = Some("h2".into());
         a.shared_instance_path = true;
+        let Operation::LiveMigrate(lm) = build_action(&a, &mut stdin).unwrap() else {
+            panic!("not a live migration")
+        };
         assert_eq!(
-            build_action(&a, &mut stdin).unwrap(),
-            Action::LiveMigrate {
-                dest_host: "h2".into(),
-                shared_block_storage: false,
-                shared_instance_path: true,
-            }
+            (
+                lm.dest_host.as_str(),
+                lm.shared_block_storage,
+                lm.shared_instance_path
+            ),
+            ("h2", false, true)
         );
         let mut a = args("power-off");
         a.timeout = Some(5);
-        assert_eq!(
+        assert!(matches!(
             build_action(&a, &mut stdin).unwrap(),
-            Action::PowerOff { timeout: Some(5) }
-        );
+            Operation::PowerOff { timeout: Some(t) } if t.as_secs() == 5
+        ));
         let mut a = args("pause");
         a.port_id = Some("x".into());
         assert!(

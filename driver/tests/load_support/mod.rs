@@ -496,18 +496,18 @@ impl Ctx {
                 }
                 Unit::ResizeConfirm | Unit::ResizeRevert => {
                     let confirm = matches!(unit, Unit::ResizeConfirm);
-                    let args = ResizeArgs {
-                        migration: Migration {
+                    let args = ResizeArgs::of(
+                        &Migration {
                             id: Uuid::new_v4(),
                             source_host: HOSTS[host].into(),
                             dest_host: HOSTS[other].into(),
                         },
-                        new_flavor: if confirm {
+                        if confirm {
                             flavor("m1.small", 1, 512)
                         } else {
                             flavor("m1.medium", 2, 1024)
                         },
-                    };
+                    );
                     let (k1, k2) = if confirm {
                         (OpKind::ResizeConfirm, OpKind::Confirm)
                     } else {
@@ -535,15 +535,15 @@ impl Ctx {
                     }
                 }
                 Unit::LiveMigrate => {
-                    let args = LiveMigrateArgs {
-                        migration: Migration {
+                    let args = LiveMigrateArgs::of(
+                        &Migration {
                             id: Uuid::new_v4(),
                             source_host: HOSTS[host].into(),
                             dest_host: HOSTS[other].into(),
                         },
-                        shared_block_storage: i % 2 == 0,
-                        shared_instance_path: i % 4 < 2,
-                    };
+                        i % 2 == 0,
+                        i % 4 < 2,
+                    );
                     b.op(
                         OpKind::LiveMigrate,
                         id,

@@ -135,15 +135,15 @@ pub async fn sriov_port(net: &dyn NetworkApi, vnic: VnicType, pci: &str) -> Port
 
 /// A live migration from h1 to `dest` with the given storage flags.
 pub fn lm(dest: &str, shared_block: bool, shared_path: bool) -> LiveMigrateArgs {
-    LiveMigrateArgs {
-        migration: Migration {
+    LiveMigrateArgs::of(
+        &Migration {
             id: uuid(),
             source_host: "h1".into(),
             dest_host: dest.into(),
         },
-        shared_block_storage: shared_block,
-        shared_instance_path: shared_path,
-    }
+        shared_block,
+        shared_path,
+    )
 }
 
 pub fn uuid() -> Uuid {

@@ -364,10 +364,7 @@ pub async fn setup(op: Op, c: &TestCloud, name: &str, bystander: bool) -> Subjec
             h1.driver
                 .resize(
                     id,
-                    ResizeArgs {
-                        migration: migration("h1", "h2"),
-                        new_flavor: flavor("m1.small", 2, 512),
-                    },
+                    ResizeArgs::of(&migration("h1", "h2"), flavor("m1.small", 2, 512)),
                 )
                 .await
                 .unwrap();
@@ -376,10 +373,7 @@ pub async fn setup(op: Op, c: &TestCloud, name: &str, bystander: bool) -> Subjec
             h1.driver
                 .resize(
                     id,
-                    ResizeArgs {
-                        migration: migration("h1", "h1"),
-                        new_flavor: flavor("m1.small", 2, 512),
-                    },
+                    ResizeArgs::of(&migration("h1", "h1"), flavor("m1.small", 2, 512)),
                 )
                 .await
                 .unwrap();
@@ -454,20 +448,14 @@ pub async fn run(op: Op, c: &TestCloud, s: &Subject) -> Result<OpReport, Instanc
             Op::Resize => {
                 h1.resize(
                     id,
-                    ResizeArgs {
-                        migration: migration("h1", "h2"),
-                        new_flavor: flavor("m1.small", 2, 512),
-                    },
+                    ResizeArgs::of(&migration("h1", "h2"), flavor("m1.small", 2, 512)),
                 )
                 .await
             }
             Op::ResizeSameHost => {
                 h1.resize(
                     id,
-                    ResizeArgs {
-                        migration: migration("h1", "h1"),
-                        new_flavor: flavor("m1.small", 2, 512),
-                    },
+                    ResizeArgs::of(&migration("h1", "h1"), flavor("m1.small", 2, 512)),
                 )
                 .await
             }
@@ -477,11 +465,7 @@ pub async fn run(op: Op, c: &TestCloud, s: &Subject) -> Result<OpReport, Instanc
             Op::LiveMigration | Op::Rollback => {
                 h1.live_migrate(
                     id,
-                    LiveMigrateArgs {
-                        migration: migration("h1", "h2"),
-                        shared_block_storage: false,
-                        shared_instance_path: false,
-                    },
+                    LiveMigrateArgs::of(&migration("h1", "h2"), false, false),
                 )
                 .await
             }

@@ -8,13 +8,13 @@
 //! anything of the interface changes.
 
 use crate::lifecycle::{InstanceState, Request};
-use crate::predict::Operation;
+use crate::predict::EventOp;
 use crate::vif::{NetworkInfo, PortId, Vif};
 
 use crate::instance::in_flight::{InFlight, InterfaceStep};
 use crate::instance::op::OpCtx;
 use crate::instance::record::InstanceRecord;
-use crate::instance::types::InstanceError;
+use crate::instance::types::{InstanceError, InvalidOperation};
 
 use super::{expect_predicted, predicted, refresh_active, with_rollback, Finished};
 
@@ -35,7 +35,7 @@ pub(crate) async fn attach_interface(
         return Finished::err(
             from,
             Some(record),
-            InstanceError::Invalid(format!("port {} or its MAC is attached already", vif.id)),
+            InvalidOperation::AlreadyAttached { port: vif.id }.into(),
         );
     }
     let mut vif = vif;
@@ -58,7 +58,7 @@ pub(crate) async fn attach_interface(
                 vifs: vec![vif.clone()],
             };
             refresh_active(op, &mut single).await?;
-            let prediction = predicted(op, &Operation::AttachInterface, &single.vifs)?;
+            let prediction = predicted(op, &EventOp::AttachInterface, &single.vifs)?;
             let live = from != InstanceState::Stopped;
             let (bind, plug) = expect_predicted(op, &prediction).await?;
             // The interface is marked in flight before anything of it exists: an agent that
@@ -216,7 +216,7 @@ pub(crate) async fn detach_interface(
         return Finished::err(
             from,
             Some(record),
-            InstanceError::Invalid(format!("port {port} is not attached")),
+            InvalidOperation::NotAttached { port }.into(),
         );
     };
     let mut without = record.clone();

@@ -14,15 +14,14 @@ use tracing::warn;
 use crate::events::WaitPolicy;
 use crate::lifecycle::{InstanceState, Request};
 use crate::network::{MigrationHosts, NetworkError, NewBinding, PortStatus, MIGRATING_TO};
-use crate::predict::{Operation, Timing};
+use crate::predict::{EventOp, Timing};
 
 use crate::instance::admission::AdmissionError;
 use crate::instance::in_flight::{InFlight, MigrationStep};
 use crate::instance::op::OpCtx;
+use crate::instance::operation::{LiveMigrateArgs, Operation};
 use crate::instance::record::InstanceRecord;
-use crate::instance::types::{
-    Handover, InstanceError, InstanceRequest, LiveMigrateArgs, Migration, PowerState,
-};
+use crate::instance::types::{Handover, InstanceError, InvalidOperation, Migration, PowerState};
 
 use super::{
     expect_predicted, handover, predicted, record_from_handover, settle_state, with_rollback,
@@ -40,15 +39,15 @@ pub(crate) async fn live_migrate(
     from: InstanceState,
     args: LiveMigrateArgs,
 ) -> Finished {
-    let migration = args.migration.clone();
-    if migration.source_host != op.deps.host || migration.same_host() {
+    let migration = args.migration(&op.deps.host);
+    if migration.same_host() {
         return Finished::err(
             from,
             Some(record),
-            InstanceError::Invalid(format!(
-                "live migration from {} to {} cannot run on {}",
-                migration.source_host, migration.dest_host, op.deps.host
-            )),
+            InvalidOperation::MigrationToItself {
+                host: migration.source_host,
+            }
+            .into(),
         );
     }
     let dest = migration.dest_host.clone();
@@ -65,7 +64,7 @@ pub(crate) async fn live_migrate(
             op.save(&record, Some(in_flight)).await?;
             let peer = op.deps.peers.get(&dest)?;
             let uri = peer.migration_uri().ok_or_else(|| {
-                InstanceError::Invalid(format!("host {dest} takes no live migrations"))
+                InstanceError::from(InvalidOperation::NoLiveMigrationTo { host: dest.clone() })
             })?;
             op.phase("destination bindings");
             let net = op.deps.network.clone();
@@ -95,7 +94,7 @@ pub(crate) async fn live_migrate(
             op.peer(
                 &dest,
                 "pre-live-migration",
-                InstanceRequest::PreLiveMigration {
+                Operation::PreLiveMigration {
                     migration: migration.clone(),
                     handover: Box::new(h.clone()),
                 },
@@ -158,7 +157,7 @@ pub(crate) async fn live_migrate(
                 .peer(
                     &dest,
                     "post-live-migration",
-                    InstanceRequest::PostLiveMigrationAtDestination {
+                    Operation::PostLiveMigrationAtDestination {
                         migration: migration.clone(),
                     },
                 )
@@ -225,7 +224,7 @@ pub(super) async fn rollback_live_migration(
             .peer(
                 &migration.dest_host,
                 "rollback-live-migration-at-destination",
-                InstanceRequest::RollbackLiveMigrationAtDestination {
+                Operation::RollbackLiveMigrationAtDestination {
                     handover: Box::new(h.clone()),
                     do_cleanup,
                     destroy_disks,
@@ -285,7 +284,7 @@ async fn update_profiles(
     if changing_ids.is_empty() {
         return Ok(());
     }
-    let prediction = predicted(op, &Operation::UpdateBindingProfile, &changing)?;
+    let prediction = predicted(op, &EventOp::UpdateBindingProfile, &changing)?;
     let consume = WaitPolicy {
         timeout: op.deps.config.profile_wait,
         fatal: false,
@@ -350,7 +349,7 @@ pub(crate) async fn post_live_migration(
         async |op| {
             let prediction = predicted(
                 op,
-                &Operation::PostLiveMigration {
+                &EventOp::PostLiveMigration {
                     source,
                     dest: op.deps.host.clone(),
                 },

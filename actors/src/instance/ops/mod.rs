@@ -32,15 +32,14 @@ mod spawn;
 use crate::events::WaitPolicy;
 use crate::lifecycle::{InstanceState, Request};
 use crate::network::PortStatus;
-use crate::predict::{predict, Operation, Prediction, Timing};
+use crate::predict::{predict, EventOp, Prediction, Timing};
 use crate::vif::{NetworkInfo, Vif};
 
 use crate::instance::admission::AdmissionError;
 use crate::instance::op::{OpCtx, PendingWait};
+use crate::instance::operation::Operation;
 use crate::instance::record::InstanceRecord;
-use crate::instance::types::{
-    DestroyArgs, Handover, InstanceError, InstanceRequest, PowerState, RebootKind,
-};
+use crate::instance::types::{DestroyArgs, Handover, InstanceError, InvalidOperation, PowerState};
 
 /// Where an operation left the instance.
 #[derive(Debug)]
@@ -131,7 +130,7 @@ async fn with_rollback<T>(
     }
 }
 
-fn predicted(op: &OpCtx, operation: &Operation, vifs: &[Vif]) -> Result<Prediction, InstanceError> {
+fn predicted(op: &OpCtx, operation: &EventOp, vifs: &[Vif]) -> Result<Prediction, InstanceError> {
     predict(operation, vifs, &op.deps.config.wiring()).map_err(InstanceError::Predict)
 }
 
@@ -209,7 +208,7 @@ async fn settle_state(op: &mut OpCtx, fallback: InstanceState) -> InstanceState 
 async fn boot_with_events(
     op: &mut OpCtx,
     record: &InstanceRecord,
-    operation: Operation,
+    operation: EventOp,
     run: bool,
 ) -> Result<(), InstanceError> {
     let prediction = predicted(op, &operation, &record.network_info.vifs)?;
@@ -257,8 +256,8 @@ fn handover(
 }
 
 fn record_from_handover(op: &OpCtx, h: &Handover) -> Result<InstanceRecord, InstanceError> {
-    let network_info = NetworkInfo::from_value(&h.network_info)
-        .map_err(|e| InstanceError::Invalid(format!("handover network_info: {e}")))?;
+    let network_info =
+        NetworkInfo::from_value(&h.network_info).map_err(InvalidOperation::HandoverNetworkInfo)?;
     Ok(InstanceRecord {
         uuid: op.uuid,
         name: h.name.clone(),
@@ -273,11 +272,11 @@ fn record_from_handover(op: &OpCtx, h: &Handover) -> Result<InstanceRecord, Inst
 /// Run the operation a request names (the actor checked it against the lifecycle).
 pub(crate) async fn dispatch(
     op: &mut OpCtx,
-    request: InstanceRequest,
+    request: Operation,
     record: Option<InstanceRecord>,
     from: InstanceState,
 ) -> Finished {
-    use InstanceRequest as R;
+    use Operation as R;
     match request {
         R::Spawn(args) => return spawn::spawn(op, *args).await,
         R::Destroy(args) => {
@@ -286,7 +285,7 @@ pub(crate) async fn dispatch(
             }
             return spawn::destroy(op, record, args).await;
         }
-        R::CleanupForReschedule => {
+        R::CleanupForReschedule {} => {
             if let Some(r) = &record {
                 op.use_record(r);
             }
@@ -326,34 +325,39 @@ pub(crate) async fn dispatch(
     op.use_record(&record);
     match request {
         R::PowerOff { timeout } => power::power_off(op, record, from, timeout).await,
-        R::PowerOn => power::power_on(op, record, from).await,
-        R::Reboot(RebootKind::Soft) => power::reboot_soft(op, record).await,
-        R::Reboot(RebootKind::Hard) => power::reboot_hard(op, record).await,
-        R::Pause => power::pause(op, record, true).await,
-        R::Unpause => power::pause(op, record, false).await,
-        R::Suspend => power::suspend(op, record, from).await,
-        R::Resume => power::resume(op, record).await,
+        R::PowerOn {} => power::power_on(op, record, from).await,
+        R::RebootSoft {} => power::reboot_soft(op, record).await,
+        R::RebootHard {} => power::reboot_hard(op, record).await,
+        R::Pause {} => power::pause(op, record, true).await,
+        R::Unpause {} => power::pause(op, record, false).await,
+        R::Suspend {} => power::suspend(op, record, from).await,
+        R::Resume {} => power::resume(op, record).await,
         R::Resize(args) => resize::resize(op, record, from, *args).await,
-        R::ConfirmResize => resize::confirm_resize(op, record).await,
-        R::ConfirmResizeSource => resize::confirm_resize_source(op, record).await,
-        R::RevertResize => resize::revert_resize(op, record).await,
-        R::FinishRevertResize => resize::finish_revert_resize(op, record).await,
+        R::ConfirmResize {} => resize::confirm_resize(op, record).await,
+        R::ConfirmResizeSource {} => resize::confirm_resize_source(op, record).await,
+        R::RevertResize {} => resize::revert_resize(op, record).await,
+        R::FinishRevertResize {} => resize::finish_revert_resize(op, record).await,
         R::LiveMigrate(args) => migrate::live_migrate(op, record, from, *args).await,
         R::PostLiveMigrationAtDestination { migration } => {
             migrate::post_live_migration(op, record, migration.source_host).await
         }
-        R::AttachInterface(vif) => interfaces::attach_interface(op, record, from, *vif).await,
-        R::DetachInterface(port) => interfaces::detach_interface(op, record, from, port).await,
+        R::AttachInterface { vif } => interfaces::attach_interface(op, record, from, *vif).await,
+        R::DetachInterface { port_id } => {
+            interfaces::detach_interface(op, record, from, port_id).await
+        }
         R::Recover(interrupted) => recover::recover(op, record, from, *interrupted).await,
         R::Spawn(_)
         | R::Destroy(_)
-        | R::CleanupForReschedule
+        | R::CleanupForReschedule {}
         | R::FinishResize { .. }
         | R::PreLiveMigration { .. }
         | R::RollbackLiveMigrationAtDestination { .. } => Finished {
             state: from,
             record: Some(record),
-            result: Err(InstanceError::Invalid("handled above".into())),
+            result: Err(InvalidOperation::Misrouted {
+                request: op.request,
+            }
+            .into()),
         },
     }
 }

@@ -10,7 +10,7 @@
 use tracing::info;
 
 use crate::lifecycle::InstanceState;
-use crate::predict::Operation;
+use crate::predict::EventOp;
 
 use crate::instance::in_flight::InFlight;
 use crate::instance::op::OpCtx;
@@ -67,7 +67,7 @@ pub(crate) async fn power_on(
         async |op| {
             let in_flight = op.in_flight("start", InFlight::PowerOn);
             op.save(&record, Some(in_flight)).await?;
-            boot_with_events(op, &record, Operation::PowerOn, true).await?;
+            boot_with_events(op, &record, EventOp::PowerOn, true).await?;
             let mut done = record.clone();
             done.state = InstanceState::Running;
             op.save(&done, None).await
@@ -100,7 +100,7 @@ pub(crate) async fn reboot_hard(op: &mut OpCtx, record: InstanceRecord) -> Finis
             op.save(&record, Some(in_flight)).await?;
             op.phase("destroy");
             op.destroy_domain().await?;
-            boot_with_events(op, &record, Operation::HardReboot, true).await?;
+            boot_with_events(op, &record, EventOp::HardReboot, true).await?;
             let mut done = record.clone();
             done.state = InstanceState::Running;
             op.save(&done, None).await
@@ -192,7 +192,7 @@ pub(crate) async fn resume(op: &mut OpCtx, record: InstanceRecord) -> Finished {
     let done = with_rollback(
         op,
         async |op| {
-            boot_with_events(op, &record, Operation::PowerOn, true).await?;
+            boot_with_events(op, &record, EventOp::PowerOn, true).await?;
             let mut done = record.clone();
             done.state = InstanceState::Running;
             op.save(&done, None).await

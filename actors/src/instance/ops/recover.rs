@@ -8,13 +8,13 @@
 use tracing::info;
 
 use crate::lifecycle::{InstanceState, Request};
-use crate::predict::Operation;
+use crate::predict::EventOp;
 use crate::vif::Vif;
 
 use crate::instance::in_flight::{InFlight, InterfaceStep, Interrupted};
 use crate::instance::op::OpCtx;
 use crate::instance::record::{InstanceRecord, ResizeRole};
-use crate::instance::types::InstanceError;
+use crate::instance::types::{InstanceError, InvalidOperation};
 
 use super::interfaces::detach;
 use super::migrate::rollback_live_migration;
@@ -112,10 +112,12 @@ pub(crate) async fn recover(
             InstanceError::RollbackFailed {
                 request: Request::Recover,
                 rollback: f,
-                cause: Box::new(InstanceError::Invalid(format!(
-                    "interrupted {}",
-                    interrupted.describe()
-                ))),
+                cause: Box::new(
+                    InvalidOperation::Interrupted {
+                        operation: interrupted.describe(),
+                    }
+                    .into(),
+                ),
             },
         ),
     }
@@ -185,7 +187,7 @@ async fn recover_same_host(
         .filter(|r| r.role == ResizeRole::Target);
     let (operation, run, state) = match target {
         Some(r) if resize => (
-            Operation::FinishResize { same_host: true },
+            EventOp::FinishResize { same_host: true },
             r.was_running,
             InstanceState::ResizeTarget,
         ),
@@ -193,12 +195,12 @@ async fn recover_same_host(
         Some(_) => return None,
         None if resize => {
             let run = record.state == InstanceState::Running;
-            (Operation::HardReboot, run, running_or_stopped(run))
+            (EventOp::HardReboot, run, running_or_stopped(run))
         }
         None => {
             let run = revert_was_running.unwrap_or(true);
             (
-                Operation::RevertResize {
+                EventOp::RevertResize {
                     source: migration.source_host.clone(),
                     dest: migration.dest_host.clone(),
                 },
@@ -208,7 +210,7 @@ async fn recover_same_host(
         }
     };
     info!(instance = %op.uuid, interrupted = %interrupted.describe(), %state, "booting an interrupted same-host resize or revert again");
-    let replug = matches!(operation, Operation::RevertResize { .. });
+    let replug = matches!(operation, EventOp::RevertResize { .. });
     let done = with_rollback(
         op,
         async |op| {
@@ -233,10 +235,12 @@ async fn recover_same_host(
                 InstanceError::RollbackFailed {
                     request: Request::Recover,
                     rollback: e.to_string(),
-                    cause: Box::new(InstanceError::Invalid(format!(
-                        "interrupted {}",
-                        interrupted.describe()
-                    ))),
+                    cause: Box::new(
+                        InvalidOperation::Interrupted {
+                            operation: interrupted.describe(),
+                        }
+                        .into(),
+                    ),
                 },
             )
         },

@@ -14,16 +14,15 @@ use tracing::warn;
 
 use crate::lifecycle::{InstanceState, Request};
 use crate::network::PortUpdate;
-use crate::predict::{ExpectedEvent, Operation, Timing};
+use crate::predict::{EventOp, ExpectedEvent, Timing};
 use crate::vif::{NetworkInfo, PortId};
 
 use crate::instance::admission::AdmissionError;
 use crate::instance::in_flight::{InFlight, MigrationStep, RevertStep};
 use crate::instance::op::OpCtx;
+use crate::instance::operation::{Operation, ResizeArgs};
 use crate::instance::record::{InstanceRecord, ResizeRecord, ResizeRole};
-use crate::instance::types::{
-    Handover, InstanceError, InstanceRequest, Migration, PowerState, ResizeArgs,
-};
+use crate::instance::types::{Handover, InstanceError, InvalidOperation, Migration, PowerState};
 
 use super::{
     boot_with_events, expect_predicted, handover, policy, predicted, record_from_handover,
@@ -39,20 +38,8 @@ pub(crate) async fn resize(
     from: InstanceState,
     args: ResizeArgs,
 ) -> Finished {
-    let ResizeArgs {
-        migration,
-        new_flavor,
-    } = args;
-    if migration.source_host != op.deps.host {
-        return Finished::err(
-            from,
-            Some(record),
-            InstanceError::Invalid(format!(
-                "resize source is {}, this host is {}",
-                migration.source_host, op.deps.host
-            )),
-        );
-    }
+    let migration = args.migration(&op.deps.host);
+    let new_flavor = args.new_flavor;
     if migration.same_host() {
         return resize_same_host(op, record, from, migration, new_flavor).await;
     }
@@ -89,7 +76,7 @@ pub(crate) async fn resize(
         op.peer(
             &migration.dest_host,
             "finish-resize",
-            InstanceRequest::FinishResize {
+            Operation::FinishResize {
                 migration: migration.clone(),
                 handover: Box::new(h),
             },
@@ -134,7 +121,7 @@ pub(crate) async fn finish_resize(op: &mut OpCtx, migration: Migration, h: Hando
         async |op| {
             let prediction = predicted(
                 op,
-                &Operation::FinishResize {
+                &EventOp::FinishResize {
                     same_host: migration.same_host(),
                 },
                 &record.network_info.vifs,
@@ -217,7 +204,10 @@ pub(crate) async fn confirm_resize(op: &mut OpCtx, record: InstanceRecord) -> Fi
         return Finished::err(
             InstanceState::Error,
             Some(record),
-            InstanceError::Invalid("no resize to confirm".into()),
+            InvalidOperation::NoResize {
+                request: Request::ConfirmResize,
+            }
+            .into(),
         );
     };
     // No event waits and nothing to roll back (a failure leaves the resize to confirm
@@ -229,7 +219,7 @@ pub(crate) async fn confirm_resize(op: &mut OpCtx, record: InstanceRecord) -> Fi
                 .peer(
                     &resize.migration.source_host,
                     "confirm-resize-source",
-                    InstanceRequest::ConfirmResizeSource,
+                    Operation::ConfirmResizeSource {},
                 )
                 .await
             {
@@ -273,7 +263,10 @@ pub(crate) async fn revert_resize(op: &mut OpCtx, record: InstanceRecord) -> Fin
         return Finished::err(
             InstanceState::Error,
             Some(record),
-            InstanceError::Invalid("no resize to revert".into()),
+            InvalidOperation::NoResize {
+                request: Request::RevertResize,
+            }
+            .into(),
         );
     };
     if resize.migration.same_host() {
@@ -297,7 +290,7 @@ pub(crate) async fn revert_resize(op: &mut OpCtx, record: InstanceRecord) -> Fin
         .peer(
             &resize.migration.source_host,
             "finish-revert-resize",
-            InstanceRequest::FinishRevertResize,
+            Operation::FinishRevertResize {},
         )
         .await
     {
@@ -321,7 +314,10 @@ async fn bring_back(op: &mut OpCtx, record: InstanceRecord) -> Finished {
         return Finished::err(
             InstanceState::Error,
             Some(record),
-            InstanceError::Invalid("no resize to revert".into()),
+            InvalidOperation::NoResize {
+                request: op.request,
+            }
+            .into(),
         );
     };
     let was_running = resize.was_running;
@@ -336,7 +332,7 @@ async fn bring_back(op: &mut OpCtx, record: InstanceRecord) -> Finished {
             op.deps.events.track(op.uuid);
             let prediction = predicted(
                 op,
-                &Operation::RevertResize {
+                &EventOp::RevertResize {
                     source: resize.migration.source_host.clone(),
                     dest: resize.migration.dest_host.clone(),
                 },
@@ -438,7 +434,7 @@ async fn resize_same_host(
             boot_with_events(
                 op,
                 &target,
-                Operation::FinishResize { same_host: true },
+                EventOp::FinishResize { same_host: true },
                 was_running,
             )
             .await?;
@@ -499,7 +495,7 @@ async fn revert_same_host(
             boot_with_events(
                 op,
                 &back,
-                Operation::RevertResize {
+                EventOp::RevertResize {
                     source: resize.migration.source_host.clone(),
                     dest: resize.migration.dest_host.clone(),
                 },

@@ -11,7 +11,7 @@ use tracing::warn;
 
 use crate::lifecycle::{InstanceState, Request};
 use crate::network::{BindingStatus, NetworkError, PortUpdate, MIGRATING_TO};
-use crate::predict::Operation;
+use crate::predict::EventOp;
 use crate::vif::NetworkInfo;
 
 use crate::instance::in_flight::InFlight;
@@ -164,7 +164,7 @@ async fn spawn_steps(
     record: &InstanceRecord,
     power_on: bool,
 ) -> Result<InstanceState, InstanceError> {
-    let prediction = predicted(op, &Operation::Spawn, &record.network_info.vifs)?;
+    let prediction = predicted(op, &EventOp::Spawn, &record.network_info.vifs)?;
     op.phase("define");
     let in_flight = op.in_flight("define", InFlight::Spawn);
     op.define(record, Some(in_flight)).await?;

@@ -1,0 +1,409 @@
+//! The one operation type: what a caller asks an instance to do.
+//!
+//! [`Operation`] is the body of the agent's `POST /v1/instances/{uuid}/action` and of the
+//! peer API (`POST /v1/peer/instances/{uuid}`), the argument of
+//! `ComputeDriver::submit`, and the message the instance actor admits and runs. It is read
+//! straight from JSON: `{"action": "<name>", ...arguments}`, kebab-case names, every
+//! argument checked by serde (an unknown action or an extra argument is refused). Variants
+//! without arguments are empty structs (`PowerOn {}`) because serde ignores extra fields on
+//! unit variants.
+//!
+//! Three operations never come from JSON: [`Operation::Spawn`] (the agent builds it from a
+//! `POST /v1/instances` body, whose image paths and ports it resolves first),
+//! [`Operation::Destroy`] (the `DELETE` verb) and [`Operation::Recover`] (recovery at
+//! start-up). Which endpoint may carry which operation is the lifecycle's
+//! [`Request::caller`].
+//!
+//! The operation's name is its lifecycle [`Request`]: [`Operation::kind`] maps each variant
+//! to it, and a test checks that the serde name is [`Request::as_str`].
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+use vireo_xml::metadata::Flavor;
+
+use crate::lifecycle::Request;
+use crate::vif::{PortId, Vif};
+
+use super::in_flight::Interrupted;
+use super::types::{DestroyArgs, Handover, Migration, RebootKind, SpawnArgs};
+
+/// Everything an instance can be asked to do.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "action", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum Operation {
+    /// Build here (from `POST /v1/instances`).
+    #[serde(skip)]
+    Spawn(Box<SpawnArgs>),
+    /// Tear down; idempotent (from `DELETE /v1/instances/{uuid}`).
+    #[serde(skip)]
+    Destroy(DestroyArgs),
+    /// Shut down gracefully within `timeout` seconds (default: the configured time), then
+    /// hard.
+    PowerOff {
+        /// How long the guest gets to shut down, in seconds on the wire.
+        #[serde(default, with = "seconds", skip_serializing_if = "Option::is_none")]
+        timeout: Option<Duration>,
+    },
+    /// Start a stopped instance.
+    PowerOn {},
+    /// Guest-cooperative reboot, hard when the guest does not react.
+    RebootSoft {},
+    /// Re-create the domain.
+    RebootHard {},
+    /// Pause the vCPUs.
+    Pause {},
+    /// Resume the vCPUs.
+    Unpause {},
+    /// Save to disk.
+    Suspend {},
+    /// Restore from disk.
+    Resume {},
+    /// Source: resize to a new flavor, on `dest_host` (default: this host; same host: the
+    /// whole resize).
+    Resize(Box<ResizeArgs>),
+    /// Destination of a resize: build the resized instance here.
+    FinishResize {
+        /// The migration.
+        migration: Migration,
+        /// What to build.
+        handover: Box<Handover>,
+    },
+    /// Where the resized instance runs: confirm.
+    ConfirmResize {},
+    /// Source of a confirmed resize: remove the old instance.
+    ConfirmResizeSource {},
+    /// Where the resized instance runs: revert.
+    RevertResize {},
+    /// Source of a reverted resize: bring the instance back after the destination removed
+    /// its copy.
+    FinishRevertResize {},
+    /// Source: live-migrate to another host.
+    LiveMigrate(Box<LiveMigrateArgs>),
+    /// Destination of a live migration: pre-wire the devices.
+    PreLiveMigration {
+        /// The migration.
+        migration: Migration,
+        /// The instance as the source knows it.
+        handover: Box<Handover>,
+    },
+    /// Destination of a live migration that succeeded: take over.
+    PostLiveMigrationAtDestination {
+        /// The migration.
+        migration: Migration,
+    },
+    /// Destination of a live migration that failed: remove what was prepared.
+    RollbackLiveMigrationAtDestination {
+        /// The instance's network_info (the destination may have lost its own record).
+        handover: Box<Handover>,
+        /// Remove the instance directory.
+        do_cleanup: bool,
+        /// Remove the disks.
+        destroy_disks: bool,
+    },
+    /// Hot-plug an interface: one `network_info` entry, parsed strictly.
+    AttachInterface {
+        /// The VIF.
+        #[serde(with = "vif_dict")]
+        vif: Box<Vif>,
+    },
+    /// Hot-unplug the interface of a port.
+    DetachInterface {
+        /// The port.
+        port_id: PortId,
+    },
+    /// Remove a failed build's remains and release its networking, so the build can be
+    /// rescheduled.
+    CleanupForReschedule {},
+    /// Finish or roll back an operation that was in flight when the agent stopped.
+    #[serde(skip)]
+    Recover(Box<Interrupted>),
+}
+
+impl Operation {
+    /// The lifecycle request this is (also its name, [`Request::as_str`]).
+    pub fn kind(&self) -> Request {
+        match self {
+            Operation::Spawn(_) => Request::Spawn,
+            Operation::Destroy(_) => Request::Destroy,
+            Operation::PowerOff { .. } => Request::PowerOff,
+            Operation::PowerOn {} => Request::PowerOn,
+            Operation::RebootSoft {} => Request::RebootSoft,
+            Operation::RebootHard {} => Request::RebootHard,
+            Operation::Pause {} => Request::Pause,
+            Operation::Unpause {} => Request::Unpause,
+            Operation::Suspend {} => Request::Suspend,
+            Operation::Resume {} => Request::Resume,
+            Operation::Resize(_) => Request::Resize,
+            Operation::FinishResize { .. } => Request::FinishResize,
+            Operation::ConfirmResize {} => Request::ConfirmResize,
+            Operation::ConfirmResizeSource {} => Request::ConfirmResizeSource,
+            Operation::RevertResize {} => Request::RevertResize,
+            Operation::FinishRevertResize {} => Request::FinishRevertResize,
+            Operation::LiveMigrate(_) => Request::LiveMigrate,
+            Operation::PreLiveMigration { .. } => Request::PreLiveMigration,
+            Operation::PostLiveMigrationAtDestination { .. } => {
+                Request::PostLiveMigrationAtDestination
+            }
+            Operation::RollbackLiveMigrationAtDestination { .. } => {
+                Request::RollbackLiveMigrationAtDestination
+            }
+            Operation::AttachInterface { .. } => Request::AttachInterface,
+            Operation::DetachInterface { .. } => Request::DetachInterface,
+            Operation::CleanupForReschedule {} => Request::CleanupForReschedule,
+            Operation::Recover(_) => Request::Recover,
+        }
+    }
+
+    /// A reboot of this kind.
+    pub fn reboot(kind: RebootKind) -> Operation {
+        match kind {
+            RebootKind::Soft => Operation::RebootSoft {},
+            RebootKind::Hard => Operation::RebootHard {},
+        }
+    }
+}
+
+/// Resize (or cold-migrate, when the flavor is unchanged), started on the source. The
+/// migration's source is the host that runs it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ResizeArgs {
+    /// The new flavor.
+    #[serde(rename = "flavor")]
+    pub new_flavor: Flavor,
+    /// The destination host; None: this host.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dest_host: Option<String>,
+    /// The migration's id (a caller that tracks migrations, like Nova, gives its own).
+    #[serde(default = "Uuid::new_v4")]
+    pub migration_id: Uuid,
+}
+
+impl ResizeArgs {
+    /// Resize to `new_flavor` on `dest_host` (None: this host), as a new migration.
+    pub fn new(dest_host: Option<&str>, new_flavor: Flavor) -> ResizeArgs {
+        ResizeArgs {
+            new_flavor,
+            dest_host: dest_host.map(str::to_owned),
+            migration_id: Uuid::new_v4(),
+        }
+    }
+
+    /// Resize as `migration` (its id and destination; its source is the host that runs it).
+    pub fn of(migration: &Migration, new_flavor: Flavor) -> ResizeArgs {
+        ResizeArgs {
+            new_flavor,
+            dest_host: Some(migration.dest_host.clone()),
+            migration_id: migration.id,
+        }
+    }
+
+    /// The migration, run from `source`.
+    pub fn migration(&self, source: &str) -> Migration {
+        Migration {
+            id: self.migration_id,
+            source_host: source.to_owned(),
+            dest_host: self.dest_host.as_deref().unwrap_or(source).to_owned(),
+        }
+    }
+}
+
+/// Live-migrate to another host, started on the source.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LiveMigrateArgs {
+    /// The destination host.
+    pub dest_host: String,
+    /// Disks are on shared block storage.
+    #[serde(default)]
+    pub shared_block_storage: bool,
+    /// The instance directory is shared between the hosts.
+    #[serde(default)]
+    pub shared_instance_path: bool,
+    /// The migration's id (a caller that tracks migrations, like Nova, gives its own).
+    #[serde(default = "Uuid::new_v4")]
+    pub migration_id: Uuid,
+}
+
+impl LiveMigrateArgs {
+    /// Migrate to `dest_host`, as a new migration.
+    pub fn new(dest_host: &str, shared_block_storage: bool, shared_instance_path: bool) -> Self {
+        LiveMigrateArgs {
+            dest_host: dest_host.to_owned(),
+            shared_block_storage,
+            shared_instance_path,
+            migration_id: Uuid::new_v4(),
+        }
+    }
+
+    /// Migrate as `migration` (its id and destination; its source is the host that runs
+    /// it).
+    pub fn of(
+        migration: &Migration,
+        shared_block_storage: bool,
+        shared_instance_path: bool,
+    ) -> Self {
+        LiveMigrateArgs {
+            dest_host: migration.dest_host.clone(),
+            shared_block_storage,
+            shared_instance_path,
+            migration_id: migration.id,
+        }
+    }
+
+    /// The migration, run from `source`.
+    pub fn migration(&self, source: &str) -> Migration {
+        Migration {
+            id: self.migration_id,
+            source_host: source.to_owned(),
+            dest_host: self.dest_host.clone(),
+        }
+    }
+
+    /// Nova's rollback clean-up flags: (`do_cleanup`, `destroy_disks`) for the destination.
+    pub fn cleanup_flags(&self) -> (bool, bool) {
+        match (self.shared_block_storage, self.shared_instance_path) {
+            (false, false) => (true, true),
+            (true, false) => (true, false),
+            (false, true) | (true, true) => (false, false),
+        }
+    }
+}
+
+/// `Option<Duration>` as whole seconds.
+mod seconds {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+        match d {
+            Some(d) => s.serialize_u64(d.as_secs()),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+        Ok(Option::<u64>::deserialize(d)?.map(Duration::from_secs))
+    }
+}
+
+/// A [`Vif`] as its `network_info` dict: parsed strictly, written back as received.
+mod vif_dict {
+    use serde::{de::Error as _, Deserialize, Deserializer, Serialize, Serializer};
+    use serde_json::Value;
+
+    use crate::vif::Vif;
+
+    pub fn serialize<S: Serializer>(vif: &Vif, s: S) -> Result<S::Ok, S::Error> {
+        vif.raw_value().serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Box<Vif>, D::Error> {
+        let v = Value::deserialize(d)?;
+        Vif::from_value(0, &v)
+            .map(Box::new)
+            .map_err(|e| D::Error::custom(format!("vif: {e}")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn flavor() -> serde_json::Value {
+        json!({"name": "m1", "vcpus": 1, "memory_mb": 64, "root_gb": 1})
+    }
+
+    /// Every operation that travels as JSON, with its arguments.
+    fn wire_forms() -> Vec<serde_json::Value> {
+        let port = Uuid::new_v4().to_string();
+        let vif = json!({"id": port, "address": "fa:16:3e:00:00:01", "type": "ovs",
+                         "network": {"id": Uuid::new_v4().to_string(), "bridge": "br-int"},
+                         "details": {"port_filter": true, "ovs_hybrid_plug": false}});
+        let mig = json!({"id": Uuid::new_v4(), "source_host": "a", "dest_host": "b"});
+        let handover = json!({"name": "i", "flavor": flavor(), "old_flavor": flavor(),
+                              "boot": {"type": "none"}, "network_info": [], "power_on": true});
+        vec![
+            json!({"action": "power-off", "timeout": 30}),
+            json!({"action": "power-on"}),
+            json!({"action": "reboot-soft"}),
+            json!({"action": "reboot-hard"}),
+            json!({"action": "pause"}),
+            json!({"action": "unpause"}),
+            json!({"action": "suspend"}),
+            json!({"action": "resume"}),
+            json!({"action": "resize", "flavor": flavor(), "dest_host": "b",
+                   "migration_id": Uuid::new_v4()}),
+            json!({"action": "finish-resize", "migration": mig, "handover": handover}),
+            json!({"action": "confirm-resize"}),
+            json!({"action": "confirm-resize-source"}),
+            json!({"action": "revert-resize"}),
+            json!({"action": "finish-revert-resize"}),
+            json!({"action": "live-migrate", "dest_host": "b", "shared_block_storage": true,
+                   "shared_instance_path": false, "migration_id": Uuid::new_v4()}),
+            json!({"action": "pre-live-migration", "migration": mig, "handover": handover}),
+            json!({"action": "post-live-migration-at-destination", "migration": mig}),
+            json!({"action": "rollback-live-migration-at-destination", "handover": handover,
+                   "do_cleanup": true, "destroy_disks": false}),
+            json!({"action": "attach-interface", "vif": vif}),
+            json!({"action": "detach-interface", "port_id": port}),
+            json!({"action": "cleanup-for-reschedule"}),
+        ]
+    }
+
+    #[test]
+    fn the_wire_name_is_the_lifecycle_name_and_the_form_round_trips() {
+        let forms = wire_forms();
+        let skipped = [Request::Spawn, Request::Destroy, Request::Recover];
+        assert_eq!(forms.len() + skipped.len(), Request::ALL.len());
+        for form in forms {
+            let op: Operation =
+                serde_json::from_value(form.clone()).unwrap_or_else(|e| panic!("{form}: {e}"));
+            assert_eq!(form["action"], op.kind().as_str());
+            assert!(!skipped.contains(&op.kind()));
+            assert_eq!(serde_json::to_value(&op).unwrap(), form, "round trip");
+        }
+    }
+
+    #[test]
+    fn unknown_actions_extra_arguments_and_bad_values_are_refused() {
+        for bad in [
+            json!({"action": "pause", "force": true}),
+            json!({"action": "reboot"}),
+            json!({"action": "spawn"}),
+            json!({"action": "destroy"}),
+            json!({"action": "recover"}),
+            json!({"action": "detach-interface", "port_id": "nope"}),
+            json!({"action": "attach-interface", "vif": {"id": "x"}}),
+            json!({"action": "resize", "flavor": flavor(), "to": "b"}),
+            json!({"action": "live-migrate"}),
+            json!({"action": "power-off", "timeout": -1}),
+            json!({"action": "power-off", "timeout": "soon"}),
+            json!({"power-on": {}}),
+        ] {
+            assert!(
+                serde_json::from_value::<Operation>(bad.clone()).is_err(),
+                "{bad} was accepted"
+            );
+        }
+    }
+
+    #[test]
+    fn resize_defaults_to_this_host_and_a_fresh_migration() {
+        let op: Operation = serde_json::from_value(json!({"action": "resize",
+                                         "flavor": {"name": "m1", "vcpus": 1, "memory_mb": 64}}))
+        .unwrap();
+        let Operation::Resize(args) = op else {
+            panic!("{op:?}")
+        };
+        let m = args.migration("a");
+        assert!(m.same_host());
+        assert_eq!(m.source_host, "a");
+        assert!(!m.id.is_nil());
+        assert_eq!(args.new_flavor.root_gb, 0, "root_gb defaults to 0");
+    }
+}
