@@ -26,6 +26,14 @@ cargo clippy --locked --workspace --all-targets -- -D warnings
 section "tests"
 cargo test --locked --workspace --no-fail-fast
 
+section "the agent binary has no test doubles"
+# Built as it ships (`-p vireo`, no test-support feature): none of plug::testing may be in it.
+cargo build --locked -p vireo --bin vireo
+if nm -C target/debug/vireo | grep -E 'RecordingPlugger|FaultPlan|plug::testing'; then
+  echo "test doubles are compiled into the vireo binary" >&2
+  exit 1
+fi
+
 if [[ -x scripts/fuzz.sh ]]; then
   section "fuzz (bounded)"
   bash scripts/fuzz.sh

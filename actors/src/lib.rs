@@ -13,7 +13,8 @@
 //! - [`host`]: the registry of instance actors, libvirt event routing, recovery at start-up.
 //! - [`runtime`]: the named thread the actors run on.
 //! - [`vif_config`]: which libvirt device connects a VIF (Nova's libvirt VIF driver facts).
-//! - [`plug`]: the VIF plugging trait, its data types and the recording plugger of `test:///`.
+//! - [`plug`]: the VIF plugging trait, its data types and the static plugger of `test:///`
+//!   (its test doubles in `plug::testing`, feature `test-support`).
 
 pub mod events;
 pub mod external;

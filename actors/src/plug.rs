@@ -1,6 +1,8 @@
 //! VIF plugging: the [`VifPlugger`] trait, the plain data it takes and returns, the dispatch
 //! from a VIF's `vif_type`/`vnic_type` to a [`PlugKind`], the ordered [`PlugStep`]s of each
-//! kind, a fault seam ([`FaultPlan`]) and the [`RecordingPlugger`] of the `test:///` tier.
+//! kind, and the [`StaticPlugger`] of the `test:///` tier. The test doubles (a recording,
+//! fault-injecting plugger and the fault seam host pluggers check) are in `plug::testing`, behind
+//! the `test-support` feature.
 //!
 //! A plugger prepares the host devices a VIF needs before the domain starts (or before a live
 //! migration reaches this host) and removes them afterwards. Its [`Plugged`] answer tells the
@@ -11,7 +13,7 @@
 //! - unplug of something already gone (or half there) succeeds;
 //! - a plug that fails part-way removes what that call created before returning the error.
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::str::FromStr;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -23,6 +25,9 @@ use vireo_xml::types::PciAddress;
 
 use crate::vif::{PortId, Vif, VifType, VnicType};
 use crate::wiring::{WiringChange, WiringSource};
+
+#[cfg(any(test, feature = "test-support"))]
+pub mod testing;
 
 /// The underlying error of a failed host operation, shared so [`PlugError`] stays `Clone`.
 pub type Cause = Arc<dyn std::error::Error + Send + Sync + 'static>;
@@ -122,7 +127,7 @@ impl PlugKind {
     }
 
     /// The host steps a plug of this kind takes, in order. Every plugger runs them in this
-    /// order and checks its [`FaultPlan`] before each one.
+    /// order; with the `test-support` feature each checks its fault plan before each one.
     pub fn plug_steps(self, form: DomainForm) -> &'static [PlugStep] {
         use PlugStep::*;
         let pre = form == DomainForm::PreCreated;
@@ -561,7 +566,7 @@ pub enum PlugError {
         #[source]
         source: Cause,
     },
-    /// A failure injected through a [`FaultPlan`].
+    /// A failure injected by a test (`plug::testing::FaultPlan`, feature `test-support`).
     #[error("port {port}: injected failure at {step:?}")]
     Injected {
         /// The port.
@@ -609,137 +614,13 @@ pub trait VifPlugger: Send + Sync + fmt::Debug + 'static {
     fn wiring(&self) -> Arc<dyn WiringSource>;
     /// libvirt created the devices of these ports (their domain started, or an interface was
     /// hot-plugged). A host plugger has nothing to do — its watcher sees libvirt's taps come —
-    /// which is the default; the recording plugger emulates them.
+    /// which is the default; the static plugger emulates them.
     async fn devices_attached(&self, _ports: &[PortId]) {}
     /// libvirt removed the devices of these ports (their domain stopped, or an interface was
     /// hot-unplugged). Default: nothing, as for [`VifPlugger::devices_attached`].
     async fn devices_detached(&self, _ports: &[PortId]) {}
 }
 
-/// Whether a fault fires once or every time.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FaultMode {
-    /// Fire on the first matching step, then disarm.
-    Once,
-    /// Fire on every matching step until cleared.
-    Always,
-}
-
-/// An armed fault: fail `step` (for `port`, or for any port when `None`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct InjectedFault {
-    /// The step that fails.
-    pub step: PlugStep,
-    /// Only for this port; any port when `None`.
-    pub port: Option<PortId>,
-    /// Once or always.
-    pub mode: FaultMode,
-}
-
-/// The fault seam a plugger checks before each [`PlugStep`]. Empty (and free) in production.
-#[derive(Debug, Default)]
-pub struct FaultPlan {
-    faults: Mutex<Vec<InjectedFault>>,
-}
-
-impl FaultPlan {
-    /// An empty plan.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    fn lock(&self) -> MutexGuard<'_, Vec<InjectedFault>> {
-        self.faults.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Arm a fault.
-    pub fn inject(&self, fault: InjectedFault) {
-        self.lock().push(fault);
-    }
-
-    /// Arm a one-shot fault at `step` for `port` (any port when `None`).
-    pub fn fail_once(&self, step: PlugStep, port: Option<PortId>) {
-        self.inject(InjectedFault {
-            step,
-            port,
-            mode: FaultMode::Once,
-        });
-    }
-
-    /// Disarm every fault.
-    pub fn clear(&self) {
-        self.lock().clear();
-    }
-
-    /// Called by a plugger before `step` for `port`: the injected error when a fault matches.
-    pub fn check(&self, step: PlugStep, port: PortId) -> Result<(), PlugError> {
-        let mut faults = self.lock();
-        let hit = faults
-            .iter()
-            .position(|f| f.step == step && f.port.is_none_or(|p| p == port));
-        match hit {
-            None => Ok(()),
-            Some(i) => {
-                if faults[i].mode == FaultMode::Once {
-                    faults.remove(i);
-                }
-                Err(PlugError::Injected { port, step })
-            }
-        }
-    }
-}
-
-/// Plug or unplug.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PlugOp {
-    /// A plug call.
-    Plug,
-    /// An unplug call.
-    Unplug,
-}
-
-/// How a recorded call ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CallOutcome {
-    /// It changed the recorded state.
-    Done,
-    /// Nothing to do: already plugged (plug) or already gone (unplug).
-    AlreadyDone,
-    /// An injected fault failed it at this step.
-    Failed(PlugStep),
-}
-
-/// One call to the [`RecordingPlugger`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RecordedCall {
-    /// Plug or unplug.
-    pub op: PlugOp,
-    /// The port.
-    pub port: PortId,
-    /// The instance.
-    pub instance_uuid: Uuid,
-    /// The domain form asked for.
-    pub form: DomainForm,
-    /// How it ended.
-    pub outcome: CallOutcome,
-}
-
-/// How many calls a [`RecordingPlugger`] keeps (the oldest are dropped first), so that a
-/// long-running process on the `test:///` tier does not grow with every operation.
-pub const RECORDED_CALLS_CAPACITY: usize = 4096;
-
-#[derive(Debug, Default)]
-struct RecordingState {
-    plugged: BTreeMap<PortId, Plugged>,
-    /// Ports whose libvirt-made devices exist (their domain runs).
-    attached: BTreeSet<PortId>,
-    /// The last [`RECORDED_CALLS_CAPACITY`] calls.
-    calls: VecDeque<RecordedCall>,
-}
-
-/// True when libvirt, not the plugger, makes the device the L2 agent watches: the tap of a
-/// libvirt-managed OVS native or Linux-bridge port, or of a plain tap port. It exists only
-/// while the domain runs.
 fn libvirt_made(p: &Plugged) -> bool {
     matches!(
         (p.kind, &p.attachment),
@@ -756,63 +637,58 @@ fn libvirt_made(p: &Plugged) -> bool {
     )
 }
 
-/// The plugger of the `test:///` tier, where libvirt's test driver creates no devices: it
-/// creates nothing on the host either. It keeps the set of plugged ports in memory, records
-/// the last [`RECORDED_CALLS_CAPACITY`] calls, keeps the plugger contract (idempotent plug and unplug, nothing left after an
-/// injected failure), honours a [`FaultPlan`], and is a [`WiringSource`] so the embedded
-/// network service can follow it: a device the plugger makes is wired at plug; a device
-/// libvirt makes (the tap of a libvirt-managed OVS native or Linux-bridge port) is wired
-/// while the domain runs — between [`VifPlugger::devices_attached`] and
-/// [`VifPlugger::devices_detached`] — exactly when real libvirt has it. Unplug unwires.
+/// The plugger of the `test:///` tier (the embedded default: libvirt's test driver creates no
+/// devices). It creates nothing on the host: a plug computes the VIF's [`static_attachment`]
+/// (what a host plugger would return, except for SR-IOV macvtap, whose VF netdev name it
+/// cannot read from sysfs: it makes one up as `vf<bus><slot><function>` in hex) and keeps the
+/// set of plugged ports in memory. It keeps the plugger contract (idempotent plug and unplug)
+/// and is a [`WiringSource`] so the embedded network service can follow it: a device the
+/// plugger would make is wired at plug; a device libvirt makes (the tap of a libvirt-managed
+/// OVS native or Linux-bridge port, or of a plain tap port) is wired while the domain runs —
+/// between [`VifPlugger::devices_attached`] and [`VifPlugger::devices_detached`] — exactly
+/// when real libvirt has it. Unplug unwires.
 ///
-/// It returns the same [`Attachment`] a host plugger would, except for SR-IOV macvtap, whose
-/// VF netdev name it cannot read from sysfs: it makes one up as `vf<bus><slot><function>` in
-/// hex.
+/// Tests use `plug::testing::RecordingPlugger` (feature `test-support`): this plugger plus a
+/// call log and fault injection.
 #[derive(Debug, Clone)]
-pub struct RecordingPlugger {
-    state: Arc<Mutex<RecordingState>>,
-    wiring: Arc<RecordingWiring>,
-    faults: Arc<FaultPlan>,
+pub struct StaticPlugger {
+    state: Arc<Mutex<StaticState>>,
+    wiring: Arc<StaticWiring>,
 }
 
-impl Default for RecordingPlugger {
+#[derive(Debug, Default)]
+struct StaticState {
+    plugged: BTreeMap<PortId, Plugged>,
+    /// Ports whose libvirt-made devices exist (their domain runs).
+    attached: BTreeSet<PortId>,
+}
+
+/// How a [`StaticPlugger`] call that succeeded ended, for a wrapper that observes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum StaticOutcome {
+    /// It changed the plugged state.
+    Done,
+    /// Nothing to do: already plugged (plug) or already gone (unplug).
+    AlreadyDone,
+}
+
+impl Default for StaticPlugger {
     fn default() -> Self {
         Self::new()
     }
 }
 
-impl RecordingPlugger {
-    /// A plugger with nothing plugged and no faults armed.
+impl StaticPlugger {
+    /// A plugger with nothing plugged.
     pub fn new() -> Self {
-        RecordingPlugger {
+        StaticPlugger {
             state: Arc::default(),
-            wiring: Arc::new(RecordingWiring::new()),
-            faults: Arc::default(),
+            wiring: Arc::new(StaticWiring::new()),
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, RecordingState> {
+    fn lock(&self) -> MutexGuard<'_, StaticState> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// The fault seam.
-    pub fn faults(&self) -> &FaultPlan {
-        &self.faults
-    }
-
-    /// The calls so far (the last [`RECORDED_CALLS_CAPACITY`]), in order.
-    pub fn calls(&self) -> Vec<RecordedCall> {
-        self.lock().calls.iter().cloned().collect()
-    }
-
-    /// The calls for one port.
-    pub fn calls_for(&self, port: PortId) -> Vec<RecordedCall> {
-        self.lock()
-            .calls
-            .iter()
-            .filter(|c| c.port == port)
-            .cloned()
-            .collect()
     }
 
     /// Ports plugged right now.
@@ -825,34 +701,96 @@ impl RecordingPlugger {
         self.lock().plugged.get(&port).cloned()
     }
 
-    fn record(&self, op: PlugOp, ctx: &PlugContext, port: PortId, outcome: CallOutcome) {
-        let mut state = self.lock();
-        if state.calls.len() >= RECORDED_CALLS_CAPACITY {
-            state.calls.pop_front();
-        }
-        state.calls.push_back(RecordedCall {
-            op,
-            port,
-            instance_uuid: ctx.instance_uuid,
-            form: ctx.form,
-            outcome,
-        });
-    }
-
-    fn run_steps(
+    /// [`VifPlugger::plug`], calling `check` before each of the kind's [`PlugStep`]s (a
+    /// failure there fails the plug with nothing plugged) and `done` once the call is decided,
+    /// before its wiring change is sent. No lock is held while either runs.
+    pub(crate) fn plug_with(
         &self,
-        op: PlugOp,
         ctx: &PlugContext,
-        port: PortId,
-        steps: &[PlugStep],
-    ) -> Result<(), PlugError> {
-        for step in steps {
-            if let Err(e) = self.faults.check(*step, port) {
-                self.record(op, ctx, port, CallOutcome::Failed(*step));
-                return Err(e);
+        vif: &Vif,
+        mut check: impl FnMut(PlugStep) -> Result<(), PlugError>,
+        done: impl FnOnce(StaticOutcome),
+    ) -> Result<Plugged, PlugError> {
+        let kind = PlugKind::for_vif(vif)?;
+        let attachment = static_attachment(vif, kind, ctx.form)?;
+        let existing = self.lock().plugged.get(&vif.id).cloned();
+        if let Some(existing) = existing {
+            if existing.attachment == attachment {
+                done(StaticOutcome::AlreadyDone);
+                return Ok(Plugged {
+                    created: Vec::new(),
+                    ..existing
+                });
             }
         }
+        for step in kind.plug_steps(ctx.form) {
+            check(*step)?;
+        }
+        let plugged = Plugged {
+            port: vif.id,
+            kind,
+            mtu: vif.network.mtu,
+            created: Vec::new(),
+            attachment,
+        };
+        let wired = {
+            let mut st = self.lock();
+            st.plugged.insert(vif.id, plugged.clone());
+            !libvirt_made(&plugged) || st.attached.contains(&vif.id)
+        };
+        done(StaticOutcome::Done);
+        if wired {
+            self.wiring.set(vif.id, plugged.attachment.device(), true);
+        }
+        Ok(plugged)
+    }
+
+    /// [`VifPlugger::unplug`], with `check` and `done` as in [`StaticPlugger::plug_with`]; a
+    /// failed check keeps the port plugged.
+    pub(crate) fn unplug_with(
+        &self,
+        ctx: &PlugContext,
+        vif: &Vif,
+        mut check: impl FnMut(PlugStep) -> Result<(), PlugError>,
+        done: impl FnOnce(StaticOutcome),
+    ) -> Result<(), PlugError> {
+        let kind = PlugKind::for_vif(vif)?;
+        let existing = self.lock().plugged.get(&vif.id).cloned();
+        let Some(existing) = existing else {
+            done(StaticOutcome::AlreadyDone);
+            return Ok(());
+        };
+        for step in kind.unplug_steps(ctx.form) {
+            check(*step)?;
+        }
+        self.lock().plugged.remove(&vif.id);
+        done(StaticOutcome::Done);
+        self.wiring.set(vif.id, existing.attachment.device(), false);
         Ok(())
+    }
+
+    fn libvirt_devices(&self, ports: &[PortId], attached: bool) {
+        let changed: Vec<(PortId, String)> = {
+            let mut guard = self.lock();
+            let st = &mut *guard;
+            let mut out = Vec::new();
+            for p in ports {
+                let now = if attached {
+                    st.attached.insert(*p)
+                } else {
+                    st.attached.remove(p)
+                };
+                if now {
+                    if let Some(pl) = st.plugged.get(p).filter(|pl| libvirt_made(pl)) {
+                        out.push((pl.port, pl.attachment.device()));
+                    }
+                }
+            }
+            out
+        };
+        for (port, dev) in changed {
+            self.wiring.set(port, dev, attached);
+        }
     }
 }
 
@@ -945,52 +883,13 @@ pub fn macvtap_mode(vif: &Vif) -> Result<MacvtapMode, PlugError> {
 }
 
 #[async_trait]
-impl VifPlugger for RecordingPlugger {
+impl VifPlugger for StaticPlugger {
     async fn plug(&self, ctx: &PlugContext, vif: &Vif) -> Result<Plugged, PlugError> {
-        let kind = PlugKind::for_vif(vif)?;
-        let attachment = static_attachment(vif, kind, ctx.form)?;
-        let existing = self.lock().plugged.get(&vif.id).cloned();
-        if let Some(existing) = existing {
-            if existing.attachment == attachment {
-                self.record(PlugOp::Plug, ctx, vif.id, CallOutcome::AlreadyDone);
-                return Ok(Plugged {
-                    created: Vec::new(),
-                    ..existing
-                });
-            }
-        }
-        self.run_steps(PlugOp::Plug, ctx, vif.id, kind.plug_steps(ctx.form))?;
-        let plugged = Plugged {
-            port: vif.id,
-            kind,
-            mtu: vif.network.mtu,
-            created: Vec::new(),
-            attachment,
-        };
-        let wired = {
-            let mut st = self.lock();
-            st.plugged.insert(vif.id, plugged.clone());
-            !libvirt_made(&plugged) || st.attached.contains(&vif.id)
-        };
-        self.record(PlugOp::Plug, ctx, vif.id, CallOutcome::Done);
-        if wired {
-            self.wiring.set(vif.id, plugged.attachment.device(), true);
-        }
-        Ok(plugged)
+        self.plug_with(ctx, vif, |_| Ok(()), |_| {})
     }
 
     async fn unplug(&self, ctx: &PlugContext, vif: &Vif) -> Result<(), PlugError> {
-        let kind = PlugKind::for_vif(vif)?;
-        let existing = self.lock().plugged.get(&vif.id).cloned();
-        let Some(existing) = existing else {
-            self.record(PlugOp::Unplug, ctx, vif.id, CallOutcome::AlreadyDone);
-            return Ok(());
-        };
-        self.run_steps(PlugOp::Unplug, ctx, vif.id, kind.unplug_steps(ctx.form))?;
-        self.lock().plugged.remove(&vif.id);
-        self.record(PlugOp::Unplug, ctx, vif.id, CallOutcome::Done);
-        self.wiring.set(vif.id, existing.attachment.device(), false);
-        Ok(())
+        self.unplug_with(ctx, vif, |_| Ok(()), |_| {})
     }
 
     fn wiring(&self) -> Arc<dyn WiringSource> {
@@ -998,54 +897,24 @@ impl VifPlugger for RecordingPlugger {
     }
 
     async fn devices_attached(&self, ports: &[PortId]) {
-        let now_wired: Vec<(PortId, String)> = {
-            let mut guard = self.lock();
-            let st = &mut *guard;
-            let mut out = Vec::new();
-            for p in ports {
-                if st.attached.insert(*p) {
-                    if let Some(pl) = st.plugged.get(p).filter(|pl| libvirt_made(pl)) {
-                        out.push((pl.port, pl.attachment.device()));
-                    }
-                }
-            }
-            out
-        };
-        for (port, dev) in now_wired {
-            self.wiring.set(port, dev, true);
-        }
+        self.libvirt_devices(ports, true);
     }
 
     async fn devices_detached(&self, ports: &[PortId]) {
-        let now_unwired: Vec<(PortId, String)> = {
-            let mut guard = self.lock();
-            let st = &mut *guard;
-            let mut out = Vec::new();
-            for p in ports {
-                if st.attached.remove(p) {
-                    if let Some(pl) = st.plugged.get(p).filter(|pl| libvirt_made(pl)) {
-                        out.push((pl.port, pl.attachment.device()));
-                    }
-                }
-            }
-            out
-        };
-        for (port, dev) in now_unwired {
-            self.wiring.set(port, dev, false);
-        }
+        self.libvirt_devices(ports, false);
     }
 }
 
-/// The [`WiringSource`] of the [`RecordingPlugger`].
+/// The [`WiringSource`] of the [`StaticPlugger`].
 #[derive(Debug)]
-pub struct RecordingWiring {
+pub struct StaticWiring {
     tx: broadcast::Sender<WiringChange>,
     wired: Mutex<BTreeSet<PortId>>,
 }
 
-impl RecordingWiring {
+impl StaticWiring {
     fn new() -> Self {
-        RecordingWiring {
+        StaticWiring {
             tx: broadcast::channel(1024).0,
             wired: Mutex::default(),
         }
@@ -1071,7 +940,7 @@ impl RecordingWiring {
     }
 }
 
-impl WiringSource for RecordingWiring {
+impl WiringSource for StaticWiring {
     fn subscribe(&self) -> broadcast::Receiver<WiringChange> {
         self.tx.subscribe()
     }
@@ -1104,14 +973,6 @@ mod tests {
             "details": {"ovs_hybrid_plug": hybrid},
             "network": {"id": "net-1", "bridge": "br-int", "meta": {"mtu": 1450}}
         }))
-    }
-
-    fn ctx(form: DomainForm) -> PlugContext {
-        PlugContext {
-            instance_uuid: Uuid::from_u128(7),
-            instance_name: "instance-7".into(),
-            form,
-        }
     }
 
     #[test]
@@ -1276,114 +1137,5 @@ mod tests {
             macvtap_mode(&v),
             Err(PlugError::InvalidValue { ref value, .. }) if value == "sideways"
         ));
-    }
-
-    #[tokio::test]
-    async fn recording_plugger_is_idempotent_and_reports_wiring() {
-        let p = RecordingPlugger::new();
-        let w = p.wiring();
-        let mut rx = w.subscribe();
-        let v = ovs(false);
-        let c = ctx(DomainForm::PreCreated);
-
-        let first = p.plug(&c, &v).await.unwrap();
-        let second = p.plug(&c, &v).await.unwrap();
-        assert_eq!(first.attachment, second.attachment);
-        assert_eq!(p.plugged(), BTreeSet::from([v.id]));
-        assert_eq!(w.wired(), vec![v.id]);
-        let change = rx.recv().await.unwrap();
-        assert!(change.wired && change.port == v.id && change.device == "tap3b2c4d5e-00");
-        assert!(
-            rx.try_recv().is_err(),
-            "a second plug is not a second change"
-        );
-
-        p.unplug(&c, &v).await.unwrap();
-        p.unplug(&c, &v).await.unwrap();
-        assert!(p.plugged().is_empty());
-        assert!(w.wired().is_empty());
-        assert!(!rx.recv().await.unwrap().wired);
-        let outcomes: Vec<_> = p
-            .calls_for(v.id)
-            .iter()
-            .map(|c| (c.op, c.outcome))
-            .collect();
-        assert_eq!(
-            outcomes,
-            vec![
-                (PlugOp::Plug, CallOutcome::Done),
-                (PlugOp::Plug, CallOutcome::AlreadyDone),
-                (PlugOp::Unplug, CallOutcome::Done),
-                (PlugOp::Unplug, CallOutcome::AlreadyDone),
-            ]
-        );
-    }
-
-    #[tokio::test]
-    async fn the_call_log_keeps_only_the_newest_calls() {
-        let p = RecordingPlugger::new();
-        let v = ovs(false);
-        let c = ctx(DomainForm::PreCreated);
-        // Plug, then the rest unplugs (all but the first of them already done).
-        p.plug(&c, &v).await.unwrap();
-        for _ in 0..RECORDED_CALLS_CAPACITY + 9 {
-            p.unplug(&c, &v).await.unwrap();
-        }
-        let calls = p.calls();
-        assert_eq!(calls.len(), RECORDED_CALLS_CAPACITY);
-        // The plug and the first unplug were the oldest: dropped.
-        assert!(calls
-            .iter()
-            .all(|c| (c.op, c.outcome) == (PlugOp::Unplug, CallOutcome::AlreadyDone)));
-        assert_eq!(p.calls_for(v.id).len(), RECORDED_CALLS_CAPACITY);
-        // Still a plugger: plug again, and it is the newest call.
-        p.plug(&c, &v).await.unwrap();
-        assert_eq!(
-            p.calls().last().map(|c| (c.op, c.outcome)),
-            Some((PlugOp::Plug, CallOutcome::Done))
-        );
-        assert_eq!(p.calls().len(), RECORDED_CALLS_CAPACITY);
-    }
-
-    #[tokio::test]
-    async fn injected_faults_leave_nothing_plugged() {
-        let p = RecordingPlugger::new();
-        let v = ovs(true);
-        let c = ctx(DomainForm::PreCreated);
-        for step in PlugKind::OvsHybrid.plug_steps(DomainForm::PreCreated) {
-            p.faults().fail_once(*step, Some(v.id));
-            let err = p.plug(&c, &v).await.unwrap_err();
-            assert!(
-                matches!(err, PlugError::Injected { step: s, port } if s == *step && port == v.id)
-            );
-            assert!(p.plugged().is_empty(), "{step:?}");
-            assert!(p.wiring().wired().is_empty());
-        }
-        // Once-faults are consumed: the next plug works.
-        p.plug(&c, &v).await.unwrap();
-        // A fault for another port does not fire.
-        p.faults()
-            .fail_once(PlugStep::DeleteTap, Some(PortId(Uuid::from_u128(9))));
-        p.unplug(&c, &v).await.unwrap();
-        assert!(p.plugged().is_empty());
-    }
-
-    #[tokio::test]
-    async fn failed_unplug_keeps_the_port_plugged() {
-        let p = RecordingPlugger::new();
-        let v = ovs(false);
-        let c = ctx(DomainForm::LibvirtManaged);
-        p.plug(&c, &v).await.unwrap();
-        p.faults().inject(InjectedFault {
-            step: PlugStep::DeleteOvsPort,
-            port: None,
-            mode: FaultMode::Always,
-        });
-        assert!(p.unplug(&c, &v).await.is_err());
-        assert!(p.unplug(&c, &v).await.is_err());
-        assert_eq!(p.plugged(), BTreeSet::from([v.id]));
-        p.faults().clear();
-        p.unplug(&c, &v).await.unwrap();
-        assert!(p.plugged().is_empty());
     }
 }

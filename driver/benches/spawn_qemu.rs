@@ -127,7 +127,7 @@ async fn main() {
             ..InstanceConfig::default()
         },
         events: EventConfig::default(),
-        plugging: PluggingConfig::Recording,
+        plugging: PluggingConfig::Static,
         network: NetworkConfig::Embedded(EmbeddedConfig::default()),
         migration_uri: None,
     };

@@ -23,7 +23,7 @@ use vireo_actors::instance::{
 };
 use vireo_actors::libvirt::{Libvirt, LibvirtConfig, LibvirtError, LibvirtHandle};
 use vireo_actors::network::NetworkApi;
-use vireo_actors::plug::{RecordingPlugger, VifPlugger};
+use vireo_actors::plug::{StaticPlugger, VifPlugger};
 use vireo_actors::runtime::{ActorSystem, RuntimeError};
 use vireo_actors::vif::{PortId, Vif};
 
@@ -229,8 +229,9 @@ pub enum DriverError {
 pub enum PluggingConfig {
     /// On this host's kernel and Open vSwitch.
     Host(PlugConfig),
-    /// Recorded only: the `test:///` tier, where libvirt's test driver creates no devices.
-    Recording,
+    /// Nothing made on the host ([`StaticPlugger`]): the `test:///` tier, where libvirt's test
+    /// driver creates no devices. Chosen from the libvirt URI, not written in a config file.
+    Static,
 }
 
 /// Which network service.
@@ -349,7 +350,7 @@ impl DriverBuilder {
         };
         let plugger: Arc<dyn VifPlugger> = match (plugger, &config.plugging) {
             (Some(p), _) => p,
-            (None, PluggingConfig::Recording) => Arc::new(RecordingPlugger::new()),
+            (None, PluggingConfig::Static) => Arc::new(StaticPlugger::new()),
             (None, PluggingConfig::Host(cfg)) => {
                 // The plugger's watcher tasks live on the actor thread, as long as the driver.
                 let cfg = cfg.clone();

@@ -944,7 +944,7 @@ impl AgentConfig {
             instances: self.instance_config(),
             events: EventConfig::default(),
             plugging: if self.uses_test_driver() {
-                PluggingConfig::Recording
+                PluggingConfig::Static
             } else {
                 PluggingConfig::Host(self.plugging.clone().unwrap_or_default())
             },
@@ -1049,7 +1049,7 @@ mod tests {
         assert_eq!(cfg.libvirt_config().call_timeout_ms, 60_000);
         assert_eq!(cfg.instances_dir(), Path::new("/var/lib/vireo/instances"));
         let d = cfg.driver_config();
-        assert!(matches!(d.plugging, PluggingConfig::Recording), "test: URI");
+        assert!(matches!(d.plugging, PluggingConfig::Static), "test: URI");
         assert!(matches!(d.network, NetworkConfig::Embedded(_)));
         assert_eq!(d.libvirt.uri, "test:///var/lib/vireo/libvirt-test-node.xml");
         assert_eq!(d.instances.wait, WaitPolicy::default());
@@ -1058,7 +1058,7 @@ mod tests {
         assert!(cfg.uses_test_driver());
         assert!(matches!(
             cfg.driver_config().plugging,
-            PluggingConfig::Recording
+            PluggingConfig::Static
         ));
     }
 

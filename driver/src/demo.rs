@@ -10,9 +10,10 @@
 
 use std::io::Write;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use async_trait::async_trait;
 use serde::Serialize;
 use uuid::Uuid;
 use vireo_actors::events::{EventConfig, WaitPolicy};
@@ -24,9 +25,12 @@ use vireo_actors::instance::{
 };
 use vireo_actors::lifecycle::InstanceState;
 use vireo_actors::network::{NetworkApi, PortRequest, PortUpdate};
-use vireo_actors::plug::{DomainForm, FaultMode, InjectedFault, PlugStep, VifPlugger};
+use vireo_actors::plug::{
+    DomainForm, PlugContext, PlugError, PlugStep, Plugged, StaticPlugger, VifPlugger,
+};
 use vireo_actors::predict::{predict, EventOp, Timing};
-use vireo_actors::vif::{NetworkInfo, PortId, VnicType};
+use vireo_actors::vif::{NetworkInfo, PortId, Vif, VnicType};
+use vireo_actors::wiring::WiringSource;
 use vireo_xml::domain::DomainType;
 use vireo_xml::metadata::Flavor;
 
@@ -115,11 +119,11 @@ const NET_SRIOV: &str = "5eed0000-0000-4000-8000-000000000004";
 
 struct Demo<'a> {
     out: &'a mut dyn Write,
-    cloud: LocalCloud,
+    cloud: LocalCloud<DemoPlugger>,
     h1: Arc<LibvirtDriver>,
     h2: Arc<LibvirtDriver>,
-    /// The fault seam of h1's plugger (recording or real).
-    h1_faults: FaultSeam,
+    /// h1's plugger (around the static or the real one), which makes seed 1's plug fail.
+    h1_plugger: Arc<DemoPlugger>,
     real: bool,
     summary: DemoSummary,
     started: Instant,
@@ -131,7 +135,71 @@ struct Demo<'a> {
     bridge: String,
 }
 
-type FaultSeam = Arc<dyn Fn(InjectedFault) + Send + Sync>;
+/// The demo's plugger: the host's plugger (the [`StaticPlugger`] on the test driver, the
+/// [`HostPlugger`] on a real libvirtd) that fails one plug on request, before the host is
+/// touched — seed 1's VIF that cannot be wired.
+#[derive(Debug)]
+struct DemoPlugger {
+    inner: Arc<dyn VifPlugger>,
+    /// The next plug of this port fails at this step.
+    fail: Mutex<Option<(PortId, PlugStep)>>,
+}
+
+impl Default for DemoPlugger {
+    fn default() -> Self {
+        DemoPlugger::around(Arc::new(StaticPlugger::new()))
+    }
+}
+
+impl DemoPlugger {
+    fn around(inner: Arc<dyn VifPlugger>) -> Self {
+        DemoPlugger {
+            inner,
+            fail: Mutex::new(None),
+        }
+    }
+
+    /// Fail the next plug of `port` at `step` (once).
+    fn fail_next_plug(&self, port: PortId, step: PlugStep) {
+        *self.fail.lock().unwrap_or_else(|p| p.into_inner()) = Some((port, step));
+    }
+}
+
+#[async_trait]
+impl VifPlugger for DemoPlugger {
+    async fn plug(&self, ctx: &PlugContext, vif: &Vif) -> Result<Plugged, PlugError> {
+        let failing = {
+            let mut fail = self.fail.lock().unwrap_or_else(|p| p.into_inner());
+            match *fail {
+                Some((port, step)) if port == vif.id => {
+                    *fail = None;
+                    Some(step)
+                }
+                _ => None,
+            }
+        };
+        if let Some(step) = failing {
+            return Err(PlugError::Injected { port: vif.id, step });
+        }
+        self.inner.plug(ctx, vif).await
+    }
+
+    async fn unplug(&self, ctx: &PlugContext, vif: &Vif) -> Result<(), PlugError> {
+        self.inner.unplug(ctx, vif).await
+    }
+
+    fn wiring(&self) -> Arc<dyn WiringSource> {
+        self.inner.wiring()
+    }
+
+    async fn devices_attached(&self, ports: &[PortId]) {
+        self.inner.devices_attached(ports).await
+    }
+
+    async fn devices_detached(&self, ports: &[PortId]) {
+        self.inner.devices_detached(ports).await
+    }
+}
 
 fn networks(bridge: Option<&str>) -> Vec<EmbeddedNetworkDef> {
     let def = |id: &str, name: &str, mechanism, hybrid, physnet: Option<&str>| EmbeddedNetworkDef {
@@ -237,7 +305,7 @@ pub async fn run(opts: DemoOptions, out: &mut dyn Write) -> Result<DemoSummary, 
     } else {
         vec!["h1".to_owned(), "h2".to_owned()]
     };
-    let cloud = LocalCloud::start(LocalCloudConfig {
+    let cloud = LocalCloud::<DemoPlugger>::start(LocalCloudConfig {
         hosts,
         dir: opts.state_dir.clone(),
         network,
@@ -251,7 +319,7 @@ pub async fn run(opts: DemoOptions, out: &mut dyn Write) -> Result<DemoSummary, 
         .last()
         .map(|h| h.driver.clone())
         .ok_or_else(|| DemoError::Unexpected("no hosts".into()))?;
-    let (h1, h1_faults) = if real {
+    let (h1, h1_plugger) = if real {
         let uri = opts.libvirt.clone().unwrap_or_default();
         let plug = PlugConfig {
             datapath_type: DatapathType::Netdev,
@@ -279,7 +347,7 @@ pub async fn run(opts: DemoOptions, out: &mut dyn Write) -> Result<DemoSummary, 
         .await
         .map_err(DemoError::Start)?
         .map_err(|e| DemoError::Start(DriverError::Plugging(e)))?;
-        let plugger = Arc::new(plugger);
+        let plugger = Arc::new(DemoPlugger::around(Arc::new(plugger)));
         let seam = plugger.clone();
         let d = LibvirtDriver::builder(cfg)
             .system(system)
@@ -290,19 +358,19 @@ pub async fn run(opts: DemoOptions, out: &mut dyn Write) -> Result<DemoSummary, 
             .await
             .map_err(DemoError::Start)?;
         cloud.events.add(d.events().clone());
-        let inject: FaultSeam = Arc::new(move |f| seam.faults().inject(f));
-        (Arc::new(d), inject)
+        (Arc::new(d), seam)
     } else {
-        let rec = cloud.hosts[0].plugger.clone();
-        let inject: FaultSeam = Arc::new(move |f| rec.faults().inject(f));
-        (cloud.hosts[0].driver.clone(), inject)
+        (
+            cloud.hosts[0].driver.clone(),
+            cloud.hosts[0].plugger.clone(),
+        )
     };
     let mut demo = Demo {
         out,
         cloud,
         h1,
         h2,
-        h1_faults,
+        h1_plugger,
         real,
         summary: DemoSummary::default(),
         started: Instant::now(),
@@ -562,7 +630,7 @@ impl Demo<'_> {
             },
         ];
         if !self.real {
-            // No SR-IOV hardware can exist here: on the test driver the recording plugger
+            // No SR-IOV hardware can exist here: on the test driver the static plugger
             // stands in for the PF's VF settings.
             requests.push(self.user_port(VnicType::Direct, "0000:81:10.1").await?);
             requests.push(
@@ -805,11 +873,8 @@ impl Demo<'_> {
         ];
         self.user_ports.push(user.id);
         // The user's port cannot be wired on h1: its Open vSwitch transaction fails.
-        (self.h1_faults)(InjectedFault {
-            step: PlugStep::OvsTransact,
-            port: Some(user.id),
-            mode: FaultMode::Once,
-        });
+        self.h1_plugger
+            .fail_next_plug(user.id, PlugStep::OvsTransact);
         self.instances.push((c, "h1"));
         let h1 = self.h1.clone();
         let since = Instant::now();

@@ -3,9 +3,11 @@
 //! hosts. `vireo demo` runs on it, and so do the `test:///` tier's tests.
 //!
 //! Each host has its own private `test:///<dir>/<host>.xml` connection (libvirt's test driver
-//! keeps private state per such connection) and a [`RecordingPlugger`]: the test driver
-//! creates no devices, so the plugger records what a host would wire and reports it to the
-//! embedded service, which follows Neutron's port-status rules.
+//! keeps private state per such connection) and a plugger that makes nothing on the host — a
+//! [`StaticPlugger`] by default: the test driver creates no devices, so the plugger keeps what
+//! a host would wire and reports it to the embedded service, which follows Neutron's
+//! port-status rules. Tests start the cloud with their own plugger type (the recording,
+//! fault-injecting one of `vireo_actors::plug::testing`).
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -15,7 +17,7 @@ use vireo_actors::events::{EventConfig, EventsHandle};
 use vireo_actors::external::{EventSink, ExternalEvent};
 use vireo_actors::instance::{InstanceConfig, Peers};
 use vireo_actors::libvirt::LibvirtConfig;
-use vireo_actors::plug::RecordingPlugger;
+use vireo_actors::plug::{StaticPlugger, VifPlugger};
 use vireo_actors::runtime::ActorSystem;
 
 use crate::compute::{
@@ -138,24 +140,24 @@ pub struct LocalCloudConfig {
     pub events: EventConfig,
 }
 
-/// One host of a local cloud.
+/// One host of a local cloud, with its plugger of type `P`.
 #[derive(Debug)]
-pub struct LocalHost {
+pub struct LocalHost<P = StaticPlugger> {
     /// Its name.
     pub name: String,
     /// Its driver.
     pub driver: Arc<LibvirtDriver>,
     /// Its plugger (what it "wired").
-    pub plugger: Arc<RecordingPlugger>,
+    pub plugger: Arc<P>,
     /// Its libvirt URI.
     pub uri: String,
     /// Its network-event actor.
     pub events: EventsHandle,
 }
 
-/// Compute hosts on libvirt's test driver in this process.
+/// Compute hosts on libvirt's test driver in this process, each with a plugger of type `P`.
 #[derive(Debug)]
-pub struct LocalCloud {
+pub struct LocalCloud<P = StaticPlugger> {
     /// The shared actor system.
     pub system: Arc<ActorSystem>,
     /// Every host's network-event actor, fed by the network service.
@@ -167,7 +169,7 @@ pub struct LocalCloud {
     /// The directory of hosts.
     pub peers: Arc<Peers>,
     /// The hosts, in the configured order.
-    pub hosts: Vec<LocalHost>,
+    pub hosts: Vec<LocalHost<P>>,
 }
 
 /// The `test:///` URI of a private test-driver file.
@@ -175,9 +177,20 @@ pub fn test_uri(file: &Path) -> String {
     format!("test://{}", file.display())
 }
 
-impl LocalCloud {
-    /// Write each host's test-driver file and start the hosts.
+impl<P: VifPlugger + Default> LocalCloud<P> {
+    /// Write each host's test-driver file and start the hosts, each with `P::default()`.
     pub async fn start(cfg: LocalCloudConfig) -> Result<Self, DriverError> {
+        Self::start_with(cfg, |_| P::default()).await
+    }
+}
+
+impl<P: VifPlugger> LocalCloud<P> {
+    /// Write each host's test-driver file and start the hosts, each with the plugger
+    /// `plugger(host name)` makes.
+    pub async fn start_with(
+        cfg: LocalCloudConfig,
+        mut plugger: impl FnMut(&str) -> P,
+    ) -> Result<Self, DriverError> {
         let system = Arc::new(ActorSystem::start().map_err(DriverError::Runtime)?);
         let events = Arc::new(FanOut::default());
         let event_log = Arc::new(EventLog::new(events.clone()));
@@ -197,7 +210,7 @@ impl LocalCloud {
             std::fs::write(&file, "<node/>\n")
                 .map_err(|e| DriverError::Network(format!("write {}: {e}", file.display())))?;
             let uri = test_uri(&file);
-            let plugger = Arc::new(RecordingPlugger::new());
+            let plugger = Arc::new(plugger(name));
             let host_events = system.start_events(cfg.events);
             events.add(host_events.clone());
             let config = DriverConfig {
@@ -205,7 +218,7 @@ impl LocalCloud {
                 libvirt: LibvirtConfig::for_uri(uri.clone()),
                 instances: cfg.instances.clone(),
                 events: cfg.events,
-                plugging: PluggingConfig::Recording,
+                plugging: PluggingConfig::Static,
                 network: NetworkConfig::Embedded(cfg.network.clone()),
                 migration_uri: Some(uri.clone()),
             };
@@ -236,7 +249,7 @@ impl LocalCloud {
     }
 
     /// A host by name.
-    pub fn host(&self, name: &str) -> Option<&LocalHost> {
+    pub fn host(&self, name: &str) -> Option<&LocalHost<P>> {
         self.hosts.iter().find(|h| h.name == name)
     }
 

@@ -34,7 +34,8 @@ use vireo_actors::instance::{
 };
 use vireo_actors::lifecycle::Request;
 use vireo_actors::network::{BindingStatus, NetworkApi, PortStatus};
-use vireo_actors::plug::{RecordingPlugger, VifPlugger};
+use vireo_actors::plug::testing::RecordingPlugger;
+use vireo_actors::plug::VifPlugger;
 use vireo_actors::vif::PortId;
 use vireo_xml::metadata::Flavor;
 

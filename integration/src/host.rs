@@ -17,7 +17,8 @@ use vireo_actors::external::EventSink;
 use vireo_actors::instance::{DomainSettings, InstanceConfig, Peers};
 use vireo_actors::libvirt::LibvirtConfig;
 use vireo_actors::network::NetworkApi;
-use vireo_actors::plug::{DomainForm, RecordingPlugger, VifPlugger};
+use vireo_actors::plug::testing::RecordingPlugger;
+use vireo_actors::plug::{DomainForm, VifPlugger};
 use vireo_actors::runtime::ActorSystem;
 use vireo_xml::domain::DomainType;
 
@@ -211,7 +212,7 @@ impl Host {
             events: EventConfig::default(),
             plugging: match opts.plugging {
                 Plugging::Host => PluggingConfig::Host(plug_config()),
-                Plugging::Recording => PluggingConfig::Recording,
+                Plugging::Recording => PluggingConfig::Static,
             },
             network: match &opts.network {
                 NetChoice::Embedded(cfg) => NetworkConfig::Embedded(cfg.clone()),

@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use common::*;
 use faults_support::*;
-use vireo_actors::plug::{CallOutcome, PlugOp};
+use vireo_actors::plug::testing::{CallOutcome, PlugOp};
 use vireo_actors::vif::PortId;
 
 /// The subject's ports in record order (the attached one last).

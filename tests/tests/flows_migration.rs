@@ -20,7 +20,8 @@ use vireo_actors::instance::{
 };
 use vireo_actors::lifecycle::{InstanceState, Request};
 use vireo_actors::network::{BindingStatus, NetworkApi, PortStatus};
-use vireo_actors::plug::{PlugStep, RecordingPlugger, VifPlugger};
+use vireo_actors::plug::testing::RecordingPlugger;
+use vireo_actors::plug::{PlugStep, VifPlugger};
 use vireo_actors::predict::Timing;
 use vireo_actors::vif::PortId;
 

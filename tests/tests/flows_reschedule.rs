@@ -13,7 +13,8 @@ use vireo::compute::{ComputeDriver, ComputeOps};
 use vireo_actors::instance::{AdmissionError, InstanceError, NetworkRequest, Released};
 use vireo_actors::lifecycle::InstanceState;
 use vireo_actors::network::{NetworkApi, PortRequest, PortStatus, PortUpdate, PCI_PROFILE_KEYS};
-use vireo_actors::plug::{CallOutcome, DomainForm, PlugKind, PlugOp};
+use vireo_actors::plug::testing::{CallOutcome, PlugOp};
+use vireo_actors::plug::{DomainForm, PlugKind};
 use vireo_actors::vif::{PortId, VnicType};
 
 /// Give a user port the binding profile a PCI claim writes before a build.
@@ -117,10 +118,10 @@ async fn build_failing_at_every_plug_step_of_every_kind_is_released() {
             h1.plugger.faults().clear();
             h1.plugger
                 .faults()
-                .inject(vireo_actors::plug::InjectedFault {
+                .inject(vireo_actors::plug::testing::InjectedFault {
                     step: *step,
                     port,
-                    mode: vireo_actors::plug::FaultMode::Once,
+                    mode: vireo_actors::plug::testing::FaultMode::Once,
                 });
             let requests = vec![
                 on(NET_HYBRID),

@@ -21,7 +21,8 @@ use vireo_actors::instance::{
 };
 use vireo_actors::lifecycle::InstanceState;
 use vireo_actors::network::{NetworkApi, PortStatus, PortUpdate};
-use vireo_actors::plug::{RecordingPlugger, VifPlugger};
+use vireo_actors::plug::testing::RecordingPlugger;
+use vireo_actors::plug::VifPlugger;
 use vireo_actors::vif::NetworkInfo;
 
 /// A compute agent that accepts requests and never answers.

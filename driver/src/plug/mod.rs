@@ -3,7 +3,7 @@
 //! It dispatches on [`PlugKind`] (from `vif_type`, `vnic_type` and `ovs_hybrid_plug`) to
 //! [`ovs`] (native, both domain forms), [`hybrid`], [`linuxbridge`], [`sriov`] (VF, VF
 //! macvtap, PF) and the plain tap / macvtap kinds, runs each kind's [`PlugStep`]s in order
-//! (checking its [`FaultPlan`] before each), and on a failure removes what the call created,
+//! (with the `test-support` feature, checking a fault plan before each), and on a failure removes what the call created,
 //! newest first. Links go through netlink ([`netlink`]), taps through the TUNSETIFF ioctl
 //! ([`tap`]), OVS through OVSDB JSON-RPC ([`ovsdb`]). [`watcher`] is the host's
 //! [`WiringSource`]; [`leak`] lists what vireo (or a test) left on the host.
@@ -47,9 +47,11 @@ use std::time::Duration;
 use async_trait::async_trait;
 use serde::Deserialize;
 use tracing::Instrument;
+#[cfg(feature = "test-support")]
+use vireo_actors::plug::testing::FaultPlan;
 use vireo_actors::plug::{
-    cause, static_attachment, Attachment, DomainForm, FaultPlan, HostDevice, PlugContext,
-    PlugError, PlugKind, PlugStep, Plugged, VifPlugger,
+    cause, static_attachment, Attachment, DomainForm, HostDevice, PlugContext, PlugError, PlugKind,
+    PlugStep, Plugged, VifPlugger,
 };
 use vireo_actors::vif::{PortId, Vif};
 use vireo_actors::wiring::WiringSource;
@@ -125,6 +127,8 @@ pub struct HostPlugger {
     vswitch: tokio::sync::Mutex<Option<Arc<Vswitch>>>,
     sriov: Arc<dyn SriovHost>,
     wiring: Arc<HostWiring>,
+    /// The fault seam; only with the `test-support` feature.
+    #[cfg(feature = "test-support")]
     faults: Arc<FaultPlan>,
 }
 
@@ -174,11 +178,13 @@ impl HostPlugger {
             vswitch: tokio::sync::Mutex::new(None),
             sriov,
             wiring,
+            #[cfg(feature = "test-support")]
             faults: Arc::default(),
         })
     }
 
-    /// The fault seam (empty unless a test arms it).
+    /// The fault seam (empty unless a test arms it). Only with the `test-support` feature.
+    #[cfg(feature = "test-support")]
     pub fn faults(&self) -> &FaultPlan {
         &self.faults
     }
@@ -302,9 +308,17 @@ pub(crate) struct Run<'a> {
 }
 
 impl Run<'_> {
-    /// Check the fault seam before `step`.
+    /// Check the fault seam before `step` (`test-support` only).
+    #[cfg(feature = "test-support")]
     fn step(&self, step: PlugStep) -> Result<(), PlugError> {
         self.p.faults.check(step, self.port)
+    }
+
+    /// Without `test-support` there is no fault seam: every step may run.
+    #[cfg(not(feature = "test-support"))]
+    #[inline(always)]
+    fn step(&self, _step: PlugStep) -> Result<(), PlugError> {
+        Ok(())
     }
 
     fn lookup_err(&self, device: &str) -> impl FnOnce(NetlinkError) -> PlugError {

@@ -54,7 +54,7 @@ pub fn networks() -> Vec<EmbeddedNetworkDef> {
 }
 
 pub struct Cloud {
-    pub cloud: LocalCloud,
+    pub cloud: LocalCloud<RecordingPlugger>,
     pub dir: TempDir,
 }
 
@@ -177,7 +177,8 @@ use vireo_actors::network::{
     Deallocation, Failure, HostSetupChange, MigrationHosts, NetworkError, NetworkSummary,
     NewBinding, Port, PortBinding, Removal, PCI_PROFILE_KEYS,
 };
-use vireo_actors::plug::{RecordingPlugger, VifPlugger};
+use vireo_actors::plug::testing::RecordingPlugger;
+use vireo_actors::plug::VifPlugger;
 use vireo_actors::predict::Timing;
 use vireo_actors::runtime::ActorSystem;
 use vireo_actors::vif::NetworkInfo;
@@ -1348,7 +1349,7 @@ impl TestCloud {
             libvirt,
             instances: self.spec.instances.clone(),
             events: EventConfig::default(),
-            plugging: PluggingConfig::Recording,
+            plugging: PluggingConfig::Static,
             network: NetworkConfig::Embedded(EmbeddedConfig::default()),
             migration_uri: Some(uri.clone()),
         };

@@ -20,7 +20,8 @@ use vireo_actors::instance::{
 };
 use vireo_actors::lifecycle::InstanceState;
 use vireo_actors::network::{unbind_update, NetworkApi, PortRequest, PortStatus, PortUpdate};
-use vireo_actors::plug::{FaultMode, InjectedFault, PlugStep};
+use vireo_actors::plug::testing::{FaultMode, InjectedFault};
+use vireo_actors::plug::PlugStep;
 use vireo_actors::vif::{PortId, Vif};
 
 use super::common::*;
@@ -899,7 +900,8 @@ pub fn net_expect(op: Op, p: NetPoint, f: NetFailure) -> Expect {
 // ----------------------------------------------------------------------------------------
 // Plugging faults
 
-use vireo_actors::plug::{CallOutcome, DomainForm, PlugContext, PlugKind, PlugOp};
+use vireo_actors::plug::testing::{CallOutcome, PlugOp};
+use vireo_actors::plug::{DomainForm, PlugContext, PlugKind};
 
 /// One plugger call of an operation: `op` of the subject's VIF at `vif` (0 OVS hybrid,
 /// 1 OVS native (the user port), 2 Linux bridge, 3 the attached OVS native port) on `host`;
