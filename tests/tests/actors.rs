@@ -5,6 +5,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
+mod faults_support;
 
 use std::time::{Duration, Instant};
 
@@ -164,10 +165,8 @@ async fn detaching_a_port_the_instance_does_not_have_is_refused_at_admission() {
     let c = spec(&["h1"]).start().await;
     let h1 = c.host("h1");
     let id = uuid();
-    h1.driver
-        .spawn(id, spawn_args("vm-not-attached", vec![on(NET_NATIVE)]))
-        .await
-        .unwrap();
+    h1.spawn_on(id, "vm-not-attached", vec![on(NET_NATIVE)])
+        .await;
     let stranger = PortId(uuid());
     let e = h1
         .driver
@@ -223,10 +222,7 @@ async fn destroy_during_a_hard_reboot_cancels_it() {
     let c = spec(&["h1"]).start().await;
     let h1 = c.host("h1");
     let id = uuid();
-    h1.driver
-        .spawn(id, spawn_args("vm-reboot", vec![on(NET_NATIVE)]))
-        .await
-        .unwrap();
+    h1.spawn_on(id, "vm-reboot", vec![on(NET_NATIVE)]).await;
     let port = ports(&h1.driver.show(id).await.unwrap())[0];
     // Its agent loses the port: the reboot's plug-time event never comes.
     c.network
@@ -256,10 +252,8 @@ async fn instances_build_in_parallel() {
     // One build alone.
     let id = uuid();
     let t0 = Instant::now();
-    h1.driver
-        .spawn(id, spawn_args("vm-alone", vec![on(NET_NATIVE), on(NET_LB)]))
-        .await
-        .unwrap();
+    h1.spawn_on(id, "vm-alone", vec![on(NET_NATIVE), on(NET_LB)])
+        .await;
     let one = t0.elapsed();
     assert!(one >= Duration::from_millis(400), "{one:?}");
     h1.driver.destroy(id, dealloc()).await.unwrap();
@@ -546,10 +540,8 @@ async fn libvirt_events_reach_the_owning_actor() {
     let lv = h1.driver.libvirt();
     let (a, b) = (uuid(), uuid());
     for (id, name) in [(a, "vm-a"), (b, "vm-b")] {
-        h1.driver
-            .spawn(id, spawn_args(name, vec![on(NET_HYBRID), on(NET_NATIVE)]))
-            .await
-            .unwrap();
+        h1.spawn_on(id, name, vec![on(NET_HYBRID), on(NET_NATIVE)])
+            .await;
     }
     let a_native = ports_by_network(&c, &h1.driver.show(a).await.unwrap()).await[NET_NATIVE];
     // A stopped behind vireo's back: A reconciles to stopped, B is untouched.
@@ -598,8 +590,7 @@ async fn libvirt_events_reach_the_owning_actor() {
         assert!(h1.plugger.plugged().contains(&v.port));
     }
     c.destroy_everywhere(a).await;
-    c.destroy_everywhere(b).await;
-    c.assert_clean(&[]).await;
+    c.destroy_and_assert_clean(&[b], &[]).await;
 }
 
 // ----------------------------------------------------------------------------------------
@@ -610,16 +601,12 @@ async fn reboots_and_power_on_wait_for_exactly_what_the_service_sends() {
     let c = spec(&["h1"]).start().await;
     let h1 = c.host("h1");
     let id = uuid();
-    h1.driver
-        .spawn(
-            id,
-            spawn_args(
-                "vm-reboots",
-                vec![on(NET_HYBRID), on(NET_NATIVE), on(NET_LB)],
-            ),
-        )
-        .await
-        .unwrap();
+    h1.spawn_on(
+        id,
+        "vm-reboots",
+        vec![on(NET_HYBRID), on(NET_NATIVE), on(NET_LB)],
+    )
+    .await;
     let by = ports_by_network(&c, &h1.driver.show(id).await.unwrap()).await;
     let (na, lb) = (by[NET_NATIVE], by[NET_LB]);
     // Hard reboot and power on recreate the libvirt-made taps (native OVS, Linux bridge);
@@ -648,8 +635,7 @@ async fn reboots_and_power_on_wait_for_exactly_what_the_service_sends() {
     assert!(r.waits.is_empty(), "{r:#?}");
     assert!(c.sink.plugged(id, t0, Instant::now()).is_empty());
     assert_eq!(state(h1, id).await, InstanceState::Running);
-    c.destroy_everywhere(id).await;
-    c.assert_clean(&[]).await;
+    c.destroy_and_assert_clean(&[id], &[]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -657,13 +643,8 @@ async fn suspend_resume_and_power_off_from_suspended() {
     let c = spec(&["h1"]).start().await;
     let h1 = c.host("h1");
     let id = uuid();
-    h1.driver
-        .spawn(
-            id,
-            spawn_args("vm-suspend", vec![on(NET_HYBRID), on(NET_NATIVE)]),
-        )
-        .await
-        .unwrap();
+    h1.spawn_on(id, "vm-suspend", vec![on(NET_HYBRID), on(NET_NATIVE)])
+        .await;
     let native = ports_by_network(&c, &h1.driver.show(id).await.unwrap()).await[NET_NATIVE];
     h1.driver.suspend(id).await.unwrap();
     let view = h1.driver.show(id).await.unwrap();
@@ -681,8 +662,7 @@ async fn suspend_resume_and_power_off_from_suspended() {
     assert_eq!(state(h1, id).await, InstanceState::Stopped);
     h1.driver.power_on(id).await.unwrap();
     assert_eq!(state(h1, id).await, InstanceState::Running);
-    c.destroy_everywhere(id).await;
-    c.assert_clean(&[]).await;
+    c.destroy_and_assert_clean(&[id], &[]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -690,10 +670,7 @@ async fn power_off_that_the_guest_ignores_ends_hard_after_the_timeout() {
     let c = spec(&["h1"]).start().await;
     let h1 = c.host("h1");
     let id = uuid();
-    h1.driver
-        .spawn(id, spawn_args("vm-stubborn", vec![on(NET_NATIVE)]))
-        .await
-        .unwrap();
+    h1.spawn_on(id, "vm-stubborn", vec![on(NET_NATIVE)]).await;
     make_stubborn(h1, id).await;
     let t0 = Instant::now();
     let r = h1
@@ -712,8 +689,7 @@ async fn power_off_that_the_guest_ignores_ends_hard_after_the_timeout() {
     let view = h1.driver.show(id).await.unwrap();
     assert_eq!(view.state, InstanceState::Stopped);
     assert_eq!(view.power, PowerState::Shutoff);
-    c.destroy_everywhere(id).await;
-    c.assert_clean(&[]).await;
+    c.destroy_and_assert_clean(&[id], &[]).await;
 }
 
 async fn has_alias(
@@ -734,10 +710,7 @@ async fn attach_and_detach_interfaces_running_and_stopped() {
     let h1 = c.host("h1");
     let lv = h1.driver.libvirt();
     let id = uuid();
-    h1.driver
-        .spawn(id, spawn_args("vm-nics", vec![on(NET_HYBRID)]))
-        .await
-        .unwrap();
+    h1.spawn_on(id, "vm-nics", vec![on(NET_HYBRID)]).await;
     let extra = c.user_port(NET_NATIVE).await;
     let bind = |_p: PortId| PortUpdate {
         host_id: Some("h1".into()),
@@ -835,8 +808,7 @@ async fn attach_and_detach_interfaces_running_and_stopped() {
             .await
             .unwrap();
     }
-    c.destroy_everywhere(id).await;
-    c.assert_clean(&[extra, bad]).await;
+    c.destroy_and_assert_clean(&[id], &[extra, bad]).await;
     c.delete_ports(&[extra, bad]).await;
 }
 
@@ -884,13 +856,12 @@ async fn power_paths_from_paused_and_stopped() {
     let c = spec(&["h1", "h2"]).start().await;
     let h1 = c.host("h1");
     let id = uuid();
-    h1.driver
-        .spawn(
-            id,
-            spawn_args("vm-paths", vec![on(NET_HYBRID), on(NET_NATIVE), on(NET_LB)]),
-        )
-        .await
-        .unwrap();
+    h1.spawn_on(
+        id,
+        "vm-paths",
+        vec![on(NET_HYBRID), on(NET_NATIVE), on(NET_LB)],
+    )
+    .await;
     // Paused → suspended → running.
     h1.driver.pause(id).await.unwrap();
     h1.driver.suspend(id).await.unwrap();
@@ -950,6 +921,5 @@ async fn power_paths_from_paused_and_stopped() {
     );
     h1.driver.power_on(id).await.unwrap();
     assert_eq!(state(h1, id).await, InstanceState::Running);
-    c.destroy_everywhere(id).await;
-    c.assert_clean(&[]).await;
+    c.destroy_and_assert_clean(&[id], &[]).await;
 }

@@ -18,6 +18,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
+mod fault_matrix;
 mod faults_support;
 
 use std::fmt;
@@ -25,7 +26,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
-use faults_support::*;
+use fault_matrix::*;
 use vireo::compute::ComputeDriver;
 use vireo_actors::lifecycle::InstanceState as S;
 use vireo_actors::network::NetworkApi;
@@ -262,7 +263,7 @@ async fn case(c: TestCloud, op: Op, point: Point, n: usize) -> TestCloud {
             domains = c.dump_domains().await;
         }
         Point::InRollback => {
-            // The rollback reads the ports first (see faults_support::net_points).
+            // The rollback reads the ports first (see fault_matrix::net_points).
             let hold = c.host(host).net.hold(NetCall::GetPort, 3);
             task = start(op, &c, &s);
             hold.reached("the rollback").await;

@@ -1,16 +1,17 @@
 //! docs/FAULTS.md holds the fault matrix as the tests run it: the tables between its markers
-//! are rendered from the expected outcomes in `faults_support` (the same data the
+//! are rendered from the expected outcomes in `fault_matrix` (the same data the
 //! `faults_*.rs` tests check every case against), and each family's test file runs every
 //! operation. `VIREO_WRITE_FAULTS_DOC=1 cargo test -p vireo-tests --test faults_doc`
 //! rewrites the tables after a change of the matrix.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
+mod fault_matrix;
 mod faults_support;
 
 use std::path::PathBuf;
 
-use faults_support::*;
+use fault_matrix::*;
 
 fn doc_path() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../docs/FAULTS.md")
@@ -63,7 +64,7 @@ fn the_document_explains_every_family() {
 #[test]
 fn every_family_runs_every_operation() {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests");
-    let support = std::fs::read_to_string(dir.join("faults_support/mod.rs")).unwrap();
+    let support = std::fs::read_to_string(dir.join("fault_matrix/mod.rs")).unwrap();
     let rows = &support[support.find("macro_rules! row_tests").unwrap()..];
     for op in Op::ALL {
         let line = format!("{} => Op::{op:?},", op.test_name());
@@ -78,7 +79,7 @@ fn every_family_runs_every_operation() {
         ("faults_events.rs", "event_matrix"),
     ] {
         let src = std::fs::read_to_string(dir.join(file)).unwrap();
-        let call = format!("faults_support::row_tests!({matrix});");
+        let call = format!("fault_matrix::row_tests!({matrix});");
         assert!(
             src.lines().any(|l| l == call),
             "{file} does not run its column (no line {call:?})"

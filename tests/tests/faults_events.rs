@@ -9,13 +9,14 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
+mod fault_matrix;
 mod faults_support;
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
-use faults_support::*;
+use fault_matrix::*;
 use vireo::compute::ComputeDriver;
 
 /// A `completed` copy of every event the subject's operation could wait for.
@@ -133,4 +134,4 @@ async fn event_matrix(op: Op) {
     );
 }
 
-faults_support::row_tests!(event_matrix);
+fault_matrix::row_tests!(event_matrix);

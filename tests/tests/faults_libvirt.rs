@@ -21,6 +21,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
+mod fault_matrix;
 mod faults_support;
 
 use std::collections::BTreeMap;
@@ -29,7 +30,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
-use faults_support::*;
+use fault_matrix::*;
 use vireo::compute::ComputeDriver;
 use vireo_actors::instance::{InstanceError, OpReport};
 use vireo_actors::lifecycle::InstanceState as S;
@@ -241,7 +242,7 @@ async fn case(
         }
         Point::InRollback => {
             // The rollback reads the ports first (the live migration's calls before it: see
-            // faults_support::net_points).
+            // fault_matrix::net_points).
             let gate = c.host(host).net.hold(NetCall::GetPort, 3);
             let task = start(op, c, &s);
             gate.reached("the rollback").await;

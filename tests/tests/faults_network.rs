@@ -7,13 +7,14 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
+mod fault_matrix;
 mod faults_support;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use common::*;
-use faults_support::*;
+use fault_matrix::*;
 
 /// The calls each host's seam recorded, as points.
 fn recorded(c: &TestCloud) -> Vec<NetPoint> {
@@ -90,4 +91,4 @@ async fn network_matrix(op: Op) {
     );
 }
 
-faults_support::row_tests!(network_matrix);
+fault_matrix::row_tests!(network_matrix);

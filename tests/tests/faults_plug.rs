@@ -7,12 +7,13 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
+mod fault_matrix;
 mod faults_support;
 
 use std::sync::Arc;
 
 use common::*;
-use faults_support::*;
+use fault_matrix::*;
 use vireo_actors::plug::testing::{CallOutcome, PlugOp};
 use vireo_actors::vif::PortId;
 
@@ -175,4 +176,4 @@ async fn plug_matrix(op: Op) {
     );
 }
 
-faults_support::row_tests!(plug_matrix);
+fault_matrix::row_tests!(plug_matrix);

@@ -3,6 +3,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
+mod faults_support;
 
 use common::*;
 use vireo::compute::{ComputeDriver, ComputeOps};
@@ -20,16 +21,12 @@ async fn destroy_removes_what_a_failed_migration_rollback_left_on_a_user_port() 
     let h1 = c.host("h1");
     let user = c.user_port(NET_NATIVE).await;
     let id = uuid();
-    h1.driver
-        .spawn(
-            id,
-            spawn_args(
-                "vm-reg-lm",
-                vec![on(NET_HYBRID), PortRequest::Port { port_id: user }],
-            ),
-        )
-        .await
-        .unwrap();
+    h1.spawn_on(
+        id,
+        "vm-reg-lm",
+        vec![on(NET_HYBRID), PortRequest::Port { port_id: user }],
+    )
+    .await;
     // The migration fails (the test driver cannot migrate); the service goes down when the
     // rollback clears migrating_to.
     h1.net
@@ -98,13 +95,8 @@ async fn revert_whose_kept_devices_went_waits_for_them_at_plug_time() {
         .await;
     let (h1, h2) = (c.host("h1"), c.host("h2"));
     let id = uuid();
-    h1.driver
-        .spawn(
-            id,
-            spawn_args("vm-reg-rv", vec![on(NET_HYBRID), on(NET_NATIVE)]),
-        )
-        .await
-        .unwrap();
+    h1.spawn_on(id, "vm-reg-rv", vec![on(NET_HYBRID), on(NET_NATIVE)])
+        .await;
     let hybrid = ports_by_network(&c, &h1.driver.show(id).await.unwrap()).await[NET_HYBRID];
     h1.driver
         .resize(
@@ -141,8 +133,7 @@ async fn revert_whose_kept_devices_went_waits_for_them_at_plug_time() {
     );
     assert!(back.waits.iter().all(|w| w.complete), "{back:#?}");
     assert!(h1.plugger.plugged().contains(&hybrid));
-    c.destroy_everywhere(id).await;
-    c.assert_clean(&[]).await;
+    c.destroy_and_assert_clean(&[id], &[]).await;
 }
 
 /// A same-host resize that fails to plug rolls back to the old definition and starts the
@@ -155,13 +146,8 @@ async fn same_host_resize_rollback_starts_the_guest_with_its_devices() {
     let c = spec(&["h1"]).start().await;
     let h1 = c.host("h1");
     let id = uuid();
-    h1.driver
-        .spawn(
-            id,
-            spawn_args("vm-reg-rs", vec![on(NET_HYBRID), on(NET_NATIVE)]),
-        )
-        .await
-        .unwrap();
+    h1.spawn_on(id, "vm-reg-rs", vec![on(NET_HYBRID), on(NET_NATIVE)])
+        .await;
     let hybrid = ports_by_network(&c, &h1.driver.show(id).await.unwrap()).await[NET_HYBRID];
     let vif = network_info(&*c.network, &[hybrid]).await.vifs.remove(0);
     let ctx = PlugContext {
@@ -202,8 +188,7 @@ async fn same_host_resize_rollback_starts_the_guest_with_its_devices() {
     );
     c.port_eventually(hybrid, vireo_actors::network::PortStatus::Active)
         .await;
-    c.destroy_everywhere(id).await;
-    c.assert_clean(&[]).await;
+    c.destroy_and_assert_clean(&[id], &[]).await;
 }
 
 /// An event that arrives after a spawn began counts for the wait it registers later
@@ -253,6 +238,5 @@ async fn spawn_keeps_an_event_that_came_before_its_wait() {
         h1.driver.show(id).await.unwrap().state,
         InstanceState::Running
     );
-    c.destroy_everywhere(id).await;
-    c.assert_clean(&[]).await;
+    c.destroy_and_assert_clean(&[id], &[]).await;
 }

@@ -7,6 +7,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
+mod faults_support;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -30,13 +31,8 @@ const COMBOS: [(bool, bool); 4] = [(false, false), (true, false), (false, true),
 async fn spawn3(c: &TestCloud, name: &str) -> (uuid::Uuid, Vec<PortId>) {
     let id = uuid();
     let h1 = c.host("h1");
-    h1.driver
-        .spawn(
-            id,
-            spawn_args(name, vec![on(NET_HYBRID), on(NET_NATIVE), on(NET_LB)]),
-        )
-        .await
-        .unwrap();
+    h1.spawn_on(id, name, vec![on(NET_HYBRID), on(NET_NATIVE), on(NET_LB)])
+        .await;
     let view = h1.driver.show(id).await.unwrap();
     (id, ports(&view))
 }
@@ -127,8 +123,7 @@ async fn migration_failing_at_migrate_rolls_back_for_every_storage_combination()
         assert_eq!(consumed.len(), 6, "{last:#?}");
         assert!(last.took < Duration::from_secs(2), "{:?}", last.took);
     }
-    c.destroy_everywhere(id).await;
-    c.assert_clean(&[]).await;
+    c.destroy_and_assert_clean(&[id], &[]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -154,8 +149,7 @@ async fn migration_without_migrating_to_rolls_back_too() {
         .cloned()
         .collect();
     assert!(sent.is_empty(), "{sent:?}");
-    c.destroy_everywhere(id).await;
-    c.assert_clean(&[]).await;
+    c.destroy_and_assert_clean(&[id], &[]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -183,8 +177,7 @@ async fn migration_to_an_unknown_or_non_migrating_host_changes_nothing() {
         h1.driver.show(id).await.unwrap().state,
         InstanceState::Running
     );
-    c.destroy_everywhere(id).await;
-    c.assert_clean(&[]).await;
+    c.destroy_and_assert_clean(&[id], &[]).await;
 }
 
 /// A compute host whose agent does not answer (its libvirt URI is unreachable too).
@@ -239,8 +232,7 @@ async fn unreachable_destination_is_cleaned_from_the_source_for_every_storage_co
     }
     c.peers.remove("h3");
     assert!(c.network.detach_host("h3"));
-    c.destroy_everywhere(id).await;
-    c.assert_clean(&[]).await;
+    c.destroy_and_assert_clean(&[id], &[]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -282,8 +274,7 @@ async fn failure_while_prewiring_or_binding_rolls_back() {
     assert_rolled_back_err(&e);
     assert_rolled_back(&c, id, &ports, "h2").await;
 
-    c.destroy_everywhere(id).await;
-    c.assert_clean(&[]).await;
+    c.destroy_and_assert_clean(&[id], &[]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -338,8 +329,7 @@ async fn rollback_whose_first_clear_fails_still_leaves_no_migrating_to() {
     );
     c.peers.remove("h3");
     assert!(c.network.detach_host("h3"));
-    c.destroy_everywhere(id).await;
-    c.assert_clean(&[]).await;
+    c.destroy_and_assert_clean(&[id], &[]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

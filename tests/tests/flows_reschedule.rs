@@ -5,6 +5,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
+mod faults_support;
 
 use std::time::{Duration, Instant};
 
@@ -288,8 +289,7 @@ async fn non_fatal_wait_proceeds_without_the_event() {
         h1.driver.show(id).await.unwrap().state,
         InstanceState::Running
     );
-    c.destroy_everywhere(id).await;
-    c.assert_clean(&[p]).await;
+    c.destroy_and_assert_clean(&[id], &[p]).await;
     c.delete_ports(&[p]).await;
 }
 
@@ -357,10 +357,7 @@ async fn a_port_of_another_instance_is_left_to_it() {
     let c = spec(&["h1"]).start().await;
     let h1 = c.host("h1");
     let other = uuid();
-    h1.driver
-        .spawn(other, spawn_args("vm-owner", vec![on(NET_NATIVE)]))
-        .await
-        .unwrap();
+    h1.spawn_on(other, "vm-owner", vec![on(NET_NATIVE)]).await;
     let taken = ports(&h1.driver.show(other).await.unwrap())[0];
     let id = uuid();
     let e = h1
@@ -384,8 +381,7 @@ async fn a_port_of_another_instance_is_left_to_it() {
         h1.driver.show(other).await.unwrap().state,
         InstanceState::Running
     );
-    c.destroy_everywhere(other).await;
-    c.assert_clean(&[]).await;
+    c.destroy_and_assert_clean(&[other], &[]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -4,6 +4,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
+mod faults_support;
 
 use std::time::{Duration, Instant};
 
@@ -101,8 +102,7 @@ async fn cross_host_resize_then_confirm() {
     assert!(h1.plugger.plugged().is_empty());
     assert!(h1.driver.libvirt().list_all().await.unwrap().is_empty());
 
-    c.destroy_everywhere(id).await;
-    c.assert_clean(&[]).await;
+    c.destroy_and_assert_clean(&[id], &[]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -155,8 +155,7 @@ async fn cross_host_revert_waits_exactly_for_the_events_the_service_sends() {
         "{after:?}"
     );
 
-    c.destroy_everywhere(id).await;
-    c.assert_clean(&[]).await;
+    c.destroy_and_assert_clean(&[id], &[]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -210,8 +209,7 @@ async fn same_host_resize_revert_and_confirm() {
     assert_eq!(view.flavor.as_deref(), Some("m1.small"));
     assert_eq!(h1.plugger.plugged(), set([hy, na, lb]));
 
-    c.destroy_everywhere(id).await;
-    c.assert_clean(&[]).await;
+    c.destroy_and_assert_clean(&[id], &[]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -247,8 +245,7 @@ async fn stopped_instance_resizes_and_reverts_stopped() {
         h2.driver.show(id).await.unwrap().state,
         InstanceState::Stopped
     );
-    c.destroy_everywhere(id).await;
-    c.assert_clean(&[]).await;
+    c.destroy_and_assert_clean(&[id], &[]).await;
 }
 
 /// After a resize that failed on the destination: the instance runs on h1 as before, h2 holds
@@ -307,8 +304,7 @@ async fn resize_failing_at_every_destination_plug_step_comes_back() {
         }
     }
     assert_eq!(tried, 8);
-    c.destroy_everywhere(id).await;
-    c.assert_clean(&[]).await;
+    c.destroy_and_assert_clean(&[id], &[]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -378,8 +374,7 @@ async fn resize_failing_on_the_network_or_an_unknown_host_comes_back() {
         InstanceState::Running
     );
 
-    c.destroy_everywhere(id).await;
-    c.assert_clean(&[]).await;
+    c.destroy_and_assert_clean(&[id], &[]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -399,8 +394,7 @@ async fn resize_to_a_host_whose_agent_is_down_times_out_and_comes_back() {
         .unwrap_err();
     assert!(chain(&e).contains("timed out"), "{}", chain(&e));
     assert_back_on_h1(&c, id, &[hy, na, lb], &e).await;
-    c.destroy_everywhere(id).await;
-    c.assert_clean(&[]).await;
+    c.destroy_and_assert_clean(&[id], &[]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -422,8 +416,7 @@ async fn same_host_resize_to_an_invalid_flavor_is_rolled_back() {
     assert_eq!(view.power, vireo_actors::instance::PowerState::Running);
     // The guest runs again with its devices: every port is ACTIVE on h1.
     assert_bound(&c, &[hy, na, lb], "h1").await;
-    c.destroy_everywhere(id).await;
-    c.assert_clean(&[]).await;
+    c.destroy_and_assert_clean(&[id], &[]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -453,8 +446,7 @@ async fn same_host_revert_failing_at_plug_leaves_error_then_power_on_recovers() 
     assert_eq!(view.state, InstanceState::Running);
     assert_eq!(view.flavor.as_deref(), Some("m1.tiny"));
     assert_bound(&c, &[hy, na, lb], "h1").await;
-    c.destroy_everywhere(id).await;
-    c.assert_clean(&[]).await;
+    c.destroy_and_assert_clean(&[id], &[]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -476,8 +468,7 @@ async fn cross_host_revert_failing_on_the_source_network_leaves_error_and_cleans
     let view = h1.driver.show(id).await.unwrap();
     assert_eq!(view.state, InstanceState::Error);
     assert_eq!(c.stats().await.waits_now, 0);
-    c.destroy_everywhere(id).await;
-    c.assert_clean(&[]).await;
+    c.destroy_and_assert_clean(&[id], &[]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -513,8 +504,7 @@ async fn confirm_whose_source_cleanup_failed_completes_once_the_source_copy_is_d
     let view = h2.driver.show(id).await.unwrap();
     assert_eq!(view.state, InstanceState::Running);
     assert_eq!(view.flavor.as_deref(), Some("m1.small"));
-    c.destroy_everywhere(id).await;
-    c.assert_clean(&[]).await;
+    c.destroy_and_assert_clean(&[id], &[]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -541,6 +531,5 @@ async fn cross_host_revert_with_neutron_latency_waits_for_each_event_once() {
     }
     assert_eq!(set(c.sink.plugged(id, t0, t1)), set([hy, na, lb]));
     assert_bound(&c, &[hy, na, lb], "h1").await;
-    c.destroy_everywhere(id).await;
-    c.assert_clean(&[]).await;
+    c.destroy_and_assert_clean(&[id], &[]).await;
 }

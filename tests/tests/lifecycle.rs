@@ -2,6 +2,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
+mod faults_support;
 
 use std::time::Duration;
 
@@ -14,17 +15,16 @@ use vireo_actors::predict::Timing;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn spawn_then_destroy_leaves_nothing() {
-    let c = cloud(&["h1"], Duration::from_secs(10)).await;
-    let h1 = &c.cloud.hosts[0];
+    let c = spec(&["h1"]).timeout(Duration::from_secs(10)).start().await;
+    let h1 = &c.hosts[0];
     let id = uuid();
     let report = h1
-        .driver
-        .spawn(
+        .spawn_on(
             id,
-            spawn_args("vm-spawn", vec![on(NET_HYBRID), on(NET_NATIVE), on(NET_LB)]),
+            "vm-spawn",
+            vec![on(NET_HYBRID), on(NET_NATIVE), on(NET_LB)],
         )
-        .await
-        .unwrap();
+        .await;
     // Every port was new (not active): all three wait at plug time, and every wait completed.
     let plug = report
         .waits
@@ -39,7 +39,7 @@ async fn spawn_then_destroy_leaves_nothing() {
     assert_eq!(h1.plugger.plugged().len(), 3);
     let ports = ports(&view);
     for p in &ports {
-        let port = c.cloud.network.get_port(*p).await.unwrap();
+        let port = c.network.get_port(*p).await.unwrap();
         assert_eq!(port.host_id, "h1");
     }
 
@@ -60,30 +60,22 @@ async fn spawn_then_destroy_leaves_nothing() {
     let domains = h1.driver.libvirt().list_all().await.unwrap();
     assert!(domains.iter().all(|d| d.uuid != id), "{domains:?}");
     for p in &ports {
-        assert!(
-            c.cloud.network.port_status(*p).is_none(),
-            "port {p} left behind"
-        );
+        assert!(c.network.port_status(*p).is_none(), "port {p} left behind");
     }
     // Destroy is idempotent.
     h1.driver.destroy(id, DestroyArgs::default()).await.unwrap();
-    let stats = c.cloud.events.stats().await;
+    let stats = h1.driver.events().stats().await.unwrap();
     assert_eq!(stats.waits_now, 0, "{stats:?}");
     c.assert_clean(&[]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn power_cycle_and_reboots() {
-    let c = cloud(&["h1"], Duration::from_secs(10)).await;
-    let h1 = &c.cloud.hosts[0];
+    let c = spec(&["h1"]).timeout(Duration::from_secs(10)).start().await;
+    let h1 = &c.hosts[0];
     let id = uuid();
-    h1.driver
-        .spawn(
-            id,
-            spawn_args("vm-power", vec![on(NET_HYBRID), on(NET_NATIVE)]),
-        )
-        .await
-        .unwrap();
+    h1.spawn_on(id, "vm-power", vec![on(NET_HYBRID), on(NET_NATIVE)])
+        .await;
     h1.driver.power_off(id, None).await.unwrap();
     assert_eq!(
         h1.driver.show(id).await.unwrap().state,

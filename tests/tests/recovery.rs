@@ -8,6 +8,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
+mod faults_support;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -136,13 +137,8 @@ async fn a_hard_reboot_interrupted_while_waiting_is_finished() {
     let c = spec(&["h1"]).start().await;
     let id = uuid();
     let h1 = c.host("h1");
-    h1.driver
-        .spawn(
-            id,
-            spawn_args("vm-crash-reboot", vec![on(NET_HYBRID), on(NET_NATIVE)]),
-        )
-        .await
-        .unwrap();
+    h1.spawn_on(id, "vm-crash-reboot", vec![on(NET_HYBRID), on(NET_NATIVE)])
+        .await;
     let native = ports_by_network(&c, &h1.driver.show(id).await.unwrap()).await[NET_NATIVE];
     // The native port's agent loses it: the reboot waits for its event forever.
     let away = PortUpdate {
@@ -178,8 +174,7 @@ async fn a_hard_reboot_interrupted_while_waiting_is_finished() {
     // The metadata holds no operation any more.
     let xml = h1.driver.libvirt().xml_desc(id, false).await.unwrap();
     assert!(!xml.contains("<vireo:operation"), "{xml}");
-    c.destroy_everywhere(id).await;
-    c.assert_clean(&[]).await;
+    c.destroy_and_assert_clean(&[id], &[]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -188,13 +183,8 @@ async fn a_live_migration_interrupted_before_the_guest_moved_is_rolled_back() {
     hung_h2(&c).await;
     let id = uuid();
     let h1 = c.host("h1");
-    h1.driver
-        .spawn(
-            id,
-            spawn_args("vm-crash-lm", vec![on(NET_HYBRID), on(NET_NATIVE)]),
-        )
-        .await
-        .unwrap();
+    h1.spawn_on(id, "vm-crash-lm", vec![on(NET_HYBRID), on(NET_NATIVE)])
+        .await;
     let ports = ports(&h1.driver.show(id).await.unwrap());
     let d = h1.driver.clone();
     let lm = tokio::spawn(async move { d.live_migrate(id, lm("h2", false, true)).await });
@@ -241,13 +231,8 @@ async fn a_resize_interrupted_at_the_handover_waits_for_confirm_or_revert() {
     hung_h2(&c).await;
     let id = uuid();
     let h1 = c.host("h1");
-    h1.driver
-        .spawn(
-            id,
-            spawn_args("vm-crash-resize", vec![on(NET_HYBRID), on(NET_NATIVE)]),
-        )
-        .await
-        .unwrap();
+    h1.spawn_on(id, "vm-crash-resize", vec![on(NET_HYBRID), on(NET_NATIVE)])
+        .await;
     let d = h1.driver.clone();
     let resize = tokio::spawn(async move {
         d.resize(
@@ -301,13 +286,8 @@ async fn a_resize_interrupted_on_both_hosts_is_reverted_to_the_source() {
     let c = spec(&["h1", "h2"]).start().await;
     let id = uuid();
     let h1 = c.host("h1");
-    h1.driver
-        .spawn(
-            id,
-            spawn_args("vm-crash-both", vec![on(NET_HYBRID), on(NET_NATIVE)]),
-        )
-        .await
-        .unwrap();
+    h1.spawn_on(id, "vm-crash-both", vec![on(NET_HYBRID), on(NET_NATIVE)])
+        .await;
     let ports = ports(&h1.driver.show(id).await.unwrap());
     // h2's L2 agent is gone: its finish waits for events that never come.
     assert!(c.network.detach_host("h2"));
@@ -358,8 +338,7 @@ async fn a_resize_interrupted_on_both_hosts_is_reverted_to_the_source() {
         let port = c.port(*p).await;
         assert_eq!(port.host_id, "h1", "{port:?}");
     }
-    c.destroy_everywhere(id).await;
-    c.assert_clean(&[]).await;
+    c.destroy_and_assert_clean(&[id], &[]).await;
 }
 
 /// `dump` (the domains of one host, as [`TestCloud::dump_domains`] writes them) with the
@@ -481,10 +460,7 @@ async fn domains_of_this_host_and_of_no_recorded_host_are_adopted() {
     let (mine, old) = (uuid(), uuid());
     let h1 = c.host("h1");
     for (id, name) in [(mine, "vm-owned-mine"), (old, "vm-owned-none")] {
-        h1.driver
-            .spawn(id, spawn_args(name, vec![on(NET_HYBRID)]))
-            .await
-            .unwrap();
+        h1.spawn_on(id, name, vec![on(NET_HYBRID)]).await;
     }
     let mut domains = c.dump_domains().await;
     let dump = domains["h1"].clone();
