@@ -333,6 +333,24 @@ pub struct InstancesSection {
     /// Seconds a graceful power off may take before the domain is destroyed. Default 60.
     #[serde(default = "default_power_off_timeout")]
     pub power_off_timeout: u64,
+    /// Seconds a cached base image (`<state_dir>/_base/<image id>`) no instance uses is kept
+    /// after its last use (Nova's `remove_unused_original_minimum_age_seconds`). Default 86400.
+    #[serde(default = "default_remove_unused_base_after")]
+    pub remove_unused_base_after: u64,
+    /// Seconds an image download may receive nothing before it fails (1 to 3600). Default 60.
+    #[serde(default = "default_image_read_timeout")]
+    pub image_read_timeout: u64,
+}
+
+impl InstancesSection {
+    /// The image cache's settings.
+    pub fn image_cache(&self) -> crate::storage::CacheConfig {
+        crate::storage::CacheConfig {
+            remove_unused_after: std::time::Duration::from_secs(self.remove_unused_base_after),
+            read_timeout: std::time::Duration::from_secs(self.image_read_timeout),
+            ..crate::storage::CacheConfig::in_state_dir(&self.state_dir)
+        }
+    }
 }
 
 /// Log output level names accepted by `[logging] level`.
@@ -394,6 +412,12 @@ fn default_true() -> bool {
 }
 fn default_state_dir() -> PathBuf {
     PathBuf::from(DEFAULT_STATE_DIR)
+}
+fn default_remove_unused_base_after() -> u64 {
+    86_400
+}
+fn default_image_read_timeout() -> u64 {
+    60
 }
 fn default_image_dirs() -> Vec<PathBuf> {
     vec![Path::new(DEFAULT_STATE_DIR).join("images")]
@@ -476,6 +500,8 @@ impl Default for InstancesSection {
             domain_type: default_domain_type(),
             machine: None,
             power_off_timeout: default_power_off_timeout(),
+            remove_unused_base_after: default_remove_unused_base_after(),
+            image_read_timeout: default_image_read_timeout(),
         }
     }
 }
@@ -748,6 +774,15 @@ impl AgentConfig {
                 format!(
                     "{} is not an absolute path",
                     self.instances.state_dir.display()
+                ),
+            );
+        }
+        if !(1..=3600).contains(&self.instances.image_read_timeout) {
+            return bad(
+                "instances.image_read_timeout",
+                format!(
+                    "{} is not 1 to 3600 seconds",
+                    self.instances.image_read_timeout
                 ),
             );
         }

@@ -10,6 +10,7 @@
 //! - [`network`]: the network service (Neutron REST client, embedded service).
 //! - [`plug`]: host VIF plugging (OVS, OVS hybrid, Linux bridge, SR-IOV) and the wiring
 //!   watcher.
+//! - [`storage`]: instance storage on the host: the image cache.
 //! - [`agent`]: the compute agent (`vireo agent`): HTTP API, external-events endpoint,
 //!   metrics, shutdown.
 //! - [`config`]: the agent's TOML configuration.
@@ -25,3 +26,4 @@ pub mod demo;
 pub mod local;
 pub mod network;
 pub mod plug;
+pub mod storage;
