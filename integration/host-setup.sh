@@ -38,9 +38,9 @@ SUBNET_CIDR=${VIREO_SUBNET_CIDR:-192.0.2.0/24}
 NEUTRON_URL=http://127.0.0.1:$NEUTRON_PORT
 PY=/usr/bin/python3 # Debian's python: the one the neutron packages install into
 
-BPO_PKGS=(qemu-system-x86 libvirt-daemon-system libvirt-dev libvirt-clients)
+BPO_PKGS=(qemu-system-x86 qemu-utils libvirt-daemon-system libvirt-dev libvirt-clients)
 BASE_PKGS=(pkg-config libxml2-utils openvswitch-switch iproute2 cpio busybox-static
-  linux-image-amd64 kmod xz-utils zstd jq curl procps iptables)
+  linux-image-amd64 kmod xz-utils zstd jq curl procps iptables genisoimage e2fsprogs util-linux)
 NEUTRON_PKGS=(neutron-server neutron-openvswitch-agent rabbitmq-server mariadb-server
   python3-pymysql sudo ipset conntrack)
 

@@ -26,6 +26,7 @@ pub mod network;
 pub mod plug;
 pub mod predict;
 pub mod runtime;
+pub mod storage;
 pub mod vif;
 pub mod vif_config;
 pub mod wiring;

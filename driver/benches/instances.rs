@@ -48,6 +48,8 @@ fn flavor() -> Flavor {
         vcpus: 1,
         memory_mb: 256,
         root_gb: 1,
+        ephemeral_gb: 0,
+        swap_mb: 0,
         extra_specs: Default::default(),
     }
 }
@@ -100,6 +102,7 @@ async fn vireo_run(n: usize) -> Duration {
                     name: format!("bench-{i}"),
                     flavor: flavor(),
                     boot: BootSource::None,
+                    storage: Default::default(),
                     network: NetworkRequest::Allocate(vec![
                         PortRequest::Network {
                             network_id: NET_A.into(),
@@ -216,6 +219,12 @@ async fn idle_actor_memory(count: usize) -> (u64, usize) {
         events: driver.events().clone(),
         plugger: driver.plugger().clone(),
         network: driver.network().clone(),
+        storage: Arc::new(
+            vireo::storage::HostStorage::new(vireo::storage::StorageConfig::in_state_dir(
+                dir.path(),
+            ))
+            .unwrap(),
+        ),
         peers: driver.peers().clone(),
         config: InstanceConfig::default(),
     });
@@ -243,6 +252,7 @@ async fn idle_actor_memory(count: usize) -> (u64, usize) {
             name: format!("idle-{uuid}"),
             flavor: flavor(),
             boot: BootSource::None,
+            storage: Default::default(),
             network_info: ni.clone(),
             state: InstanceState::Running,
             resize: None,

@@ -40,6 +40,8 @@ fn flavor() -> Flavor {
         vcpus: 1,
         memory_mb: 128,
         root_gb: 0,
+        ephemeral_gb: 0,
+        swap_mb: 0,
         extra_specs: Default::default(),
     }
 }
@@ -115,6 +117,7 @@ async fn main() {
     } else {
         DomainType::Qemu
     };
+    let state = tempfile::tempdir().expect("state dir");
     let cfg = DriverConfig {
         host: "bench".into(),
         libvirt: LibvirtConfig::for_uri(URI),
@@ -130,12 +133,14 @@ async fn main() {
         plugging: PluggingConfig::Static,
         network: NetworkConfig::Embedded(EmbeddedConfig::default()),
         migration_uri: None,
+        storage: vireo::storage::StorageConfig::in_state_dir(state.path()),
     };
     let driver = LibvirtDriver::builder(cfg).build().await.unwrap();
     let spawn_args = |i: usize| SpawnArgs {
         name: format!("{PREFIX}-v{i}"),
         flavor: flavor(),
         boot: BootSource::None,
+        storage: Default::default(),
         network: NetworkRequest::Allocate(Vec::new()),
         power_on: true,
     };

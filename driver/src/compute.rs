@@ -30,6 +30,7 @@ use vireo_actors::vif::{PortId, Vif};
 use crate::network::embedded::{EmbeddedConfig, EmbeddedNetwork};
 use crate::network::neutron::{NeutronClient, NeutronConfig};
 use crate::plug::{HostPlugger, PlugConfig};
+use crate::storage::{HostStorage, StorageConfig};
 
 /// The hypervisor layer of one compute host.
 ///
@@ -216,6 +217,9 @@ pub enum DriverError {
     /// The network service could not be set up.
     #[error("set up the network service: {0}")]
     Network(String),
+    /// The instance storage (its image cache directory) could not be set up.
+    #[error("set up instance storage")]
+    Storage(#[source] crate::storage::CacheError),
     /// Rebuilding the instances from libvirt failed.
     #[error("recover instances from libvirt")]
     Recovery(#[source] InstanceError),
@@ -260,6 +264,8 @@ pub struct DriverConfig {
     pub network: NetworkConfig,
     /// The URI other hosts live-migrate to (None: this host takes no live migrations).
     pub migration_uri: Option<String>,
+    /// Where instance disks and the image cache live.
+    pub storage: StorageConfig,
 }
 
 /// Load the driver called `name`.
@@ -380,12 +386,14 @@ impl DriverBuilder {
             .await
             .map_err(DriverError::Libvirt)?;
         let peers = peers.unwrap_or_else(Peers::new);
+        let storage = HostStorage::new(config.storage.clone()).map_err(DriverError::Storage)?;
         let deps = Arc::new(HostDeps {
             host: config.host.clone(),
             libvirt: libvirt.clone(),
             events: events.clone(),
             plugger: plugger.clone(),
             network: network.clone(),
+            storage: Arc::new(storage),
             peers: peers.clone(),
             config: config.instances.clone(),
         });

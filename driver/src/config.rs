@@ -988,6 +988,10 @@ impl AgentConfig {
                 _ => NetworkConfig::Embedded(self.network.embedded.clone().unwrap_or_default()),
             },
             migration_uri: self.libvirt.migration_uri.clone(),
+            storage: crate::storage::StorageConfig {
+                instances_dir: self.instances_dir(),
+                cache: self.instances.image_cache(),
+            },
         }
     }
 

@@ -243,6 +243,8 @@ fn flavor(name: &str, vcpus: u32, memory_mb: u64) -> Flavor {
         vcpus,
         memory_mb,
         root_gb: 1,
+        ephemeral_gb: 0,
+        swap_mb: 0,
         extra_specs: Default::default(),
     }
 }
@@ -336,6 +338,7 @@ pub async fn run(opts: DemoOptions, out: &mut dyn Write) -> Result<DemoSummary, 
             plugging: PluggingConfig::Host(plug),
             network: NetworkConfig::Embedded(EmbeddedConfig::default()),
             migration_uri: Some(uri),
+            storage: crate::storage::StorageConfig::in_state_dir(&opts.state_dir.join("h1")),
         };
         let system = cloud.system.clone();
         let plugger = crate::compute::on_actor_thread(&system, move || {
@@ -498,6 +501,7 @@ impl Demo<'_> {
                 StepKind::Network => "network",
                 StepKind::EventWait => "wait",
                 StepKind::Peer => "peer",
+                StepKind::Storage => "storage",
             };
             writeln!(
                 self.out,
@@ -642,6 +646,7 @@ impl Demo<'_> {
             name: "vm-a".into(),
             flavor: flavor("m1.small", 1, 512),
             boot: BootSource::None,
+            storage: Default::default(),
             network: NetworkRequest::Allocate(requests),
             power_on: true,
         };
@@ -740,6 +745,7 @@ impl Demo<'_> {
                     name: "vm-b".into(),
                     flavor: flavor("m1.small", 1, 512),
                     boot: BootSource::None,
+                    storage: Default::default(),
                     network: NetworkRequest::Allocate(vec![
                         PortRequest::Network {
                             network_id: NET_HYBRID.into(),
@@ -885,6 +891,7 @@ impl Demo<'_> {
                     name: "vm-c".into(),
                     flavor: flavor("m1.small", 1, 512),
                     boot: BootSource::None,
+                    storage: Default::default(),
                     network: NetworkRequest::Allocate(requests.clone()),
                     power_on: true,
                 },
@@ -946,6 +953,7 @@ impl Demo<'_> {
                     name: "vm-c".into(),
                     flavor: flavor("m1.small", 1, 512),
                     boot: BootSource::None,
+                    storage: Default::default(),
                     network: NetworkRequest::Allocate(requests),
                     power_on: true,
                 },

@@ -24,6 +24,7 @@ use crate::compute::{
     DriverConfig, DriverError, LibvirtDriver, NetworkConfig, PluggingConfig, SharedNetwork,
 };
 use crate::network::embedded::{EmbeddedConfig, EmbeddedNetwork};
+use crate::storage::StorageConfig;
 
 /// How many events an [`EventLog`] keeps (the oldest are dropped first).
 pub const EVENT_LOG_CAPACITY: usize = 4096;
@@ -221,6 +222,8 @@ impl<P: VifPlugger> LocalCloud<P> {
                 plugging: PluggingConfig::Static,
                 network: NetworkConfig::Embedded(cfg.network.clone()),
                 migration_uri: Some(uri.clone()),
+                // Each host its own state directory, as on separate machines.
+                storage: StorageConfig::in_state_dir(&cfg.dir.join(name)),
             };
             let driver = LibvirtDriver::builder(config)
                 .system(system.clone())

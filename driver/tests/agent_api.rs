@@ -573,14 +573,29 @@ async fn bad_bodies_are_refused_before_the_driver() {
             "invalid-path",
         ),
         (
-            json!({"flavor": fl, "image": {"disk": "relative.img"}}),
+            json!({"flavor": fl, "image": {"id": "i", "source": "relative.img"}}),
+            400,
+            "invalid",
+        ),
+        (
+            json!({"flavor": fl, "image": {"id": "i", "source": agent.images}}),
             400,
             "invalid-path",
         ),
         (
-            json!({"flavor": fl, "image": {"disk": agent.images}}),
+            json!({"flavor": fl, "image": {"id": "i", "source": root.join("api-token")}}),
             400,
             "invalid-path",
+        ),
+        (
+            json!({"flavor": fl, "image": {"id": "i", "source": format!("file://{}", root.join("api-token").display())}}),
+            400,
+            "invalid-path",
+        ),
+        (
+            json!({"flavor": fl, "image": {"id": "i", "source": "ftp://host/img"}}),
+            400,
+            "invalid",
         ),
         (
             json!({"flavor": fl, "image": {"initrd": kernel}}),
@@ -588,12 +603,42 @@ async fn bad_bodies_are_refused_before_the_driver() {
             "invalid",
         ),
         (
-            json!({"flavor": fl, "image": {"kernel": kernel, "disk": agent.images.join("disk.raw")}}),
+            json!({"flavor": fl, "image": {"source": agent.images.join("disk.raw")}}),
             400,
             "invalid",
         ),
         (
-            json!({"flavor": fl, "image": {"disk": agent.images.join("disk.raw"), "disk_format": "vmdk"}}),
+            json!({"flavor": fl, "image": {"id": "../etc", "source": agent.images.join("disk.raw")}}),
+            400,
+            "invalid",
+        ),
+        (
+            json!({"flavor": fl, "image": {"id": "i", "source": agent.images.join("disk.raw"), "disk_format": "vmdk"}}),
+            400,
+            "invalid",
+        ),
+        (
+            json!({"flavor": fl, "image": {"id": "i", "source": agent.images.join("disk.raw"), "checksum": "sha1:00"}}),
+            400,
+            "invalid",
+        ),
+        (
+            json!({"flavor": fl, "image": {"checksum": "md5:00000000000000000000000000000000"}}),
+            400,
+            "invalid",
+        ),
+        (
+            json!({"flavor": fl, "image": {"disk": agent.images.join("disk.raw")}}),
+            400,
+            "bad-json",
+        ),
+        (
+            json!({"flavor": {"name": "m", "vcpus": 1, "memory_mb": 64, "root_gb": 1u64 << 20}}),
+            400,
+            "invalid",
+        ),
+        (
+            json!({"flavor": fl, "config_drive": {"meta": (0..129).map(|i| (format!("k{i}"), json!("v"))).collect::<serde_json::Map<_, _>>()}}),
             400,
             "invalid",
         ),
@@ -610,10 +655,10 @@ async fn bad_bodies_are_refused_before_the_driver() {
         agent.driver.list().await.is_empty(),
         "the driver saw nothing"
     );
-    // Bodies that do not decode never reach the service; the other 13 are counted.
+    // Bodies that do not decode never reach the service; the other 21 are counted.
     assert_eq!(
         agent.svc.metrics().operations.get(&["create", "rejected"]),
-        13
+        21
     );
 
     // A kernel from the image directory is accepted and handed over resolved.

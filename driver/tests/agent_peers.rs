@@ -708,6 +708,8 @@ async fn a_peer_that_is_down_gives_a_typed_error_and_the_source_rolls_back() {
                     vcpus: 2,
                     memory_mb: 256,
                     root_gb: 0,
+                    ephemeral_gb: 0,
+                    swap_mb: 0,
                     extra_specs: Default::default(),
                 },
             ),

@@ -69,6 +69,9 @@ pub struct HostOptions {
     pub power_off_timeout: Duration,
     /// Where other hosts migrate to.
     pub migration_uri: Option<String>,
+    /// The state directory (instance disks in `instances/`, the image cache in `_base/`).
+    /// Default: one of its own under the system's temporary directory, per process and host.
+    pub state_dir: std::path::PathBuf,
 }
 
 impl HostOptions {
@@ -85,6 +88,7 @@ impl HostOptions {
             console_dir: None,
             power_off_timeout: Duration::from_secs(2),
             migration_uri: None,
+            state_dir: std::env::temp_dir().join(format!("vireo-it-{}-{name}", std::process::id())),
         }
     }
 }
@@ -193,6 +197,7 @@ impl Host {
             _ => neutron()?,
         };
         let config = DriverConfig {
+            storage: vireo::storage::StorageConfig::in_state_dir(&opts.state_dir),
             host: opts.name.clone(),
             libvirt: LibvirtConfig::for_uri(opts.uri.clone()),
             instances: InstanceConfig {

@@ -118,6 +118,8 @@ pub fn flavor(name: &str, vcpus: u32, memory_mb: u64) -> Flavor {
         vcpus,
         memory_mb,
         root_gb: 0,
+        ephemeral_gb: 0,
+        swap_mb: 0,
         extra_specs: Default::default(),
     }
 }
@@ -283,6 +285,7 @@ impl<'r> Scene<'r> {
             name: self.domain_name(),
             flavor: flavor("m1.tiny", 1, 128),
             boot: BootSource::None,
+            storage: Default::default(),
             network,
             power_on: true,
         }

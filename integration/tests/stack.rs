@@ -1121,6 +1121,8 @@ async fn two_host_resize_revert(run: &Run, b: &HostBAgent) -> R {
         vcpus: 1,
         memory_mb: 192,
         root_gb: 0,
+        ephemeral_gb: 0,
+        swap_mb: 0,
         extra_specs: Default::default(),
     };
     let r = s

@@ -409,6 +409,7 @@ async fn every_request_is_refused_in_every_state_that_does_not_accept_it() {
         flavor: flavor("m1.tiny", 1, 256),
         old_flavor: flavor("m1.tiny", 1, 256),
         boot: BootSource::None,
+        storage: Default::default(),
         network_info: ni.to_value(),
         power_on: true,
     };

@@ -367,6 +367,7 @@ async fn destination_waits_only_for_its_activation_events() {
         flavor: flavor("m1.tiny", 1, 256),
         old_flavor: flavor("m1.tiny", 1, 256),
         boot: vireo_actors::instance::BootSource::None,
+        storage: Default::default(),
         network_info: network_info(&*c.network, &ports).await.to_value(),
         power_on: true,
     };

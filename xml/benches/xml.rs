@@ -119,6 +119,8 @@ fn domain(with_metadata: bool) -> Domain {
                 vcpus: 2,
                 memory_mb: 2048,
                 root_gb: 20,
+                ephemeral_gb: 0,
+                swap_mb: 0,
                 extra_specs: Default::default(),
             },
             network_info: serde_json::Value::Array(vifs),

@@ -46,6 +46,8 @@ fn build(args: &[String]) -> Result<String, Box<dyn std::error::Error>> {
             vcpus: 1,
             memory_mb: 256,
             root_gb: 0,
+            ephemeral_gb: 0,
+            swap_mb: 0,
             extra_specs: [("hw:vif_multiqueue_enabled".into(), "true".into())]
                 .into_iter()
                 .collect(),

@@ -52,9 +52,19 @@ pub struct Flavor {
     /// Root disk in GiB (0: the image's size).
     #[serde(default)]
     pub root_gb: u64,
+    /// Ephemeral disk in GiB (0: none).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub ephemeral_gb: u64,
+    /// Swap disk in MiB (0: none).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub swap_mb: u64,
     /// Extra specs (`hw:vif_multiqueue_enabled`, `quota:vif_*`, ...).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub extra_specs: BTreeMap<String, String>,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
 }
 
 /// An operation that was running when the metadata was written: after a restart, vireo
@@ -161,6 +171,13 @@ impl VireoMetadata {
         w.attr_u64("vcpus", u64::from(f.vcpus));
         w.attr_u64("memory_mb", f.memory_mb);
         w.attr_u64("root_gb", f.root_gb);
+        // Written only when set: metadata of flavors without them reads as before.
+        if f.ephemeral_gb != 0 {
+            w.attr_u64("ephemeral_gb", f.ephemeral_gb);
+        }
+        if f.swap_mb != 0 {
+            w.attr_u64("swap_mb", f.swap_mb);
+        }
         if f.extra_specs.is_empty() {
             w.close_empty();
         } else {
@@ -234,6 +251,16 @@ impl VireoMetadata {
                 &req(f.root_gb, || "instance/flavor/@root_gb".to_owned())?,
                 || "instance/flavor/@root_gb".to_owned(),
             )?,
+            ephemeral_gb: f
+                .ephemeral_gb
+                .map(|v| parse::num(&v, || "instance/flavor/@ephemeral_gb".to_owned()))
+                .transpose()?
+                .unwrap_or(0),
+            swap_mb: f
+                .swap_mb
+                .map(|v| parse::num(&v, || "instance/flavor/@swap_mb".to_owned()))
+                .transpose()?
+                .unwrap_or(0),
             extra_specs,
         };
         let net = req(i.network_info, || "instance/network_info".to_owned())?;
@@ -332,6 +359,10 @@ struct FlavorW<'a> {
     memory_mb: Option<Str<'a>>,
     #[serde(borrow, rename = "@root_gb")]
     root_gb: Option<Str<'a>>,
+    #[serde(borrow, rename = "@ephemeral_gb")]
+    ephemeral_gb: Option<Str<'a>>,
+    #[serde(borrow, rename = "@swap_mb")]
+    swap_mb: Option<Str<'a>>,
     #[serde(borrow, default)]
     extra_spec: Vec<SpecW<'a>>,
 }

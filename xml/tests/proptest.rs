@@ -204,6 +204,8 @@ fn metadata() -> impl Strategy<Value = VireoMetadata> {
                     vcpus: f.1,
                     memory_mb: f.2,
                     root_gb: f.3,
+                    ephemeral_gb: 0,
+                    swap_mb: 0,
                     extra_specs: f.4,
                 },
                 network_info,

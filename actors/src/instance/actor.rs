@@ -398,6 +398,11 @@ impl InstanceActor {
             power: self.power,
             flavor: self.record.as_ref().map(|r| r.flavor.name.clone()),
             vifs,
+            disks: self
+                .record
+                .as_ref()
+                .map(|r| r.storage.disks.clone())
+                .unwrap_or_default(),
             operation,
             last_operation: self.last_report.clone(),
         }

@@ -14,6 +14,7 @@ use crate::libvirt::LibvirtHandle;
 use crate::network::NetworkApi;
 use crate::plug::{DomainForm, VifPlugger};
 use crate::predict::{DeviceForm, Wiring};
+use crate::storage::InstanceStorage;
 
 use super::operation::Operation;
 use super::record::DomainSettings;
@@ -152,6 +153,8 @@ pub struct HostDeps {
     pub plugger: Arc<dyn VifPlugger>,
     /// The network service.
     pub network: Arc<dyn NetworkApi>,
+    /// The instances' disks.
+    pub storage: Arc<dyn InstanceStorage>,
     /// The other hosts.
     pub peers: Arc<Peers>,
     /// Settings.

@@ -30,5 +30,5 @@ pub use deps::{HostDeps, InstanceConfig, PeerHost, Peers};
 pub use in_flight::{InFlight, InFlightError, Interrupted, Marker};
 pub use op::ALIAS_PREFIX;
 pub use operation::{LiveMigrateArgs, Operation, ResizeArgs};
-pub use record::{BootSource, DomainSettings, InstanceRecord, RecordError};
+pub use record::{BootSource, DomainSettings, InstanceRecord, RecordError, StorageRecord};
 pub use types::*;

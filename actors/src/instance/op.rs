@@ -18,6 +18,7 @@ use crate::lifecycle::Request;
 use crate::network::NetworkError;
 use crate::plug::{static_attachment, Attachment, DomainForm, PlugContext, PlugKind};
 use crate::predict::{ExpectedEvent, Timing};
+use crate::storage::StorageError;
 use crate::vif::{PortId, Vif};
 use crate::vif_config::{interface_for, DeviceConfig, InterfaceOptions};
 
@@ -185,6 +186,18 @@ impl OpCtx {
         let r = fut.await;
         self.step(step.to_owned(), StepKind::Network, start, r.is_err());
         r.map_err(|source| InstanceError::Network { step, source })
+    }
+
+    /// A storage call, timed.
+    pub async fn store<T>(
+        &mut self,
+        step: &'static str,
+        fut: impl Future<Output = Result<T, StorageError>>,
+    ) -> Result<T, InstanceError> {
+        let start = std::time::Instant::now();
+        let r = fut.await;
+        self.step(step.to_owned(), StepKind::Storage, start, r.is_err());
+        r.map_err(|source| InstanceError::Storage { step, source })
     }
 
     /// A request to another host, timed.

@@ -4,15 +4,14 @@
 
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
-use vireo_xml::devices::{
-    CharSource, Console, ConsoleTarget, Disk, DiskDriver, DiskFormat, DiskSource, Serial,
-};
+use vireo_xml::devices::{CharSource, Console, ConsoleTarget, Serial};
 use vireo_xml::domain::{Domain, DomainType, LifecycleAction};
 use vireo_xml::metadata::{Flavor, InFlightOperation, VireoMetadata};
 use vireo_xml::types::DomainName;
 use vireo_xml::XmlError;
 
 use crate::lifecycle::InstanceState;
+use crate::storage::{disk_devices, ConfigDrive, ImageRef, InstanceDisk};
 use crate::vif::{NetworkInfo, VifError};
 use crate::vif_config::DeviceConfig;
 
@@ -50,11 +49,13 @@ pub enum RecordError {
     },
 }
 
-/// What the guest boots.
+/// What the guest boots besides its disks: nothing more (a diskless domain, or one that
+/// boots its root disk), or a kernel given directly.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(tag = "type", rename_all = "kebab-case", deny_unknown_fields)]
 pub enum BootSource {
-    /// Nothing: a diskless domain (lifecycle and device work that needs no guest OS).
+    /// No kernel: the domain boots its root disk when it has one (a diskless domain, for
+    /// lifecycle and device work that needs no guest OS, boots nothing).
     #[default]
     None,
     /// Direct kernel boot.
@@ -68,13 +69,28 @@ pub enum BootSource {
         #[serde(default)]
         cmdline: Option<String>,
     },
-    /// A disk image.
-    Disk {
-        /// Image path on the host.
-        path: String,
-        /// `qcow2` or `raw`.
-        format: String,
-    },
+}
+
+/// What an instance's disks are made from, and what they are.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StorageRecord {
+    /// The image of its root disk (none: no root disk).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<ImageRef>,
+    /// What its config drive holds besides what vireo knows (none: no config drive).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_drive: Option<ConfigDrive>,
+    /// Its disks on this host, in device order (empty until they are made).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub disks: Vec<InstanceDisk>,
+}
+
+impl StorageRecord {
+    /// No image, no config drive, no disks.
+    pub fn is_empty(&self) -> bool {
+        self.image.is_none() && self.config_drive.is_none() && self.disks.is_empty()
+    }
 }
 
 /// The side of a resize an instance is on.
@@ -106,6 +122,8 @@ pub struct ResizeRecord {
 struct StoredRecord {
     state: InstanceState,
     boot: BootSource,
+    #[serde(default, skip_serializing_if = "StorageRecord::is_empty")]
+    storage: StorageRecord,
     #[serde(default)]
     resize: Option<ResizeRecord>,
     /// The host whose agent saved the record last: the domain's owner. Absent in records
@@ -125,6 +143,8 @@ pub struct InstanceRecord {
     pub flavor: Flavor,
     /// What it boots.
     pub boot: BootSource,
+    /// Its image, config drive and disks.
+    pub storage: StorageRecord,
     /// Its VIFs.
     pub network_info: NetworkInfo,
     /// The stable state last recorded (what a restarted agent starts from).
@@ -155,6 +175,7 @@ impl InstanceRecord {
         let stored = StoredRecord {
             state: self.state,
             boot: self.boot.clone(),
+            storage: self.storage.clone(),
             resize: self.resize.clone(),
             host: Some(host.to_owned()),
         };
@@ -175,6 +196,7 @@ impl InstanceRecord {
             None => StoredRecord {
                 state: InstanceState::Stopped,
                 boot: BootSource::None,
+                storage: StorageRecord::default(),
                 resize: None,
                 host: None,
             },
@@ -184,6 +206,7 @@ impl InstanceRecord {
             name: name.to_owned(),
             flavor: meta.flavor.clone(),
             boot: stored.boot,
+            storage: stored.storage,
             network_info,
             state: stored.state,
             resize: stored.resize,
@@ -266,18 +289,8 @@ impl InstanceRecord {
                 d.os.initrd = initrd.clone();
                 d.os.cmdline = cmdline.clone();
             }
-            BootSource::Disk { path, format } => {
-                let format = DiskFormat::parse(format)
-                    .ok_or_else(|| RecordError::Invalid(format!("disk format {format:?}")))?;
-                let mut disk = Disk::virtio(DiskSource::File { path: path.clone() }, "vda");
-                disk.driver = Some(DiskDriver {
-                    format,
-                    cache: None,
-                    discard_unmap: false,
-                });
-                d.devices.disks.push(disk);
-            }
         }
+        d.devices.disks.extend(disk_devices(&self.storage.disks));
         if let Some(dir) = &settings.console_dir {
             let file = format!("{dir}/{}/console.log", self.uuid);
             d.devices.serials.push(Serial {
@@ -317,9 +330,12 @@ mod tests {
                 vcpus: 1,
                 memory_mb: 128,
                 root_gb: 0,
+                ephemeral_gb: 0,
+                swap_mb: 0,
                 extra_specs: Default::default(),
             },
             boot: BootSource::None,
+            storage: StorageRecord::default(),
             network_info: NetworkInfo { vifs: vec![] },
             state: InstanceState::Building,
             resize: None,

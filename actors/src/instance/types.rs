@@ -16,7 +16,9 @@ use crate::predict::{ExpectedEvent, PredictError, Timing};
 use crate::vif::{NetworkInfo, PortId};
 use crate::vif_config::VifConfigError;
 
-use super::record::{BootSource, RecordError};
+use crate::storage::{ConfigDrive, ImageRef, StorageError};
+
+use super::record::{BootSource, RecordError, StorageRecord};
 
 /// How the instance gets its network.
 #[derive(Debug, Clone, PartialEq)]
@@ -36,10 +38,36 @@ pub struct SpawnArgs {
     pub flavor: Flavor,
     /// What the guest boots.
     pub boot: BootSource,
+    /// Its root disk's image and its config drive.
+    pub storage: SpawnStorage,
     /// The ports.
     pub network: NetworkRequest,
     /// Start it (true) or leave it defined and stopped once built (false).
     pub power_on: bool,
+}
+
+/// What a build makes disks from.
+#[derive(Clone, Default, PartialEq)]
+pub struct SpawnStorage {
+    /// The root disk's image (none: no root disk).
+    pub image: Option<ImageRef>,
+    /// A token to fetch it with (Glance's `X-Auth-Token`); used once, never recorded.
+    pub image_token: Option<String>,
+    /// A config drive and what it holds besides what vireo knows (none: no config drive).
+    pub config_drive: Option<ConfigDrive>,
+}
+
+impl std::fmt::Debug for SpawnStorage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SpawnStorage")
+            .field("image", &self.image)
+            .field(
+                "image_token",
+                &self.image_token.as_ref().map(|_| "<redacted>"),
+            )
+            .field("config_drive", &self.config_drive)
+            .finish()
+    }
 }
 
 /// Tear an instance down.
@@ -88,6 +116,9 @@ pub struct Handover {
     pub old_flavor: Flavor,
     /// What the guest boots.
     pub boot: BootSource,
+    /// Its image, config drive and disks.
+    #[serde(default, skip_serializing_if = "StorageRecord::is_empty")]
+    pub storage: StorageRecord,
     /// Nova-format `network_info`.
     pub network_info: serde_json::Value,
     /// The instance was running before and must run after.
@@ -108,6 +139,8 @@ pub enum StepKind {
     EventWait,
     /// Calls to the other host of a migration.
     Peer,
+    /// Making, copying and removing disks (image fetches included).
+    Storage,
 }
 
 /// One step of an operation, for the timeline.
@@ -259,6 +292,8 @@ pub struct InstanceView {
     pub flavor: Option<String>,
     /// VIFs.
     pub vifs: Vec<VifView>,
+    /// Disks on this host, in device order.
+    pub disks: Vec<crate::storage::InstanceDisk>,
     /// The operation in progress.
     pub operation: Option<Progress>,
     /// The last operation's report.
@@ -291,6 +326,15 @@ pub enum InstanceError {
         /// Why.
         #[source]
         source: PlugError,
+    },
+    /// Making or removing the instance's disks failed.
+    #[error("storage {step} failed")]
+    Storage {
+        /// The step.
+        step: &'static str,
+        /// Why.
+        #[source]
+        source: StorageError,
     },
     /// A network-service call failed.
     #[error("network {step} failed")]
@@ -473,6 +517,7 @@ impl InstanceError {
             InstanceError::Libvirt { .. } => "libvirt",
             InstanceError::Plug { .. } => "plug",
             InstanceError::Network { .. } => "network",
+            InstanceError::Storage { .. } => "storage",
             InstanceError::EventWait { .. } => "event-wait",
             InstanceError::Predict(_) => "unsupported-vif",
             InstanceError::VifConfig(_) => "unsupported-vif",

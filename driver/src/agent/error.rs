@@ -152,6 +152,7 @@ pub fn status_for_driver(e: &InstanceError) -> StatusCode {
         InstanceError::Libvirt { .. }
         | InstanceError::Plug { .. }
         | InstanceError::Network { .. }
+        | InstanceError::Storage { .. }
         | InstanceError::EventWait { .. }
         | InstanceError::Predict(_)
         | InstanceError::VifConfig(_)

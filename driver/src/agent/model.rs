@@ -32,9 +32,11 @@ pub struct ErrorDetail {
     pub message: String,
 }
 
-/// What to boot: nothing (a diskless domain), a kernel (with initrd and command line), or a
-/// disk image. Every path must lie in one of the configured image directories.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// What to boot and what the root disk is made from: nothing (a diskless domain), an image
+/// (the root disk, an overlay on the image's cached base), a kernel (with initrd and command
+/// line), or an image and a kernel. A kernel, an initrd and a file image must lie in one of
+/// the configured image directories.
+#[derive(Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ImageRequest {
     /// Kernel (direct kernel boot).
@@ -46,12 +48,38 @@ pub struct ImageRequest {
     /// Kernel command line (needs `kernel`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cmdline: Option<String>,
-    /// Disk image (not with `kernel`).
+    /// The image's id (a Glance image id): its base file's name in the cache. With `source`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub disk: Option<PathBuf>,
-    /// The disk's format: `raw` (default) or `qcow2`. Never probed.
+    pub id: Option<String>,
+    /// Where the image is fetched from when the cache does not hold it: an absolute path in
+    /// an image directory, or an `http(s)://` URL (a Glance download URL). With `id`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
+    /// `sha256:<hex>` or `md5:<hex>` (a bare digest by its length): the fetched bytes must
+    /// have it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checksum: Option<String>,
+    /// The image's format: `raw` (default) or `qcow2`. Never probed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub disk_format: Option<String>,
+    /// Sent as `X-Auth-Token` with an HTTP fetch; never stored.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token: Option<String>,
+}
+
+impl std::fmt::Debug for ImageRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ImageRequest")
+            .field("kernel", &self.kernel)
+            .field("initrd", &self.initrd)
+            .field("cmdline", &self.cmdline)
+            .field("id", &self.id)
+            .field("source", &self.source)
+            .field("checksum", &self.checksum)
+            .field("disk_format", &self.disk_format)
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .finish()
+    }
 }
 
 /// A port to allocate: on a network (vireo creates it and deletes it again on delete) or an
@@ -86,6 +114,10 @@ pub struct CreateInstance {
     /// What to boot.
     #[serde(default)]
     pub image: ImageRequest,
+    /// A config drive (ISO 9660, label `config-2`) with this user data, keys and metadata
+    /// besides what vireo knows (uuid, name, network_data.json). Absent: no config drive.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_drive: Option<vireo_actors::storage::ConfigDrive>,
     /// Ports vireo allocates (on the configured network service). Not with `network_info`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ports: Option<Vec<PortRequest>>,
@@ -288,6 +320,10 @@ pub struct Instance {
     pub flavor: Option<String>,
     /// VIFs.
     pub vifs: Vec<InstanceVif>,
+    /// Disks, in device order: `role` (root, ephemeral, swap, config-drive), `path`,
+    /// `format`, `virtual_size` in bytes and, for the root disk, its `image`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub disks: Vec<vireo_actors::storage::InstanceDisk>,
     /// In-flight operation.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub operation: Option<InstanceOperation>,

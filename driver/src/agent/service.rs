@@ -28,11 +28,14 @@ use tracing::{debug, info, info_span, warn, Instrument};
 use uuid::Uuid;
 use vireo_actors::instance::{
     AdmissionError, Admitted, BootSource, DestroyArgs, InstanceReply, NetworkRequest, Operation,
-    SpawnArgs, Ticket,
+    SpawnArgs, SpawnStorage, Ticket,
 };
 use vireo_actors::lifecycle::{Caller, Request};
 use vireo_actors::network::PortRequest as DriverPortRequest;
+use vireo_actors::storage::{Checksum, ConfigDrive, ImageFormat, ImageId, ImageRef, MAX_USER_DATA};
 use vireo_actors::vif::{NetworkInfo, PortId};
+
+use crate::storage::ImageSource;
 
 use super::auth::{Auth, Scope};
 use super::error::ApiError;
@@ -85,7 +88,53 @@ pub const MIN_MEMORY_MB: u64 = 16;
 pub const MAX_MEMORY_MB: u64 = 1 << 24;
 
 fn check_flavor(f: &Flavor) -> Result<(), ApiError> {
-    check_flavor_values("flavor", &f.name, f.vcpus, f.memory_mb)
+    check_flavor_values("flavor", &f.name, f.vcpus, f.memory_mb)?;
+    for (key, gb) in [("root_gb", f.root_gb), ("ephemeral_gb", f.ephemeral_gb)] {
+        if gb > MAX_DISK_GB {
+            return Err(ApiError::Invalid(format!(
+                "flavor.{key}: {gb} is more than {MAX_DISK_GB}"
+            )));
+        }
+    }
+    if f.swap_mb > MAX_SWAP_MB {
+        return Err(ApiError::Invalid(format!(
+            "flavor.swap_mb: {} is more than {MAX_SWAP_MB}",
+            f.swap_mb
+        )));
+    }
+    Ok(())
+}
+
+/// Largest root or ephemeral disk a flavor may ask for, in GiB (64 TiB).
+const MAX_DISK_GB: u64 = 1 << 16;
+/// Largest swap disk, in MiB (1 TiB).
+const MAX_SWAP_MB: u64 = 1 << 20;
+
+fn check_config_drive(d: &ConfigDrive) -> Result<(), ApiError> {
+    if let Some(u) = &d.user_data {
+        if u.len() > MAX_USER_DATA {
+            return Err(ApiError::Invalid(format!(
+                "config_drive.user_data: {} bytes, at most {MAX_USER_DATA}",
+                u.len()
+            )));
+        }
+    }
+    let fields = d
+        .public_keys
+        .iter()
+        .chain(d.meta.iter())
+        .flat_map(|(k, v)| [k.as_str(), v.as_str()]);
+    let names = d
+        .hostname
+        .iter()
+        .chain(d.availability_zone.iter())
+        .map(String::as_str);
+    if d.public_keys.len() + d.meta.len() > 128 || fields.chain(names).any(|s| s.len() > 16_384) {
+        return Err(ApiError::Invalid(
+            "config_drive: at most 128 keys and metadata items, each at most 16 KiB".into(),
+        ));
+    }
+    Ok(())
 }
 
 fn check_flavor_values(key: &str, name: &str, vcpus: u32, memory_mb: u64) -> Result<(), ApiError> {
@@ -224,7 +273,10 @@ impl AgentService {
         self.start(uuid, kind, call).await
     }
 
-    fn boot_source(&self, image: super::model::ImageRequest) -> Result<BootSource, ApiError> {
+    fn boot_source(
+        &self,
+        image: super::model::ImageRequest,
+    ) -> Result<(BootSource, SpawnStorage), ApiError> {
         let p = &self.settings.paths;
         let resolve = |what, path: &std::path::Path| -> Result<String, ApiError> {
             let real = p.image(what, path).map_err(ApiError::Path)?;
@@ -239,51 +291,77 @@ impl AgentService {
                 ));
             }
         }
-        match (image.kernel, image.disk) {
-            (Some(_), Some(_)) => Err(ApiError::Invalid(
-                "image: give a kernel or a disk, not both".into(),
-            )),
-            (Some(kernel), None) => {
-                if image.disk_format.is_some() {
-                    return Err(ApiError::Invalid("image.disk_format: needs a disk".into()));
-                }
-                Ok(BootSource::Kernel {
-                    kernel: resolve("kernel", &kernel)?,
-                    initrd: image
-                        .initrd
-                        .as_deref()
-                        .map(|i| resolve("initrd", i))
-                        .transpose()?,
-                    cmdline: image.cmdline,
-                })
-            }
-            (None, Some(disk)) => {
+        let boot = match image.kernel {
+            Some(kernel) => BootSource::Kernel {
+                kernel: resolve("kernel", &kernel)?,
+                initrd: image
+                    .initrd
+                    .as_deref()
+                    .map(|i| resolve("initrd", i))
+                    .transpose()?,
+                cmdline: image.cmdline,
+            },
+            None => {
                 if image.initrd.is_some() || image.cmdline.is_some() {
                     return Err(ApiError::Invalid(
                         "image: initrd and cmdline need a kernel".into(),
                     ));
                 }
-                let format = image.disk_format.unwrap_or_else(|| "raw".to_owned());
-                if format != "raw" && format != "qcow2" {
-                    return Err(ApiError::Invalid(format!(
-                        "image.disk_format: {format:?} is not raw or qcow2"
-                    )));
-                }
-                Ok(BootSource::Disk {
-                    path: resolve("disk", &disk)?,
+                BootSource::None
+            }
+        };
+        let root = match (image.id, image.source) {
+            (Some(id), Some(source)) => {
+                let id =
+                    ImageId::new(id).map_err(|e| ApiError::Invalid(format!("image.id: {e}")))?;
+                let source = match ImageSource::parse(&source)
+                    .map_err(|e| ApiError::Invalid(format!("image.source: {e}")))?
+                {
+                    // A file the agent reads for its caller: only inside an image directory.
+                    ImageSource::File(path) => resolve("source", &path)?,
+                    ImageSource::Http(_) => source,
+                };
+                let checksum = image
+                    .checksum
+                    .as_deref()
+                    .map(Checksum::parse)
+                    .transpose()
+                    .map_err(|e| ApiError::Invalid(format!("image.{e}")))?;
+                let format = match image.disk_format.as_deref() {
+                    None | Some("raw") => ImageFormat::Raw,
+                    Some("qcow2") => ImageFormat::Qcow2,
+                    Some(other) => {
+                        return Err(ApiError::Invalid(format!(
+                            "image.disk_format: {other:?} is not raw or qcow2"
+                        )))
+                    }
+                };
+                Some(ImageRef {
+                    id,
+                    source,
+                    checksum,
                     format,
                 })
             }
             (None, None) => {
-                if image.initrd.is_some() || image.cmdline.is_some() || image.disk_format.is_some()
+                if image.checksum.is_some() || image.disk_format.is_some() || image.token.is_some()
                 {
                     return Err(ApiError::Invalid(
-                        "image: initrd, cmdline and disk_format need a kernel or a disk".into(),
+                        "image: checksum, disk_format and token need an id and a source".into(),
                     ));
                 }
-                Ok(BootSource::None)
+                None
             }
-        }
+            _ => return Err(ApiError::Invalid("image: id and source go together".into())),
+        };
+        Ok((
+            boot,
+            SpawnStorage {
+                image: root,
+                image_token: image.token,
+                config_drive: None,
+            },
+        ))
     }
 
     fn prepare_create(&self, req: CreateInstance) -> Result<(Uuid, Operation), ApiError> {
@@ -296,7 +374,11 @@ impl AgentService {
         let name = req.name.unwrap_or_else(|| format!("instance-{uuid}"));
         check_name(&name)?;
         check_flavor(&req.flavor)?;
-        let boot = self.boot_source(req.image)?;
+        let (boot, mut storage) = self.boot_source(req.image)?;
+        if let Some(drive) = req.config_drive {
+            check_config_drive(&drive)?;
+            storage.config_drive = Some(drive);
+        }
         let network = match (req.ports, req.network_info) {
             (Some(_), Some(_)) => {
                 return Err(ApiError::Invalid(
@@ -334,6 +416,7 @@ impl AgentService {
             name,
             flavor: req.flavor,
             boot,
+            storage,
             network,
             power_on: req.power_on,
         };
@@ -637,14 +720,6 @@ impl AgentService {
                     *i = resolve("initrd", i)?;
                 }
             }
-            BootSource::Disk { path, format } => {
-                if format != "raw" && format != "qcow2" {
-                    return Err(ApiError::Invalid(format!(
-                        "handover.boot.format: {format:?} is not raw or qcow2"
-                    )));
-                }
-                *path = resolve("disk", path)?;
-            }
         }
         Ok(req)
     }
@@ -860,6 +935,8 @@ mod tests {
             vcpus,
             memory_mb,
             root_gb: 0,
+            ephemeral_gb: 0,
+            swap_mb: 0,
             extra_specs: Default::default(),
         };
         assert!(check_flavor(&f(1, 64)).is_ok());

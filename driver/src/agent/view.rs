@@ -81,6 +81,7 @@ pub fn instance(v: &InstanceView, op: Option<&OpStatus>) -> Instance {
                 device: f.device.clone(),
             })
             .collect(),
+        disks: v.disks.clone(),
         operation,
         last_operation: v.last_operation.as_ref().map(report),
     }
@@ -94,15 +95,17 @@ pub fn step_kind(k: StepKind) -> &'static str {
         StepKind::Network => "network",
         StepKind::EventWait => "event-wait",
         StepKind::Peer => "peer",
+        StepKind::Storage => "storage",
     }
 }
 
-const STEP_KINDS: [StepKind; 5] = [
+const STEP_KINDS: [StepKind; 6] = [
     StepKind::Libvirt,
     StepKind::Plug,
     StepKind::Network,
     StepKind::EventWait,
     StepKind::Peer,
+    StepKind::Storage,
 ];
 const TIMINGS: [Timing; 3] = [Timing::BindTime, Timing::PlugTime, Timing::None];
 

@@ -436,6 +436,7 @@ mod tests {
             state: "building".into(),
             power_state: "paused".into(),
             flavor: Some("m1.tiny".into()),
+            disks: vec![],
             vifs: vec![InstanceVif {
                 port: "p1".into(),
                 mac: "fa:16:3e:00:00:01".into(),

@@ -287,6 +287,8 @@ fn flavor(name: &str, vcpus: u32, memory_mb: u64) -> Flavor {
         vcpus,
         memory_mb,
         root_gb: 1,
+        ephemeral_gb: 0,
+        swap_mb: 0,
         extra_specs: Default::default(),
     }
 }
@@ -844,6 +846,7 @@ async fn one_wave(ctx: &Arc<Ctx>, cfg: &LoadConfig, wave: usize) -> Vec<String> 
                 name: format!("load-{wave}-{i}"),
                 flavor: flavor("m1.tiny", 1, 256),
                 boot: BootSource::None,
+                storage: Default::default(),
                 network: NetworkRequest::Allocate(vec![
                     PortRequest::Network {
                         network_id: NET_HYBRID.into(),

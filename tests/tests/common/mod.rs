@@ -78,6 +78,8 @@ pub fn flavor(name: &str, vcpus: u32, memory_mb: u64) -> Flavor {
         vcpus,
         memory_mb,
         root_gb: 1,
+        ephemeral_gb: 0,
+        swap_mb: 0,
         extra_specs: Default::default(),
     }
 }
@@ -87,6 +89,7 @@ pub fn spawn_args(name: &str, requests: Vec<PortRequest>) -> SpawnArgs {
         name: name.into(),
         flavor: flavor("m1.tiny", 1, 256),
         boot: BootSource::None,
+        storage: Default::default(),
         network: NetworkRequest::Allocate(requests),
         power_on: true,
     }
@@ -400,6 +403,8 @@ impl TestCloud {
             plugging: PluggingConfig::Static,
             network: NetworkConfig::Embedded(EmbeddedConfig::default()),
             migration_uri: Some(uri.clone()),
+            // The host's own state directory, kept across its restarts.
+            storage: vireo::storage::StorageConfig::in_state_dir(&self.dir.path().join(name)),
         };
         let events = self.system.start_events(EventConfig::default());
         self.sink.add_target(events.clone());
@@ -549,6 +554,32 @@ impl TestCloud {
             .map(|h| h.driver.events().clone())
             .collect();
         leak_check(&hosts, &self.network, &events, user_ports).await;
+        for h in &self.hosts {
+            let left = self.disks_left(&h.name);
+            assert!(left.is_empty(), "{}: instance disks left: {left:?}", h.name);
+        }
+    }
+
+    /// What is left in host `name`'s instance directories, and any unfinished image fetch
+    /// in its cache.
+    pub fn disks_left(&self, name: &str) -> Vec<PathBuf> {
+        let state = self.dir.path().join(name);
+        let list = |dir: PathBuf| -> Vec<PathBuf> {
+            std::fs::read_dir(dir)
+                .map(|rd| rd.map(|e| e.unwrap().path()).collect())
+                .unwrap_or_default()
+        };
+        let mut left = list(state.join("instances"));
+        left.extend(list(state.join("_base")).into_iter().filter(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with('.'))
+        }));
+        left
+    }
+
+    /// Host `name`'s image cache directory.
+    pub fn cache_dir(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name).join("_base")
     }
 
     /// The end of most tests: destroy `ids` (with deallocation) on every host, then

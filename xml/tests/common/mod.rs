@@ -161,6 +161,8 @@ pub fn metadata() -> VireoMetadata {
             vcpus: 2,
             memory_mb: 2048,
             root_gb: 20,
+            ephemeral_gb: 0,
+            swap_mb: 0,
             extra_specs: [
                 ("hw:cpu_policy".to_owned(), "dedicated".to_owned()),
                 ("quota:vif_inbound_average".to_owned(), "1000".to_owned()),

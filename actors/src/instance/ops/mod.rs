@@ -250,6 +250,9 @@ fn handover(
         flavor: flavor.clone(),
         old_flavor: record.flavor.clone(),
         boot: record.boot.clone(),
+        // The disks do not move yet: the destination names the same files (one host, or an
+        // instance directory both hosts share).
+        storage: record.storage.clone(),
         network_info: record.network_info.to_value(),
         power_on,
     }
@@ -263,6 +266,7 @@ fn record_from_handover(op: &OpCtx, h: &Handover) -> Result<InstanceRecord, Inst
         name: h.name.clone(),
         flavor: h.flavor.clone(),
         boot: h.boot.clone(),
+        storage: h.storage.clone(),
         network_info,
         state: InstanceState::Absent,
         resize: None,

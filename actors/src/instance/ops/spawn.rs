@@ -17,7 +17,11 @@ use crate::vif::NetworkInfo;
 use crate::instance::in_flight::InFlight;
 use crate::instance::op::OpCtx;
 use crate::instance::record::InstanceRecord;
-use crate::instance::types::{DestroyArgs, InstanceError, NetworkRequest, Released, SpawnArgs};
+use crate::instance::record::StorageRecord;
+use crate::instance::types::{
+    DestroyArgs, InstanceError, NetworkRequest, Released, SpawnArgs, SpawnStorage,
+};
+use crate::storage::{config_drive_files, DiskPlan, StorageError};
 
 use super::{
     boot_predicted, predicted, refresh_active, running_or_stopped, with_rollback, Finished,
@@ -31,6 +35,7 @@ pub(crate) async fn spawn(op: &mut OpCtx, args: SpawnArgs) -> Finished {
         name,
         flavor,
         boot,
+        storage,
         network,
         power_on,
     } = args;
@@ -68,11 +73,21 @@ pub(crate) async fn spawn(op: &mut OpCtx, args: SpawnArgs) -> Finished {
         }
         NetworkRequest::Allocated(ni) => ni,
     };
+    let SpawnStorage {
+        image,
+        image_token,
+        config_drive,
+    } = storage;
     let record = InstanceRecord {
         uuid: op.uuid,
         name,
         flavor,
         boot,
+        storage: StorageRecord {
+            image,
+            config_drive,
+            disks: Vec::new(),
+        },
         network_info,
         state: InstanceState::Building,
         resize: None,
@@ -88,8 +103,8 @@ pub(crate) async fn spawn(op: &mut OpCtx, args: SpawnArgs) -> Finished {
             refresh_active(op, &mut network_info).await?;
             let mut record = record.clone();
             record.network_info = network_info.clone();
-            let state = spawn_steps(op, &record, power_on).await?;
-            Ok((state, network_info))
+            let state = spawn_steps(op, &mut record, image_token.clone(), power_on).await?;
+            Ok((state, record))
         },
         // The record as it was before the refresh: the ports the build was given.
         async |op, cause| {
@@ -104,13 +119,23 @@ pub(crate) async fn spawn(op: &mut OpCtx, args: SpawnArgs) -> Finished {
             if let Err(e) = op.undefine_domain().await {
                 leftovers.push(format!("undefine: {e}"));
             }
+            if let Err(e) = remove_disks(op).await {
+                leftovers.push(format!("remove disks: {e}"));
+            }
             let released = release_network(op, &record.network_info).await;
+            // What another host would refuse the same way is not rescheduled.
             let reschedule = !matches!(
                 cause,
                 InstanceError::Invalid(_)
                     | InstanceError::Predict(_)
                     | InstanceError::VifConfig(_)
                     | InstanceError::Record(_)
+                    | InstanceError::Storage {
+                        source: StorageError::ImageTooLarge { .. }
+                            | StorageError::ImageBacking { .. }
+                            | StorageError::ConfigDrive(_),
+                        ..
+                    }
             );
             let (released, release_err) = match released {
                 Ok(r) => (r, None),
@@ -148,32 +173,51 @@ pub(crate) async fn spawn(op: &mut OpCtx, args: SpawnArgs) -> Finished {
     )
     .await;
     match done {
-        Ok((state, network_info)) => {
-            let mut record = record;
-            record.network_info = network_info;
-            Finished::ok(state, Some(record))
-        }
+        Ok((state, record)) => Finished::ok(state, Some(record)),
         Err(rolled_back) => rolled_back,
     }
 }
 
-/// Define (in flight: spawn), then boot as every start does. The prediction comes first: a
-/// VIF the model refuses fails the build before the domain exists.
+/// Make the disks, define (in flight: spawn), then boot as every start does. The prediction
+/// comes first: a VIF the model refuses fails the build before anything exists. The disks
+/// are made before the first definition, which names them; the rollback removes them.
 async fn spawn_steps(
     op: &mut OpCtx,
-    record: &InstanceRecord,
+    record: &mut InstanceRecord,
+    image_token: Option<String>,
     power_on: bool,
 ) -> Result<InstanceState, InstanceError> {
     let prediction = predicted(op, &EventOp::Spawn, &record.network_info.vifs)?;
+    op.phase("disks");
+    let mut plan = DiskPlan::new(record.uuid, &record.flavor, record.storage.image.clone());
+    plan.image_token = image_token;
+    if let Some(drive) = &record.storage.config_drive {
+        let files = config_drive_files(record.uuid, &record.name, drive, &record.network_info)
+            .map_err(|e| InstanceError::Storage {
+                step: "config drive",
+                source: e.into(),
+            })?;
+        plan.config_drive = Some(files);
+    }
+    if !plan.is_empty() {
+        let storage = op.deps.storage.clone();
+        record.storage.disks = op.store("create disks", storage.create(&plan)).await?;
+    }
     op.phase("define");
     let in_flight = op.in_flight("define", InFlight::Spawn);
     op.define(record, Some(in_flight)).await?;
     boot_predicted(op, record, &prediction, power_on).await?;
     let state = running_or_stopped(power_on);
-    let mut done = record.clone();
-    done.state = state;
-    op.save(&done, None).await?;
+    record.state = state;
+    op.save(record, None).await?;
     Ok(state)
+}
+
+/// Remove the instance's disks and directory on this host.
+async fn remove_disks(op: &mut OpCtx) -> Result<(), InstanceError> {
+    let storage = op.deps.storage.clone();
+    let uuid = op.uuid;
+    op.store("remove disks", storage.remove(uuid)).await
 }
 
 /// Release the instance's networking (delete the ports vireo created, unbind the others).
@@ -205,6 +249,12 @@ pub(crate) async fn destroy(
     }
     if let Err(e) = op.undefine_domain().await {
         errors.push(e);
+    }
+    // The disks go with the definition: nothing is left that could start them.
+    if errors.is_empty() {
+        if let Err(e) = remove_disks(op).await {
+            errors.push(e);
+        }
     }
     if args.deallocate_network {
         if let Some(r) = &record {

@@ -1,0 +1,222 @@
+//! Instance disks through the whole driver on libvirt's test driver: the disks are real files
+//! made by the real tools in each host's state directory (the test driver never opens them),
+//! the domain names them, destroy removes them, and a build that fails removes every disk it
+//! made — whichever step failed — before it reports, while the cached base is never written.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+mod faults_support;
+
+use std::path::{Path, PathBuf};
+
+use common::*;
+use sha2::{Digest, Sha256};
+use vireo::compute::{ComputeDriver, ComputeOps};
+use vireo_actors::instance::{InstanceError, SpawnArgs, SpawnStorage};
+use vireo_actors::plug::PlugStep;
+use vireo_actors::storage::{
+    Checksum, ConfigDrive, DiskRole, ImageFormat, ImageId, ImageRef, StorageError,
+};
+
+fn sha256(path: &Path) -> String {
+    format!("{:x}", Sha256::digest(std::fs::read(path).unwrap()))
+}
+
+/// A 16 MiB raw image with some bytes in it, in the cloud's directory.
+fn make_image(c: &TestCloud, name: &str) -> PathBuf {
+    let path = c.dir.path().join(name);
+    let mut bytes = vec![0u8; 16 << 20];
+    bytes[..4096].fill(0xab);
+    std::fs::write(&path, bytes).unwrap();
+    path
+}
+
+fn image_args(name: &str, image: &Path, checksum: Checksum, root_gb: u64) -> SpawnArgs {
+    let mut args = spawn_args(name, vec![on(NET_HYBRID)]);
+    args.flavor.root_gb = root_gb;
+    args.flavor.swap_mb = 8;
+    args.storage = SpawnStorage {
+        image: Some(ImageRef {
+            id: ImageId::new("img-1").unwrap(),
+            source: image.display().to_string(),
+            checksum: Some(checksum),
+            format: ImageFormat::Raw,
+        }),
+        image_token: None,
+        config_drive: Some(ConfigDrive {
+            user_data: Some("#!/bin/sh\necho hi\n".into()),
+            ..ConfigDrive::default()
+        }),
+    };
+    args
+}
+
+fn build_failed(e: &InstanceError) -> (bool, &InstanceError) {
+    match e {
+        InstanceError::BuildFailed {
+            reschedule, cause, ..
+        } => (*reschedule, cause),
+        other => panic!("not a build failure: {}", chain(other)),
+    }
+}
+
+#[tokio::test]
+async fn instances_from_one_image_get_their_own_disks_which_destroy_removes() {
+    let c = spec(&["h1"]).start().await;
+    let h1 = c.host("h1");
+    let image = make_image(&c, "img.raw");
+    let sum = sha256(&image);
+    let (a, b) = (uuid(), uuid());
+    for (id, name) in [(a, "vm-st-a"), (b, "vm-st-b")] {
+        h1.driver
+            .spawn(
+                id,
+                image_args(name, &image, Checksum::Sha256(sum.clone()), 1),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{}", chain(&e)));
+    }
+    let base = c.cache_dir("h1").join("img-1");
+    for id in [a, b] {
+        let view = h1.driver.show(id).await.unwrap();
+        let roles: Vec<_> = view.disks.iter().map(|d| d.role).collect();
+        assert_eq!(
+            roles,
+            [DiskRole::Root, DiskRole::Swap, DiskRole::ConfigDrive]
+        );
+        let dir = c.dir.path().join(format!("h1/instances/{id}"));
+        assert_eq!(view.disks[0].path, dir.join("disk"));
+        assert_eq!(view.disks[0].virtual_size, 1 << 30);
+        // The definition names the overlay, the swap disk and the config drive.
+        let xml = h1.driver.libvirt().xml_desc(id, false).await.unwrap();
+        for d in &view.disks {
+            assert!(xml.contains(&d.path.display().to_string()), "{xml}");
+        }
+        assert!(
+            xml.contains("device=\"cdrom\"") || xml.contains("device='cdrom'"),
+            "{xml}"
+        );
+        assert!(
+            !xml.contains(&base.display().to_string()),
+            "the base is not the disk: {xml}"
+        );
+    }
+    // One fetch for both; the base is the image, unchanged.
+    assert_eq!(sha256(&base), sum);
+    // The record keeps the disks: an agent that restarts knows them, and removes them.
+    let before = c.host("h1").driver.show(a).await.unwrap().disks;
+    let domains = c.dump_domains().await;
+    let c = TestCloud::restart(c.crash(), domains).await;
+    assert_eq!(c.host("h1").driver.show(a).await.unwrap().disks, before);
+    c.destroy_and_assert_clean(&[a, b], &[]).await;
+    assert_eq!(sha256(&base), sum);
+}
+
+#[tokio::test]
+async fn destroy_removes_the_instance_directory_and_the_leak_check_sees_disks() {
+    let c = spec(&["h1"]).start().await;
+    let h1 = c.host("h1");
+    let image = make_image(&c, "img.raw");
+    let id = uuid();
+    h1.driver
+        .spawn(
+            id,
+            image_args("vm-st-d", &image, Checksum::Sha256(sha256(&image)), 1),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{}", chain(&e)));
+    assert_eq!(c.disks_left("h1").len(), 1);
+    c.destroy_and_assert_clean(&[id], &[]).await;
+    assert!(c.disks_left("h1").is_empty());
+    // The cached base stays for the next instance (eviction is by age).
+    assert!(c.cache_dir("h1").join("img-1").exists());
+}
+
+#[tokio::test]
+async fn a_corrupt_image_fails_the_build_with_nothing_left_and_may_be_rescheduled() {
+    let c = spec(&["h1"]).start().await;
+    let h1 = c.host("h1");
+    let image = make_image(&c, "img.raw");
+    let id = uuid();
+    let e = h1
+        .driver
+        .spawn(
+            id,
+            image_args("vm-st-c", &image, Checksum::Sha256("0".repeat(64)), 1),
+        )
+        .await
+        .unwrap_err();
+    let (reschedule, cause) = build_failed(&e);
+    // Another host fetches again: the image may be fine there.
+    assert!(reschedule, "{}", chain(&e));
+    assert!(
+        matches!(
+            cause,
+            InstanceError::Storage {
+                source: StorageError::Image { .. },
+                ..
+            }
+        ),
+        "{}",
+        chain(&e)
+    );
+    assert!(chain(&e).contains("sha256"), "{}", chain(&e));
+    assert!(!c.cache_dir("h1").join("img-1").exists());
+    c.assert_clean(&[]).await;
+}
+
+#[tokio::test]
+async fn an_image_larger_than_the_flavor_fails_the_build_without_a_reschedule() {
+    let c = spec(&["h1"]).start().await;
+    let h1 = c.host("h1");
+    // A 2 GiB qcow2 image (a few hundred KiB on disk) for a 1 GiB root disk.
+    let image = c.dir.path().join("big.qcow2");
+    let st = std::process::Command::new("qemu-img")
+        .args(["create", "-q", "-f", "qcow2"])
+        .arg(&image)
+        .arg("2G")
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let mut args = image_args("vm-st-big", &image, Checksum::Sha256(sha256(&image)), 1);
+    if let Some(i) = args.storage.image.as_mut() {
+        i.format = ImageFormat::Qcow2;
+    }
+    let e = h1.driver.spawn(uuid(), args).await.unwrap_err();
+    let (reschedule, cause) = build_failed(&e);
+    assert!(!reschedule, "every host would refuse it: {}", chain(&e));
+    assert!(matches!(
+        cause,
+        InstanceError::Storage {
+            source: StorageError::ImageTooLarge { .. },
+            ..
+        }
+    ));
+    c.assert_clean(&[]).await;
+}
+
+#[tokio::test]
+async fn a_build_that_fails_after_its_disks_were_made_removes_them() {
+    let c = spec(&["h1"]).start().await;
+    let h1 = c.host("h1");
+    let image = make_image(&c, "img.raw");
+    let sum = sha256(&image);
+    h1.plugger
+        .faults()
+        .fail_once(PlugStep::EnsureLinuxBridge, None);
+    let e = h1
+        .driver
+        .spawn(
+            uuid(),
+            image_args("vm-st-p", &image, Checksum::Sha256(sum.clone()), 1),
+        )
+        .await
+        .unwrap_err();
+    let (reschedule, _) = build_failed(&e);
+    assert!(reschedule, "{}", chain(&e));
+    let report = h1.driver.list().await;
+    assert!(report.is_empty());
+    // The disks were made (the report says so) and are gone again; the base stays intact.
+    c.assert_clean(&[]).await;
+    assert_eq!(sha256(&c.cache_dir("h1").join("img-1")), sum);
+}
