@@ -61,7 +61,8 @@ module_path() { # module name -> path in modules.dep
   awk -v n="$1" -F: '{ f = $1; sub(/.*\//, "", f); sub(/\.ko(\.(xz|zst|gz))?$/, "", f); gsub(/-/, "_", f) }
     f == n { print $1; exit }' "$MODDIR/modules.dep"
 }
-for m in virtio_pci virtio_net; do
+# virtio NICs and disks; AHCI, SCSI CD-ROM and ISO 9660 for the config drive (a SATA CD-ROM).
+for m in virtio_pci virtio_net virtio_blk ahci sr_mod isofs; do
   p=$(module_path "$m")
   if [[ -z $p ]]; then
     if grep -qE "/$m\.ko" "$MODDIR/modules.builtin" 2>/dev/null; then continue; fi
@@ -131,6 +132,48 @@ for n in $(nics); do
   echo "VIREO-NIC name=$n mac=$(cat $d/address) operstate=$(cat $d/operstate) carrier=$(cat $d/carrier 2>/dev/null || echo -) driver=${drv:--}"
   count=$((count + 1))
 done
+wantdisks=0
+wantcd=0
+for arg in $(cat /proc/cmdline); do
+  case $arg in
+  vireo.disks=*) wantdisks=${arg#vireo.disks=} ;;
+  vireo.cd=*) wantcd=${arg#vireo.cd=} ;;
+  esac
+done
+i=0
+while [ "$(ls /sys/block | grep -c '^vd')" -lt "$wantdisks" ] && [ $i -lt 100 ]; do
+  sleep 0.1
+  i=$((i + 1))
+done
+for d in /sys/block/vd*; do
+  [ -e "$d" ] || continue
+  n=${d##*/}
+  head=$(dd if=/dev/$n bs=8 count=1 2>/dev/null | hexdump -v -e '8/1 "%02x"')
+  echo "VIREO-DISK name=$n bytes=$(($(cat $d/size) * 512)) head=$head"
+done
+if [ "$wantdisks" -gt 0 ] && grep -qw vireo.write /proc/cmdline; then
+  # 512 bytes of 'X' at 1 MiB of vda, synced: the host finds them in this guest's disk.
+  if dd if=/dev/zero bs=512 count=1 2>/dev/null | tr '\000' 'X' |
+    dd of=/dev/vda bs=512 seek=2048 conv=fsync 2>/dev/null; then
+    echo "VIREO-DISK-WROTE name=vda offset=1048576"
+  fi
+fi
+if [ "$wantcd" = 1 ]; then
+  i=0
+  while [ ! -b /dev/sr0 ] && [ $i -lt 100 ]; do
+    sleep 0.1
+    i=$((i + 1))
+  done
+  mkdir -p /mnt/cd
+  if mount -t iso9660 -o ro /dev/sr0 /mnt/cd 2>/dev/null; then
+    uuid=$(grep -o '"uuid": *"[^"]*"' /mnt/cd/openstack/latest/meta_data.json | sed 's/.*"\([^"]*\)"$/\1/')
+    ud=$(head -c 64 /mnt/cd/openstack/latest/user_data 2>/dev/null | tr -c 'a-zA-Z0-9.-' '_')
+    echo "VIREO-CONFIG-DRIVE uuid=$uuid user_data=$ud"
+    umount /mnt/cd
+  else
+    echo "VIREO-CONFIG-DRIVE mount=failed"
+  fi
+fi
 echo "VIREO-GUEST-READY nics=$count uptime=$(cut -d' ' -f1 /proc/uptime)"
 if grep -qw vireo.poweroff /proc/cmdline; then
   poweroff -f

@@ -86,11 +86,29 @@ pub struct GuestNic {
     pub driver: String,
 }
 
+/// One `VIREO-DISK` line: a virtio disk as the guest sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GuestDisk {
+    /// Device name (`vda`).
+    pub name: String,
+    /// Its size in bytes.
+    pub bytes: u64,
+    /// Its first 8 bytes, hex.
+    pub head: String,
+}
+
 /// What the guest printed up to `VIREO-GUEST-READY`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct GuestBoot {
     /// The NICs.
     pub nics: Vec<GuestNic>,
+    /// The virtio disks.
+    pub disks: Vec<GuestDisk>,
+    /// The guest wrote its marker to `vda` (`VIREO-DISK-WROTE`).
+    pub wrote: bool,
+    /// The config drive it mounted: the instance uuid in `meta_data.json` and the start of
+    /// `user_data` (non-alphanumerics as `_`); `mount=failed` gives `("", "")`.
+    pub config_drive: Option<(String, String)>,
     /// Its uptime at READY (seconds), as printed.
     pub uptime: String,
 }
@@ -103,11 +121,32 @@ fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
 /// Parse a console log: the NIC lines of the last boot that reached READY.
 pub fn parse_console(text: &str) -> Option<GuestBoot> {
     let mut nics = Vec::new();
+    let mut disks = Vec::new();
+    let mut wrote = false;
+    let mut config_drive = None;
     let mut done = None;
     for line in text.lines() {
         let line = line.trim();
         if line.starts_with("VIREO-GUEST-BOOT") {
             nics.clear();
+            disks.clear();
+            wrote = false;
+            config_drive = None;
+        } else if line.starts_with("VIREO-DISK-WROTE") {
+            wrote = true;
+        } else if line.starts_with("VIREO-DISK") {
+            disks.push(GuestDisk {
+                name: field(line, "name").unwrap_or("").to_owned(),
+                bytes: field(line, "bytes")
+                    .and_then(|b| b.parse().ok())
+                    .unwrap_or(0),
+                head: field(line, "head").unwrap_or("").to_owned(),
+            });
+        } else if line.starts_with("VIREO-CONFIG-DRIVE") {
+            config_drive = Some((
+                field(line, "uuid").unwrap_or("").to_owned(),
+                field(line, "user_data").unwrap_or("").to_owned(),
+            ));
         } else if line.starts_with("VIREO-NIC") {
             nics.push(GuestNic {
                 name: field(line, "name").unwrap_or("").to_owned(),
@@ -119,6 +158,9 @@ pub fn parse_console(text: &str) -> Option<GuestBoot> {
         } else if line.starts_with("VIREO-GUEST-READY") {
             done = Some(GuestBoot {
                 nics: nics.clone(),
+                disks: disks.clone(),
+                wrote,
+                config_drive: config_drive.clone(),
                 uptime: field(line, "uptime").unwrap_or("").to_owned(),
             });
         }

@@ -121,6 +121,8 @@ pub struct Host {
     pub embedded: Option<Arc<EmbeddedNetwork>>,
     /// The network service the driver uses.
     pub network: Arc<dyn NetworkApi>,
+    /// Its state directory (instance disks, image cache).
+    pub state_dir: std::path::PathBuf,
     system: Arc<ActorSystem>,
 }
 
@@ -241,6 +243,7 @@ impl Host {
             ep.register(driver.clone(), events.clone());
         }
         Ok(Host {
+            state_dir: opts.state_dir,
             name: opts.name,
             driver,
             events,

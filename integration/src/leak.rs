@@ -67,6 +67,26 @@ impl LeakCheck<'_> {
             if !left.is_empty() {
                 found.push(format!("{}: domains {left:?}", h.name));
             }
+            // Disks: no directory of the test's instances, no unfinished image fetch.
+            let dirs: Vec<_> = instances
+                .iter()
+                .map(|u| h.state_dir.join("instances").join(u.to_string()))
+                .filter(|d| d.exists())
+                .collect();
+            if !dirs.is_empty() {
+                found.push(format!("{}: instance directories {dirs:?}", h.name));
+            }
+            let fetches: Vec<_> = std::fs::read_dir(h.state_dir.join("_base"))
+                .map(|rd| {
+                    rd.flatten()
+                        .map(|e| e.file_name().to_string_lossy().into_owned())
+                        .filter(|n| n.starts_with(".fetch-"))
+                        .collect()
+                })
+                .unwrap_or_default();
+            if !fetches.is_empty() {
+                found.push(format!("{}: unfinished image fetches {fetches:?}", h.name));
+            }
             if let Some(r) = &h.recording {
                 let plugged = r.plugged();
                 if !plugged.is_empty() {

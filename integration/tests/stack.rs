@@ -27,11 +27,12 @@ use vireo_actors::instance::{
     BootSource, DestroyArgs, InstanceError, LiveMigrateArgs, Migration, NetworkRequest, OpReport,
     RebootKind, ResizeArgs,
 };
-use vireo_actors::instance::{Operation, StepKind};
+use vireo_actors::instance::{Operation, SpawnStorage, StepKind};
 use vireo_actors::lifecycle::InstanceState;
 use vireo_actors::network::{NetworkApi, PortRequest};
 use vireo_actors::plug::DomainForm;
 use vireo_actors::predict::Timing;
+use vireo_actors::storage::{Checksum, ConfigDrive, ImageFormat, ImageId, ImageRef};
 use vireo_actors::vif::{NetworkInfo, PortId, Vif, VifType};
 use vireo_integration::endpoint::EndpointOptions;
 use vireo_integration::firewall::{Firewall, FirewallGuard};
@@ -616,6 +617,143 @@ async fn live_migration_rollback(run: &Run) -> R {
 
 // ----------------------------------------------------------------------------------------
 // Scenarios: Linux bridge through the embedded service
+
+/// Bytes of a file, hex sha256 (the image and its base must never change).
+fn sha256_file(path: &std::path::Path) -> String {
+    use sha2::Digest;
+    format!("{:x}", sha2::Sha256::digest(std::fs::read(path).unwrap()))
+}
+
+/// `qemu-io` reads `len` bytes at `offset` of a qcow2 file while its domain may run (shared
+/// lock) and checks them against `pattern`.
+fn overlay_holds(path: &std::path::Path, offset: u64, len: u64, pattern: u8) -> bool {
+    let out = Command::new("qemu-io")
+        .args(["-r", "-U", "-f", "qcow2", "-c"])
+        .arg(format!("read -P {pattern:#x} {offset} {len}"))
+        .arg(path)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    out.status.success()
+        && text.contains(&format!("read {len}/{len} bytes"))
+        && !text.contains("Pattern verification failed")
+}
+
+/// Two guests from one image on `qemu:///system` (TCG, direct kernel boot): each boots with
+/// its own overlay as `vda`, grown to the flavor's root disk, and mounts its config drive;
+/// the first writes its disk, the second still reads the image, the image and the cached
+/// base never change, and destroy leaves no disk behind.
+async fn boot_with_disks(run: &Run) -> R {
+    let mut s = Scene::new(run, "booted guest: disks");
+    let guest = run.guest().await?;
+    let consoles = open_dir("vireo-it-console-")?;
+    let state = open_dir("vireo-it-state-")?;
+    let images = open_dir("vireo-it-images-")?;
+    let mut opts = s.system_host();
+    opts.domain_type = DomainType::Qemu;
+    opts.console_dir = Some(consoles.path().display().to_string());
+    opts.state_dir = state.path().to_owned();
+    s.host(opts).await?;
+    // A 16 MiB raw image: "VIREODSK" at 0, 0xab from 1 MiB on.
+    let image = images.path().join("disk.raw");
+    let mut bytes = vec![0u8; 16 << 20];
+    bytes[..8].copy_from_slice(b"VIREODSK");
+    bytes[1 << 20..].fill(0xab);
+    std::fs::write(&image, &bytes).unwrap();
+    let sum = sha256_file(&image);
+    let mut ids = Vec::new();
+    for (n, write) in [(0, true), (1, false)] {
+        let id = s.instance();
+        let dir = consoles.path().join(id.to_string());
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o777))
+            .unwrap();
+        let mut args = s.spawn_args(NetworkRequest::Allocated(NetworkInfo::default()));
+        args.flavor = flavor("m1.disk", 1, 256);
+        args.flavor.root_gb = 1;
+        args.boot = BootSource::Kernel {
+            kernel: guest.kernel.display().to_string(),
+            initrd: Some(guest.initrd.display().to_string()),
+            cmdline: Some(format!(
+                "{} vireo.nics=0 vireo.disks=1 vireo.cd=1{}",
+                guest.cmdline,
+                if write { " vireo.write" } else { "" }
+            )),
+        };
+        args.storage = SpawnStorage {
+            image: Some(ImageRef {
+                id: ImageId::new("it-disk").unwrap(),
+                source: image.display().to_string(),
+                checksum: Some(Checksum::Sha256(sum.clone())),
+                format: ImageFormat::Raw,
+            }),
+            image_token: None,
+            config_drive: Some(ConfigDrive {
+                user_data: Some(format!("vireo-user-data-{n}")),
+                ..ConfigDrive::default()
+            }),
+        };
+        let h = s.a();
+        s.ok(h, "spawn (guest with disks)", id, h.driver.spawn(id, args))
+            .await;
+        let boot = wait_ready(&dir.join("console.log"), 1, Duration::from_secs(180)).await?;
+        println!(
+            "guest {n} READY at uptime {} s: {:?}",
+            boot.uptime, boot.disks
+        );
+        let vda = boot
+            .disks
+            .iter()
+            .find(|d| d.name == "vda")
+            .unwrap_or_else(|| panic!("the guest sees no vda: {boot:?}"));
+        assert_eq!(
+            vda.bytes,
+            1 << 30,
+            "vda is the flavor's root disk, grown: {boot:?}"
+        );
+        assert_eq!(
+            vda.head,
+            hex(b"VIREODSK"),
+            "vda starts with the image: {boot:?}"
+        );
+        assert_eq!(
+            boot.config_drive,
+            Some((id.to_string(), format!("vireo-user-data-{n}"))),
+            "the guest mounts its config drive: {boot:?}"
+        );
+        assert_eq!(boot.wrote, write, "{boot:?}");
+        ids.push(id);
+    }
+    // The first guest's write is in its overlay only.
+    let disk = |id: Uuid| state.path().join(format!("instances/{id}/disk"));
+    assert!(overlay_holds(&disk(ids[0]), 1 << 20, 512, b'X'));
+    assert!(overlay_holds(&disk(ids[1]), 1 << 20, 512, 0xab));
+    let base = state.path().join("_base/it-disk");
+    assert_eq!(sha256_file(&base), sum, "the cached base is never written");
+    assert_eq!(sha256_file(&image), sum);
+    let h = s.a();
+    for id in &ids {
+        s.ok(
+            h,
+            "destroy",
+            *id,
+            h.driver.destroy(
+                *id,
+                DestroyArgs {
+                    deallocate_network: true,
+                },
+            ),
+        )
+        .await;
+        assert!(!state.path().join(format!("instances/{id}")).exists());
+    }
+    assert_eq!(sha256_file(&base), sum);
+    s.finish().await
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
 
 async fn linuxbridge_spawn_lifecycle(run: &Run) -> R {
     let mut s = Scene::new(run, "linux bridge: spawn+lifecycle");
@@ -1313,6 +1451,9 @@ async fn run_all(runner: &mut Runner) {
         .run("linux bridge: spawn+lifecycle", || {
             linuxbridge_spawn_lifecycle(&run)
         })
+        .await;
+    runner
+        .run("booted guest: disks", || boot_with_disks(&run))
         .await;
     if runner.listing() {
         for n in TWO_HOSTS {

@@ -187,7 +187,9 @@ fn make_private_dir(path: &Path) -> Result<(), StartError> {
         ))),
         Err(e) if e.kind() == io::ErrorKind::NotFound => fs::DirBuilder::new()
             .recursive(true)
-            .mode(0o700)
+            // Traversable, not listable: QEMU (another user under qemu:///system) opens
+            // the disks and bases below it by path.
+            .mode(0o711)
             .create(path)
             .map_err(err),
         Err(e) => Err(err(e)),

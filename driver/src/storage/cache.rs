@@ -256,14 +256,16 @@ pub struct ImageCache {
 }
 
 impl ImageCache {
-    /// The cache in `config.dir`, created (mode 0700) when missing.
+    /// The cache in `config.dir`, created when missing, mode 0711: QEMU, another user under
+    /// `qemu:///system`, opens a base (mode 0444) by path as an overlay's backing file, but
+    /// nobody lists what the host caches.
     pub fn new(config: CacheConfig) -> Result<Arc<ImageCache>, CacheError> {
         let dir_error = |source| CacheError::Dir {
             path: config.dir.clone(),
             source,
         };
         std::fs::create_dir_all(&config.dir).map_err(dir_error)?;
-        std::fs::set_permissions(&config.dir, std::fs::Permissions::from_mode(0o700))
+        std::fs::set_permissions(&config.dir, std::fs::Permissions::from_mode(0o711))
             .map_err(dir_error)?;
         let http = reqwest::Client::builder()
             .connect_timeout(config.connect_timeout)
