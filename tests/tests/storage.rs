@@ -220,3 +220,60 @@ async fn a_build_that_fails_after_its_disks_were_made_removes_them() {
     c.assert_clean(&[]).await;
     assert_eq!(sha256(&c.cache_dir("h1").join("img-1")), sum);
 }
+
+#[tokio::test]
+async fn disks_that_cannot_move_refuse_a_cross_host_resize_and_live_migration() {
+    let c = spec(&["h1", "h2"]).start().await;
+    let h1 = c.host("h1");
+    let image = make_image(&c, "img.raw");
+    let id = uuid();
+    h1.driver
+        .spawn(
+            id,
+            image_args("vm-st-m", &image, Checksum::Sha256(sha256(&image)), 1),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{}", chain(&e)));
+    let before = h1.driver.show(id).await.unwrap();
+    let migration = vireo_actors::instance::Migration {
+        id: uuid(),
+        source_host: "h1".into(),
+        dest_host: "h2".into(),
+    };
+    let refusals = [
+        h1.driver
+            .resize(
+                id,
+                vireo_actors::instance::ResizeArgs::of(&migration, flavor("m1.small", 2, 512)),
+            )
+            .await
+            .unwrap_err(),
+        h1.driver
+            .live_migrate(id, lm("h2", false, false))
+            .await
+            .unwrap_err(),
+        h1.driver
+            .live_migrate(id, lm("h2", true, false))
+            .await
+            .unwrap_err(),
+    ];
+    for e in &refusals {
+        assert!(
+            matches!(
+                e,
+                InstanceError::Invalid(
+                    vireo_actors::instance::InvalidOperation::DisksDoNotMove { .. }
+                )
+            ),
+            "{}",
+            chain(e)
+        );
+    }
+    // Nothing moved: the instance runs here on its disks, nothing is on h2.
+    let after = h1.driver.show(id).await.unwrap();
+    assert_eq!(after.state, before.state);
+    assert_eq!(after.disks, before.disks);
+    assert!(c.host("h2").driver.list().await.is_empty());
+    assert!(c.disks_left("h2").is_empty());
+    c.destroy_and_assert_clean(&[id], &[]).await;
+}

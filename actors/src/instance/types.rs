@@ -478,6 +478,19 @@ pub enum InvalidOperation {
         /// The port.
         port: PortId,
     },
+    /// A resize or live migration to another host of an instance with disks on this host:
+    /// vireo does not move disks between hosts yet, and a destination that named these files
+    /// would use another host's paths (a live migration whose caller says the instance
+    /// directory is shared is allowed).
+    #[error("instance disks stay on {host}: {request} to {dest} is not possible without a shared instance directory")]
+    DisksDoNotMove {
+        /// The request.
+        request: Request,
+        /// This host.
+        host: String,
+        /// The destination.
+        dest: String,
+    },
     /// The other host's `network_info` in a handover does not parse.
     #[error("the handover's network_info")]
     HandoverNetworkInfo(#[source] crate::vif::VifError),

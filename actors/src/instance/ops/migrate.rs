@@ -50,6 +50,14 @@ pub(crate) async fn live_migrate(
             .into(),
         );
     }
+    if !record.storage.disks.is_empty() && !args.shared_instance_path {
+        let refused = InvalidOperation::DisksDoNotMove {
+            request: Request::LiveMigrate,
+            host: migration.source_host,
+            dest: migration.dest_host,
+        };
+        return Finished::err(from, Some(record), refused.into());
+    }
     let dest = migration.dest_host.clone();
     let h = handover(&record, &record.flavor, from == InstanceState::Running);
     let in_flight = op.in_flight(

@@ -43,6 +43,14 @@ pub(crate) async fn resize(
     if migration.same_host() {
         return resize_same_host(op, record, from, migration, new_flavor).await;
     }
+    if !record.storage.disks.is_empty() {
+        let refused = InvalidOperation::DisksDoNotMove {
+            request: Request::Resize,
+            host: migration.source_host,
+            dest: migration.dest_host,
+        };
+        return Finished::err(from, Some(record), refused.into());
+    }
     let was_running = from == InstanceState::Running;
     let mut source = record.clone();
     source.resize = Some(ResizeRecord {
