@@ -273,6 +273,14 @@ pub enum StorageError {
         /// The backing file it names.
         backing: String,
     },
+    /// A resize to a root disk smaller than the instance's (a disk does not shrink).
+    #[error("the root disk is {current} bytes; a root disk of {root_gb} GiB would shrink it")]
+    RootDiskShrink {
+        /// The root disk's size now, in bytes.
+        current: u64,
+        /// The new flavor's root disk.
+        root_gb: u64,
+    },
     /// A file or directory could not be created, read or removed.
     #[error("{action} {}", path.display())]
     Io {
@@ -337,9 +345,26 @@ pub trait InstanceStorage: Send + Sync + fmt::Debug + 'static {
     /// them in device order. On failure everything this call created is removed again.
     async fn create(&self, plan: &DiskPlan) -> Result<Vec<InstanceDisk>, StorageError>;
 
-    /// Remove the instance's directory and every disk in it. Idempotent: an instance with
-    /// nothing on this host is fine.
+    /// Remove the instance's directory and every disk in it (and a copy a resize kept).
+    /// Idempotent: an instance with nothing on this host is fine.
     async fn remove(&self, uuid: Uuid) -> Result<(), StorageError>;
+
+    /// A resize on this host: keep a copy of `disks` for a revert, then grow the root disk to
+    /// `root_gb` (a smaller root disk than the current one is refused before anything is
+    /// copied); returns the disks as they are now. No disks: nothing is done.
+    async fn resize(
+        &self,
+        uuid: Uuid,
+        disks: &[InstanceDisk],
+        root_gb: u64,
+    ) -> Result<Vec<InstanceDisk>, StorageError>;
+
+    /// Put back the copy [`InstanceStorage::resize`] kept (a revert, or a resize that failed)
+    /// and drop it. Nothing kept: nothing to do.
+    async fn restore_kept(&self, uuid: Uuid) -> Result<(), StorageError>;
+
+    /// Drop the copy a resize kept (a confirm). Nothing kept: nothing to do.
+    async fn drop_kept(&self, uuid: Uuid) -> Result<(), StorageError>;
 }
 
 #[cfg(test)]

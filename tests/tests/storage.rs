@@ -277,3 +277,89 @@ async fn disks_that_cannot_move_refuse_a_cross_host_resize_and_live_migration() 
     assert!(c.disks_left("h2").is_empty());
     c.destroy_and_assert_clean(&[id], &[]).await;
 }
+
+/// The root disk's size as `qemu-img` reads the file.
+fn file_size(path: &Path) -> u64 {
+    let out = std::process::Command::new("qemu-img")
+        .args(["info", "--output=json", "-U", "-f", "qcow2"])
+        .arg(path)
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    v["virtual-size"].as_u64().unwrap()
+}
+
+#[tokio::test]
+async fn a_same_host_resize_grows_the_root_disk_keeps_a_copy_and_revert_restores_it() {
+    let c = spec(&["h1"]).start().await;
+    let h1 = c.host("h1");
+    let image = make_image(&c, "img.raw");
+    let id = uuid();
+    h1.driver
+        .spawn(
+            id,
+            image_args("vm-st-r", &image, Checksum::Sha256(sha256(&image)), 1),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{}", chain(&e)));
+    let dir = c.dir.path().join(format!("h1/instances/{id}"));
+    let kept = c.dir.path().join(format!("h1/instances/{id}_resize"));
+    let root = dir.join("disk");
+    let same_host = vireo_actors::instance::Migration {
+        id: uuid(),
+        source_host: "h1".into(),
+        dest_host: "h1".into(),
+    };
+    let bigger = |root_gb| {
+        let mut f = flavor("m1.big", 1, 512);
+        f.root_gb = root_gb;
+        vireo_actors::instance::ResizeArgs::of(&same_host, f)
+    };
+    // Grow: the disk and the record say 2 GiB, the old overlay is kept.
+    h1.driver
+        .resize(id, bigger(2))
+        .await
+        .unwrap_or_else(|e| panic!("{}", chain(&e)));
+    let view = h1.driver.show(id).await.unwrap();
+    assert_eq!(view.disks[0].virtual_size, 2 << 30);
+    assert_eq!(file_size(&root), 2 << 30);
+    assert_eq!(file_size(&kept.join("disk")), 1 << 30);
+    // Revert: the kept disks are back, the copy gone.
+    h1.driver
+        .revert_resize(id)
+        .await
+        .unwrap_or_else(|e| panic!("{}", chain(&e)));
+    let view = h1.driver.show(id).await.unwrap();
+    assert_eq!(view.disks[0].virtual_size, 1 << 30);
+    assert_eq!(file_size(&root), 1 << 30);
+    assert!(!kept.exists());
+    // A smaller root disk is refused and changes nothing.
+    let mut small = flavor("m1.small", 1, 512);
+    small.root_gb = 1;
+    h1.driver
+        .resize(id, bigger(2))
+        .await
+        .unwrap_or_else(|e| panic!("{}", chain(&e)));
+    h1.driver
+        .confirm_resize(id)
+        .await
+        .unwrap_or_else(|e| panic!("{}", chain(&e)));
+    assert!(!kept.exists());
+    assert_eq!(file_size(&root), 2 << 30);
+    let e = h1
+        .driver
+        .resize(
+            id,
+            vireo_actors::instance::ResizeArgs::of(&same_host, small),
+        )
+        .await
+        .unwrap_err();
+    assert!(chain(&e).contains("shrink"), "{}", chain(&e));
+    assert_eq!(file_size(&root), 2 << 30);
+    assert!(!kept.exists());
+    assert_eq!(
+        h1.driver.show(id).await.unwrap().state,
+        vireo_actors::lifecycle::InstanceState::Running
+    );
+    c.destroy_and_assert_clean(&[id], &[]).await;
+}

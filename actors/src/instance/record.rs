@@ -114,6 +114,9 @@ pub struct ResizeRecord {
     pub old_flavor: Flavor,
     /// The instance ran before the resize (and runs again after a revert).
     pub was_running: bool,
+    /// Its disks before the resize (what a revert restores on this host).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub old_disks: Vec<InstanceDisk>,
 }
 
 /// The part of the record kept as JSON in `<vireo:record>`.

@@ -18,6 +18,10 @@
 //! the overlay's backing file (`-F` names its format, so it is never probed), and the cache
 //! made it mode 0444.
 //!
+//! A resize on this host keeps a copy of the disks in `<uuid>_resize/` (sparse files stay
+//! sparse) before it grows the root disk (`qemu-img resize`); a revert or a failed resize puts
+//! the copy back (renames), a confirm drops it.
+//!
 //! Every failure removes what the call created: the instance directory when it made it,
 //! otherwise the files it made in it.
 
@@ -83,6 +87,12 @@ impl HostStorage {
     /// Instance `uuid`'s directory.
     pub fn instance_dir(&self, uuid: Uuid) -> PathBuf {
         self.instances_dir.join(uuid.to_string())
+    }
+
+    /// Where a resize on this host keeps the copy of instance `uuid`'s disks until it is
+    /// confirmed or reverted (`<uuid>_resize`, Nova's name).
+    pub fn kept_dir(&self, uuid: Uuid) -> PathBuf {
+        self.instances_dir.join(format!("{uuid}_resize"))
     }
 
     async fn make(
@@ -190,7 +200,131 @@ impl InstanceStorage for HostStorage {
     }
 
     async fn remove(&self, uuid: Uuid) -> Result<(), StorageError> {
+        remove_path(&self.kept_dir(uuid)).await?;
         remove_path(&self.instance_dir(uuid)).await
+    }
+
+    async fn resize(
+        &self,
+        uuid: Uuid,
+        disks: &[InstanceDisk],
+        root_gb: u64,
+    ) -> Result<Vec<InstanceDisk>, StorageError> {
+        if disks.is_empty() {
+            return Ok(Vec::new());
+        }
+        let wanted = bytes("root_gb", root_gb, GIB)?;
+        let root = disks.iter().find(|d| d.role == DiskRole::Root);
+        if let Some(r) = root {
+            if root_gb > 0 && wanted < r.virtual_size {
+                return Err(StorageError::RootDiskShrink {
+                    current: r.virtual_size,
+                    root_gb,
+                });
+            }
+        }
+        // The copy: every disk file, sparse files kept sparse (an overlay holds only what
+        // the guest wrote; ephemeral and swap are mostly holes).
+        let kept = self.kept_dir(uuid);
+        if tokio::fs::symlink_metadata(&kept).await.is_ok() {
+            return Err(StorageError::Io {
+                action: "keep a copy for the resize in (an earlier resize's copy is there)",
+                path: kept,
+                source: std::io::Error::from(std::io::ErrorKind::AlreadyExists),
+            });
+        }
+        let mut builder = tokio::fs::DirBuilder::new();
+        builder.mode(0o711);
+        builder
+            .create(&kept)
+            .await
+            .map_err(|source| StorageError::Io {
+                action: "create",
+                path: kept.clone(),
+                source,
+            })?;
+        let copied = async {
+            for d in disks {
+                let to = kept.join(d.role.file_name());
+                run(
+                    "cp",
+                    &[
+                        "--sparse=always",
+                        "--preserve=mode",
+                        path_str(&d.path)?,
+                        path_str(&to)?,
+                    ],
+                )
+                .await?;
+            }
+            Ok::<_, StorageError>(())
+        }
+        .await;
+        if let Err(e) = copied {
+            if let Err(c) = remove_path(&kept).await {
+                warn!(instance = %uuid, error = %c, "a resize's partial copy left");
+            }
+            return Err(e);
+        }
+        let mut out = disks.to_vec();
+        for d in out.iter_mut().filter(|d| d.role == DiskRole::Root) {
+            if wanted > d.virtual_size {
+                let size = wanted.to_string();
+                run(
+                    "qemu-img",
+                    &[
+                        "resize",
+                        "-q",
+                        "-f",
+                        d.format.as_str(),
+                        path_str(&d.path)?,
+                        &size,
+                    ],
+                )
+                .await?;
+                d.virtual_size = wanted;
+            }
+        }
+        Ok(out)
+    }
+
+    async fn restore_kept(&self, uuid: Uuid) -> Result<(), StorageError> {
+        let kept = self.kept_dir(uuid);
+        let mut entries = match tokio::fs::read_dir(&kept).await {
+            Ok(rd) => rd,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(source) => {
+                return Err(StorageError::Io {
+                    action: "read",
+                    path: kept,
+                    source,
+                })
+            }
+        };
+        let dir = self.instance_dir(uuid);
+        while let Some(entry) = entries
+            .next_entry()
+            .await
+            .map_err(|source| StorageError::Io {
+                action: "read",
+                path: kept.clone(),
+                source,
+            })?
+        {
+            let to = dir.join(entry.file_name());
+            tokio::fs::rename(entry.path(), &to)
+                .await
+                .map_err(|source| StorageError::Io {
+                    action: "put back",
+                    path: to,
+                    source,
+                })?;
+        }
+        remove_path(&kept).await
+    }
+
+    async fn drop_kept(&self, uuid: Uuid) -> Result<(), StorageError> {
+        remove_path(&self.kept_dir(uuid)).await
     }
 }
 

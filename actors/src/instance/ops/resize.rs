@@ -58,6 +58,7 @@ pub(crate) async fn resize(
         role: ResizeRole::Source,
         old_flavor: record.flavor.clone(),
         was_running,
+        old_disks: Vec::new(),
     });
     source.state = InstanceState::ResizeSource;
     // Not [`with_rollback`]: this side registers no event waits (the destination does, and
@@ -118,6 +119,7 @@ pub(crate) async fn finish_resize(op: &mut OpCtx, migration: Migration, h: Hando
         role: ResizeRole::Target,
         old_flavor: h.old_flavor.clone(),
         was_running: h.power_on,
+        old_disks: Vec::new(),
     });
     record.state = InstanceState::ResizeTarget;
     op.use_record(&record);
@@ -221,7 +223,13 @@ pub(crate) async fn confirm_resize(op: &mut OpCtx, record: InstanceRecord) -> Fi
     // No event waits and nothing to roll back (a failure leaves the resize to confirm
     // again): a plain match, not [`with_rollback`].
     let r = async {
-        if !resize.migration.same_host() {
+        if resize.migration.same_host() {
+            // The copy of the disks kept for a revert goes.
+            let storage = op.deps.storage.clone();
+            let uuid = op.uuid;
+            op.store("drop the kept disks", storage.drop_kept(uuid))
+                .await?;
+        } else {
             op.phase("clean up the source");
             match op
                 .peer(
@@ -415,6 +423,25 @@ async fn resize_same_host(
     migration: Migration,
     new_flavor: vireo_xml::metadata::Flavor,
 ) -> Finished {
+    // A disk does not shrink: refused before the guest is touched.
+    let root = record
+        .storage
+        .disks
+        .iter()
+        .find(|d| d.role == crate::storage::DiskRole::Root);
+    if let Some(r) = root {
+        let wanted = new_flavor.root_gb.saturating_mul(1 << 30);
+        if new_flavor.root_gb > 0 && wanted < r.virtual_size {
+            let refused = InstanceError::Storage {
+                step: "resize disks",
+                source: crate::storage::StorageError::RootDiskShrink {
+                    current: r.virtual_size,
+                    root_gb: new_flavor.root_gb,
+                },
+            };
+            return Finished::err(from, Some(record), refused);
+        }
+    }
     let was_running = from == InstanceState::Running;
     let mut target = record.clone();
     target.flavor = new_flavor;
@@ -423,6 +450,7 @@ async fn resize_same_host(
         role: ResizeRole::Target,
         old_flavor: record.flavor.clone(),
         was_running,
+        old_disks: record.storage.disks.clone(),
     });
     target.state = InstanceState::ResizeTarget;
     let done = with_rollback(
@@ -437,6 +465,18 @@ async fn resize_same_host(
             op.save(&record, Some(in_flight.clone())).await?;
             op.phase("power off");
             op.shutdown_domain(op.deps.config.power_off_timeout).await?;
+            // The disks: a copy kept for a revert, the root disk grown to the new flavor.
+            let mut target = target.clone();
+            if !record.storage.disks.is_empty() {
+                op.phase("disks");
+                let storage = op.deps.storage.clone();
+                target.storage.disks = op
+                    .store(
+                        "resize disks",
+                        storage.resize(op.uuid, &record.storage.disks, target.flavor.root_gb),
+                    )
+                    .await?;
+            }
             op.phase("redefine");
             op.define(&target, Some(in_flight)).await?;
             boot_with_events(
@@ -446,13 +486,18 @@ async fn resize_same_host(
                 was_running,
             )
             .await?;
-            op.save(&target, None).await
+            op.save(&target, None).await?;
+            Ok(target)
         },
         async |op, cause| {
-            // Back to the old definition, running again if it ran (with its devices: a
-            // failed plug may have been of devices that had gone).
+            // Back to the old definition and disks, running again if it ran (with its
+            // devices: a failed plug may have been of devices that had gone).
             let back = async {
                 op.destroy_domain().await?;
+                let storage = op.deps.storage.clone();
+                let uuid = op.uuid;
+                op.store("restore disks", storage.restore_kept(uuid))
+                    .await?;
                 op.define(&record, None).await?;
                 if was_running {
                     op.plug_all(&record).await?;
@@ -469,7 +514,7 @@ async fn resize_same_host(
     )
     .await;
     match done {
-        Ok(()) => Finished::ok(InstanceState::ResizeTarget, Some(target)),
+        Ok(target) => Finished::ok(InstanceState::ResizeTarget, Some(target)),
         Err(rolled_back) => rolled_back,
     }
 }
@@ -484,6 +529,9 @@ async fn revert_same_host(
     let mut back = record.clone();
     back.flavor = resize.old_flavor.clone();
     back.resize = None;
+    if !resize.old_disks.is_empty() {
+        back.storage.disks = resize.old_disks.clone();
+    }
     let done = with_rollback(
         op,
         async |op| {
@@ -498,6 +546,11 @@ async fn revert_same_host(
             op.phase("remove the resized guest");
             op.destroy_domain().await?;
             op.unplug_all(&record).await?;
+            op.phase("restore disks");
+            let storage = op.deps.storage.clone();
+            let uuid = op.uuid;
+            op.store("restore disks", storage.restore_kept(uuid))
+                .await?;
             op.phase("redefine");
             op.define(&back, Some(in_flight)).await?;
             boot_with_events(
