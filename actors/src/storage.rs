@@ -333,6 +333,19 @@ pub enum StorageError {
     /// The config drive's contents could not be written.
     #[error("config drive")]
     ConfigDrive(#[from] ConfigDriveError),
+    /// Reading a disk through the source host's libvirt failed.
+    #[error("copy {} from {uri}: {step}", path.display())]
+    Copy {
+        /// The source's libvirt URI.
+        uri: String,
+        /// The file on the source.
+        path: PathBuf,
+        /// The libvirt call that failed.
+        step: &'static str,
+        /// libvirt's error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     /// A blocking task of the storage was lost (its thread panicked or the runtime stops).
     #[error("storage task {0} did not finish")]
     Task(&'static str),
@@ -365,6 +378,20 @@ pub trait InstanceStorage: Send + Sync + fmt::Debug + 'static {
 
     /// Drop the copy a resize kept (a confirm). Nothing kept: nothing to do.
     async fn drop_kept(&self, uuid: Uuid) -> Result<(), StorageError>;
+
+    /// A cross-host resize's destination: copy `disks` (the source host's files) through
+    /// `source_uri`, the source's libvirt (the connection live migration already trusts),
+    /// into this host's instance directory; the root disk is rebased on this host's base of
+    /// `image` (fetched into this host's cache first) and grown to `root_gb`. Returns the
+    /// disks here. The source is only read; on failure everything made here is removed.
+    async fn copy_from(
+        &self,
+        uuid: Uuid,
+        source_uri: &str,
+        disks: &[InstanceDisk],
+        image: Option<&ImageRef>,
+        root_gb: u64,
+    ) -> Result<Vec<InstanceDisk>, StorageError>;
 }
 
 #[cfg(test)]

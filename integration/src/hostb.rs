@@ -31,6 +31,9 @@ pub struct HostBEnv {
     pub tcp_uri: String,
     /// Host A's address on the link: `VIREO_HOSTA_ADDR`.
     pub addr_a: IpAddr,
+    /// Host A's libvirtd as host B reaches it (B copies a resize's disks through it):
+    /// `VIREO_HOSTA_URI_FROM_B`.
+    pub a_uri_from_b: String,
     /// Host B's address on the link: `VIREO_HOSTB_ADDR`.
     pub addr_b: IpAddr,
     /// Its OVSDB socket (path): from `VIREO_HOSTB_OVSDB`.
@@ -71,6 +74,7 @@ impl HostBEnv {
             ),
             tcp_uri: var("VIREO_HOSTB_URI", "qemu+tcp://198.51.100.2/system"),
             addr_a: ip("VIREO_HOSTA_ADDR", "198.51.100.1")?,
+            a_uri_from_b: var("VIREO_HOSTA_URI_FROM_B", "qemu+tcp://198.51.100.1/system"),
             addr_b: ip("VIREO_HOSTB_ADDR", "198.51.100.2")?,
             ovsdb_socket: PathBuf::from(ovsdb.strip_prefix("unix:").unwrap_or(&ovsdb)),
             netns: var("VIREO_HOSTB_NETNS", "vireo-hb"),
@@ -160,6 +164,8 @@ pub struct HostBAgent {
     child: Option<Child>,
     log: PathBuf,
     _relays: Vec<Relay>,
+    /// Its state directory (instance disks, image cache).
+    pub state_dir: PathBuf,
     _dir: tempfile::TempDir,
 }
 
@@ -184,6 +190,12 @@ impl HostBAgent {
                 source,
             })?;
         let root = dir.path();
+        // QEMU (libvirt-qemu) reaches B's disks in `state/` by path.
+        std::fs::set_permissions(root, std::os::unix::fs::PermissionsExt::from_mode(0o711))
+            .map_err(|source| HarnessError::Io {
+                what: "host B's agent directory".into(),
+                source,
+            })?;
         std::fs::create_dir_all(root.join("images")).map_err(|source| HarnessError::Io {
             what: "host B's image directory".into(),
             source,
@@ -218,6 +230,7 @@ level = "info"
 name = "{a_name}"
 url = "http://{a_api}"
 token_file = "{root}/peer-a-token"
+migration_uri = "{a_uri}"
 timeout = 600
 "#,
             name = env.name,
@@ -227,6 +240,7 @@ timeout = 600
             ovsdb = env.ovsdb_socket.display(),
             a_name = a.name,
             a_api = relay_api.addr(),
+            a_uri = env.a_uri_from_b,
         );
         let cfg = root.join("agent.toml");
         std::fs::write(&cfg, config).map_err(|source| HarnessError::Io {
@@ -265,6 +279,7 @@ timeout = 600
             child: Some(child),
             log,
             _relays: vec![relay_api, relay_neutron],
+            state_dir: root.join("state"),
             _dir: dir,
         };
         let deadline = Instant::now() + Duration::from_secs(60);

@@ -1323,6 +1323,149 @@ async fn two_host_resize_revert(run: &Run, b: &HostBAgent) -> R {
     finish_two_hosts(s, b).await
 }
 
+/// A cross-host resize of an instance with disks, A → B, then revert, then again and confirm:
+/// B copies the disks from A's libvirtd (the connection migrations use) into its own state
+/// directory, rebases the root disk on its own base and grows it; the data written before is
+/// on B; revert removes B's copy and A's disks are untouched; confirm removes A's.
+async fn two_host_resize_with_disks(run: &Run, b: &HostBAgent) -> R {
+    let mut s = Scene::new(run, "two hosts: resize A>B with disks");
+    s.peers.insert(b.peer()?);
+    let state = open_dir("vireo-it-state-")?;
+    let images = open_dir("vireo-it-images-")?;
+    let mut opts = s.system_host();
+    opts.state_dir = state.path().to_owned();
+    s.host(opts).await?;
+    let image = images.path().join("disk.raw");
+    let mut bytes = vec![0u8; 16 << 20];
+    bytes[..8].copy_from_slice(b"VIREODSK");
+    std::fs::write(&image, &bytes).unwrap();
+    let sum = sha256_file(&image);
+    let id = s.instance();
+    let mut args = s.spawn_args(NetworkRequest::Allocated(NetworkInfo::default()));
+    args.flavor.root_gb = 1;
+    args.flavor.swap_mb = 8;
+    // Defined, not started: the test writes the guest's data into the disk itself.
+    args.power_on = false;
+    args.storage = SpawnStorage {
+        image: Some(ImageRef {
+            id: ImageId::new("it-resize").unwrap(),
+            source: image.display().to_string(),
+            checksum: Some(Checksum::Sha256(sum.clone())),
+            format: ImageFormat::Raw,
+        }),
+        image_token: None,
+        config_drive: Some(ConfigDrive::default()),
+    };
+    let h = s.a();
+    s.ok(h, "spawn (disks, stopped)", id, h.driver.spawn(id, args))
+        .await;
+    let a_dir = state.path().join(format!("instances/{id}"));
+    let b_dir = b.state_dir.join(format!("instances/{id}"));
+    let out = Command::new("qemu-io")
+        .args(["-f", "qcow2", "-c", "write -P 0x58 1M 1M"])
+        .arg(a_dir.join("disk"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let bname = b.env.name.clone();
+    for confirm in [false, true] {
+        let mut bigger = flavor("m1.disk2", 1, 192);
+        bigger.root_gb = 2;
+        let h = s.a();
+        let r = s
+            .ok(
+                h,
+                "resize A>B (disks)",
+                id,
+                h.driver.resize(id, ResizeArgs::new(Some(&bname), bigger)),
+            )
+            .await;
+        assert!(
+            r.total(StepKind::Peer) > Duration::ZERO,
+            "host B was called"
+        );
+        let finish = last_report(&b.client, id).await;
+        assert_eq!(finish.request, "finish-resize");
+        let copy = finish
+            .steps
+            .iter()
+            .find(|st| st.name == "copy disks")
+            .unwrap_or_else(|| panic!("no copy step on B: {finish:?}"));
+        println!("B copied the disks in {} ms", copy.took.as_millis());
+        s.peer_row("finish-resize (B, disks)", id, &finish);
+        let view = b.client.show_instance(id).await.unwrap();
+        assert_eq!(view.disks.len(), 3, "{view:?}");
+        for d in &view.disks {
+            assert!(d.path.starts_with(&b_dir), "{d:?}");
+        }
+        assert_eq!(view.disks[0].virtual_size, 2 << 30);
+        // The data written on A is in B's copy; B's base is its own.
+        assert!(overlay_holds(&b_dir.join("disk"), 1 << 20, 1 << 20, b'X'));
+        let info = Command::new("qemu-img")
+            .args(["info", "--output=json", "-U", "-f", "qcow2"])
+            .arg(b_dir.join("disk"))
+            .output()
+            .unwrap();
+        let info: serde_json::Value = serde_json::from_slice(&info.stdout).unwrap();
+        assert_eq!(
+            info["backing-filename"],
+            b.state_dir.join("_base/it-resize").display().to_string()
+        );
+        assert_eq!(info["virtual-size"], 2u64 << 30);
+        assert!(
+            a_dir.join("disk").exists(),
+            "A keeps its disks until confirm"
+        );
+        if confirm {
+            s.remote_ok(
+                "confirm on B",
+                id,
+                api_op(&b.client, &bname, id, Operation::ConfirmResize {}),
+            )
+            .await;
+            assert!(!a_dir.exists(), "confirm removes A's disks");
+            assert!(b_dir.join("disk").exists());
+        } else {
+            s.remote_ok(
+                "revert on B",
+                id,
+                api_op(&b.client, &bname, id, Operation::RevertResize {}),
+            )
+            .await;
+            assert!(!b_dir.exists(), "revert removes B's copy");
+            assert!(overlay_holds(&a_dir.join("disk"), 1 << 20, 1 << 20, b'X'));
+        }
+    }
+    assert_eq!(sha256_file(&state.path().join("_base/it-resize")), sum);
+    assert_eq!(sha256_file(&b.state_dir.join("_base/it-resize")), sum);
+    let bname2 = bname.clone();
+    s.remote_ok("delete on B", id, async {
+        let op = b
+            .client
+            .delete_instance(id, true)
+            .await
+            .map_err(|e| InstanceError::Remote {
+                host: bname2.clone(),
+                code: "api".into(),
+                message: vireo_integration::chain(&e),
+            })?;
+        let done = b
+            .client
+            .wait(op.id, Duration::from_millis(100), |_, _| {})
+            .await
+            .unwrap();
+        assert_eq!(done.state, OpState::Succeeded, "{done:?}");
+        wire_report(done.report.unwrap()).map_err(|m| InstanceError::Remote {
+            host: bname2.clone(),
+            code: "report".into(),
+            message: m,
+        })
+    })
+    .await;
+    assert!(!b_dir.exists(), "delete removes B's disks");
+    finish_two_hosts(s, b).await
+}
+
 // ----------------------------------------------------------------------------------------
 
 const HYBRID: [&str; 5] = [
@@ -1332,9 +1475,10 @@ const HYBRID: [&str; 5] = [
     "build fails",
     "live migration rollback",
 ];
-const TWO_HOSTS: [&str; 2] = [
+const TWO_HOSTS: [&str; 3] = [
     "two hosts: live migrate A>B",
     "two hosts: resize A>B+revert",
+    "two hosts: resize A>B with disks",
 ];
 const NATIVE: [&str; 3] = [
     "native libvirt-managed: spawn+lifecycle",
@@ -1401,6 +1545,9 @@ async fn two_hosts(runner: &mut Runner, run: &Run, plan: Option<HostBPlan>) {
         .await;
     runner
         .run(TWO_HOSTS[1], || two_host_resize_revert(run, &b))
+        .await;
+    runner
+        .run(TWO_HOSTS[2], || two_host_resize_with_disks(run, &b))
         .await;
     if runner
         .results()

@@ -222,7 +222,7 @@ async fn a_build_that_fails_after_its_disks_were_made_removes_them() {
 }
 
 #[tokio::test]
-async fn disks_that_cannot_move_refuse_a_cross_host_resize_and_live_migration() {
+async fn disks_that_cannot_move_refuse_a_live_migration_without_a_shared_instance_directory() {
     let c = spec(&["h1", "h2"]).start().await;
     let h1 = c.host("h1");
     let image = make_image(&c, "img.raw");
@@ -235,19 +235,7 @@ async fn disks_that_cannot_move_refuse_a_cross_host_resize_and_live_migration() 
         .await
         .unwrap_or_else(|e| panic!("{}", chain(&e)));
     let before = h1.driver.show(id).await.unwrap();
-    let migration = vireo_actors::instance::Migration {
-        id: uuid(),
-        source_host: "h1".into(),
-        dest_host: "h2".into(),
-    };
     let refusals = [
-        h1.driver
-            .resize(
-                id,
-                vireo_actors::instance::ResizeArgs::of(&migration, flavor("m1.small", 2, 512)),
-            )
-            .await
-            .unwrap_err(),
         h1.driver
             .live_migrate(id, lm("h2", false, false))
             .await
@@ -361,5 +349,108 @@ async fn a_same_host_resize_grows_the_root_disk_keeps_a_copy_and_revert_restores
         h1.driver.show(id).await.unwrap().state,
         vireo_actors::lifecycle::InstanceState::Running
     );
+    c.destroy_and_assert_clean(&[id], &[]).await;
+}
+
+fn qemu_io(path: &Path, cmd: &str) -> String {
+    let out = std::process::Command::new("qemu-io")
+        .args(["-f", "qcow2", "-c", cmd])
+        .arg(path)
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn backing(path: &Path) -> String {
+    let out = std::process::Command::new("qemu-img")
+        .args(["info", "--output=json", "-U", "-f", "qcow2"])
+        .arg(path)
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    v["backing-filename"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
+}
+
+#[tokio::test]
+async fn a_cross_host_resize_copies_the_disks_and_revert_and_confirm_clean_the_right_side() {
+    let c = spec(&["h1", "h2"]).start().await;
+    let (h1, h2) = (c.host("h1"), c.host("h2"));
+    let image = make_image(&c, "img.raw");
+    let sum = sha256(&image);
+    let id = uuid();
+    h1.driver
+        .spawn(
+            id,
+            image_args("vm-st-x", &image, Checksum::Sha256(sum.clone()), 1),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{}", chain(&e)));
+    let src_dir = c.dir.path().join(format!("h1/instances/{id}"));
+    let dst_dir = c.dir.path().join(format!("h2/instances/{id}"));
+    // What the guest wrote before the resize.
+    assert!(qemu_io(&src_dir.join("disk"), "write -P 0x58 1M 64k").contains("wrote 65536"));
+    let to_h2 = |root_gb| {
+        let mut f = flavor("m1.big", 2, 512);
+        f.root_gb = root_gb;
+        let m = vireo_actors::instance::Migration {
+            id: uuid(),
+            source_host: "h1".into(),
+            dest_host: "h2".into(),
+        };
+        vireo_actors::instance::ResizeArgs::of(&m, f)
+    };
+    for confirm in [false, true] {
+        h1.driver
+            .resize(id, to_h2(2))
+            .await
+            .unwrap_or_else(|e| panic!("{}", chain(&e)));
+        let view = h2.driver.show(id).await.unwrap();
+        let roles: Vec<_> = view.disks.iter().map(|d| d.role).collect();
+        assert_eq!(
+            roles,
+            [DiskRole::Root, DiskRole::Swap, DiskRole::ConfigDrive]
+        );
+        for d in &view.disks {
+            assert!(d.path.starts_with(&dst_dir), "{d:?}");
+            assert!(d.path.exists(), "{d:?}");
+        }
+        // The destination's root disk: grown, on the destination's own base, with the data.
+        assert_eq!(view.disks[0].virtual_size, 2 << 30);
+        assert_eq!(file_size(&dst_dir.join("disk")), 2 << 30);
+        assert_eq!(
+            backing(&dst_dir.join("disk")),
+            c.cache_dir("h2").join("img-1").display().to_string()
+        );
+        assert!(qemu_io(&dst_dir.join("disk"), "read -P 0x58 1M 64k").contains("read 65536"));
+        assert!(qemu_io(&dst_dir.join("disk"), "read -P 0xab 0 4k").contains("read 4096"));
+        // The source keeps its own, untouched.
+        assert_eq!(file_size(&src_dir.join("disk")), 1 << 30);
+        let xml = h2.driver.libvirt().xml_desc(id, false).await.unwrap();
+        assert!(xml.contains(&dst_dir.display().to_string()), "{xml}");
+        assert!(!xml.contains(&src_dir.display().to_string()), "{xml}");
+        if confirm {
+            h2.driver
+                .confirm_resize(id)
+                .await
+                .unwrap_or_else(|e| panic!("{}", chain(&e)));
+            assert!(!src_dir.exists(), "confirm removes the source's disks");
+            assert!(dst_dir.exists());
+        } else {
+            h2.driver
+                .revert_resize(id)
+                .await
+                .unwrap_or_else(|e| panic!("{}", chain(&e)));
+            assert!(!dst_dir.exists(), "revert removes the destination's copy");
+            let back = h1.driver.show(id).await.unwrap();
+            assert_eq!(back.disks[0].path, src_dir.join("disk"));
+            assert_eq!(back.disks[0].virtual_size, 1 << 30);
+            assert!(qemu_io(&src_dir.join("disk"), "read -P 0x58 1M 64k").contains("read 65536"));
+        }
+    }
+    assert_eq!(sha256(&c.cache_dir("h1").join("img-1")), sum);
+    assert_eq!(sha256(&c.cache_dir("h2").join("img-1")), sum);
     c.destroy_and_assert_clean(&[id], &[]).await;
 }

@@ -478,8 +478,8 @@ pub enum InvalidOperation {
         /// The port.
         port: PortId,
     },
-    /// A resize or live migration to another host of an instance with disks on this host:
-    /// vireo does not move disks between hosts yet, and a destination that named these files
+    /// A live migration to another host of an instance with disks on this host: vireo does
+    /// not copy disks during a live migration yet, and a destination that named these files
     /// would use another host's paths (a live migration whose caller says the instance
     /// directory is shared is allowed).
     #[error("instance disks stay on {host}: {request} to {dest} is not possible without a shared instance directory")]
@@ -490,6 +490,13 @@ pub enum InvalidOperation {
         host: String,
         /// The destination.
         dest: String,
+    },
+    /// A resize's destination cannot copy the disks: the source has no libvirt URI (its
+    /// migration URI) to read them through.
+    #[error("host {host} has no libvirt URI to copy disks from")]
+    NoDiskCopyFrom {
+        /// The source.
+        host: String,
     },
     /// The other host's `network_info` in a handover does not parse.
     #[error("the handover's network_info")]

@@ -326,6 +326,254 @@ impl InstanceStorage for HostStorage {
     async fn drop_kept(&self, uuid: Uuid) -> Result<(), StorageError> {
         remove_path(&self.kept_dir(uuid)).await
     }
+
+    async fn copy_from(
+        &self,
+        uuid: Uuid,
+        source_uri: &str,
+        disks: &[InstanceDisk],
+        image: Option<&ImageRef>,
+        root_gb: u64,
+    ) -> Result<Vec<InstanceDisk>, StorageError> {
+        let dir = self.instance_dir(uuid);
+        let existed = tokio::fs::try_exists(&dir).await.unwrap_or(false);
+        let mut builder = tokio::fs::DirBuilder::new();
+        builder.recursive(true).mode(0o711);
+        builder
+            .create(&dir)
+            .await
+            .map_err(|source| StorageError::Io {
+                action: "create instance directory",
+                path: dir.clone(),
+                source,
+            })?;
+        let mut made = Vec::new();
+        let copied = self
+            .copy_into(source_uri, disks, image, root_gb, &dir, &mut made)
+            .await;
+        if copied.is_err() {
+            let cleanup = if existed {
+                let mut r = Ok(());
+                for p in made.iter().rev() {
+                    r = r.and(remove_path(p).await);
+                }
+                r
+            } else {
+                remove_path(&dir).await
+            };
+            if let Err(c) = cleanup {
+                warn!(instance = %uuid, error = %c, "disks left after a failed copy");
+            }
+        }
+        copied
+    }
+}
+
+impl HostStorage {
+    async fn copy_into(
+        &self,
+        source_uri: &str,
+        disks: &[InstanceDisk],
+        image: Option<&ImageRef>,
+        root_gb: u64,
+        dir: &Path,
+        made: &mut Vec<PathBuf>,
+    ) -> Result<Vec<InstanceDisk>, StorageError> {
+        // The base first: a copy whose backing file cannot be had here is of no use.
+        let base = match image {
+            Some(i) => Some((i, self.base(i, None).await?)),
+            None => None,
+        };
+        let mut out = Vec::with_capacity(disks.len());
+        for d in disks {
+            let to = dir.join(d.role.file_name());
+            claim(&to, made).await?;
+            let (uri, from, local) = (source_uri.to_owned(), d.path.clone(), to.clone());
+            tokio::task::spawn_blocking(move || transfer(&uri, &from, &local))
+                .await
+                .map_err(|_| StorageError::Task("copy a disk"))??;
+            let mut here = InstanceDisk {
+                path: to,
+                ..d.clone()
+            };
+            if d.role == DiskRole::Root {
+                if let Some((image, base)) = &base {
+                    run(
+                        "qemu-img",
+                        &[
+                            "rebase",
+                            "-q",
+                            "-u",
+                            "-f",
+                            "qcow2",
+                            "-F",
+                            image.format.as_str(),
+                            "-b",
+                            path_str(base)?,
+                            path_str(&here.path)?,
+                        ],
+                    )
+                    .await?;
+                }
+                let wanted = bytes("root_gb", root_gb, GIB)?;
+                if root_gb > 0 && wanted < here.virtual_size {
+                    return Err(StorageError::RootDiskShrink {
+                        current: here.virtual_size,
+                        root_gb,
+                    });
+                }
+                if wanted > here.virtual_size {
+                    let size = wanted.to_string();
+                    run(
+                        "qemu-img",
+                        &["resize", "-q", "-f", "qcow2", path_str(&here.path)?, &size],
+                    )
+                    .await?;
+                    here.virtual_size = wanted;
+                }
+            }
+            out.push(here);
+        }
+        Ok(out)
+    }
+}
+
+/// Copy `remote`, a file on the host `uri` names, to `local` (which must not exist). Runs on
+/// a blocking thread: libvirt's calls block.
+///
+/// Through that host's libvirt: the volume's download stream (a transient `dir` pool over
+/// the file's directory makes it a volume unless a pool covers it already), written as it
+/// comes, runs of zeros skipped so sparse files stay sparse. libvirt's test driver (the
+/// embedded default, whose hosts are in one process on one machine) has no storage streams:
+/// from a `test:` URI the file is copied directly (`cp --sparse=always`).
+fn transfer(uri: &str, remote: &Path, local: &Path) -> Result<u64, StorageError> {
+    if uri.starts_with("test:") || uri.starts_with("test+") {
+        let out = std::process::Command::new("cp")
+            .args(["--sparse=always", "--preserve=mode"])
+            .arg(remote)
+            .arg(local)
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|source| StorageError::Spawn {
+                program: "cp",
+                source,
+            })?;
+        if !out.status.success() {
+            return Err(StorageError::Tool {
+                program: "cp",
+                args: format!("{} {}", remote.display(), local.display()),
+                status: out.status.to_string(),
+                stderr: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+            });
+        }
+        return std::fs::metadata(local)
+            .map(|m| m.len())
+            .map_err(|source| StorageError::Io {
+                action: "read",
+                path: local.to_owned(),
+                source,
+            });
+    }
+    use std::io::{Seek, SeekFrom, Write};
+    let fail = |step: &'static str| {
+        move |e: virt::error::Error| StorageError::Copy {
+            uri: uri.to_owned(),
+            path: remote.to_owned(),
+            step,
+            source: Box::new(e),
+        }
+    };
+    let remote_str = path_str(remote)?;
+    let conn = virt::connect::Connect::open(Some(uri)).map_err(fail("open the connection"))?;
+    let mut pool = None;
+    let vol = match conn.lookup_storage_vol_by_path(remote_str) {
+        Ok(v) => v,
+        Err(_) => {
+            let parent = remote.parent().map(Path::to_path_buf).unwrap_or_default();
+            let xml = format!(
+                "<pool type='dir'><name>vireo-copy-{}</name><target><path>{}</path></target></pool>",
+                Uuid::new_v4().simple(),
+                xml_escape(path_str(&parent)?)
+            );
+            let p = conn
+                .create_storage_pool_xml(&xml, 0)
+                .map_err(fail("start a pool over the instance directory"))?;
+            let v = conn
+                .lookup_storage_vol_by_path(remote_str)
+                .map_err(fail("find the disk"));
+            pool = Some(p);
+            match v {
+                Ok(v) => v,
+                Err(e) => {
+                    end_pool(pool);
+                    return Err(e);
+                }
+            }
+        }
+    };
+    let result = (|| {
+        let stream = virt::stream::Stream::new(&conn, 0).map_err(fail("open a stream"))?;
+        vol.download(&stream, 0, 0, 0)
+            .map_err(fail("start the download"))?;
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(local)
+            .map_err(|source| StorageError::Io {
+                action: "create",
+                path: local.to_owned(),
+                source,
+            })?;
+        let write_err = |source| StorageError::Io {
+            action: "write",
+            path: local.to_owned(),
+            source,
+        };
+        let mut buf = vec![0u8; 1 << 20];
+        let mut total: u64 = 0;
+        loop {
+            let n = match stream.recv(&mut buf) {
+                Ok(n) => n,
+                Err(e) => {
+                    let _ = stream.abort();
+                    return Err(fail("read the stream")(e));
+                }
+            };
+            let n = usize::try_from(n).unwrap_or(0);
+            if n == 0 {
+                break;
+            }
+            let chunk = &buf[..n];
+            if chunk.iter().all(|b| *b == 0) {
+                file.seek(SeekFrom::Current(n as i64)).map_err(write_err)?;
+            } else {
+                file.write_all(chunk).map_err(write_err)?;
+            }
+            total += n as u64;
+        }
+        stream.finish().map_err(fail("finish the stream"))?;
+        file.set_len(total).map_err(write_err)?;
+        file.sync_all().map_err(write_err)?;
+        Ok(total)
+    })();
+    end_pool(pool);
+    result
+}
+
+/// Stop a transient pool (which removes it; its directory and files stay).
+fn end_pool(pool: Option<virt::storage_pool::StoragePool>) {
+    if let Some(p) = pool {
+        if let Err(e) = p.destroy() {
+            warn!(error = %e, "transient copy pool left");
+        }
+    }
+}
+
+fn xml_escape(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('\'', "&apos;")
 }
 
 /// The root disk: a qcow2 overlay on `base`, `root_gb` large (the image's own size when 0).

@@ -138,8 +138,10 @@ fn policy(op: &OpCtx) -> WaitPolicy {
     op.deps.config.wait
 }
 
-/// Remove this host's domain of the instance: destroy it, unplug its VIFs, undefine it. Each
-/// step is tried whatever the one before did; the first failure is the answer.
+/// Remove this host's copy of the instance (a resize's other side): destroy its domain,
+/// unplug its VIFs, undefine it, then remove its disks here (only once the domain is gone:
+/// nothing may still use them). Each step is tried whatever the one before did; the first
+/// failure is the answer.
 pub(crate) async fn remove_domain(
     op: &mut OpCtx,
     record: &InstanceRecord,
@@ -147,7 +149,13 @@ pub(crate) async fn remove_domain(
     let destroyed = op.destroy_domain().await;
     let unplugged = op.unplug_all(record).await;
     let undefined = op.undefine_domain().await;
-    destroyed.and(unplugged).and(undefined)
+    let removed = destroyed.and(unplugged).and(undefined);
+    if removed.is_ok() && !record.storage.disks.is_empty() {
+        let storage = op.deps.storage.clone();
+        let uuid = op.uuid;
+        return op.store("remove disks", storage.remove(uuid)).await;
+    }
+    removed
 }
 
 /// Register the prediction's bind-time and plug-time waits: before whatever triggers either

@@ -43,14 +43,6 @@ pub(crate) async fn resize(
     if migration.same_host() {
         return resize_same_host(op, record, from, migration, new_flavor).await;
     }
-    if !record.storage.disks.is_empty() {
-        let refused = InvalidOperation::DisksDoNotMove {
-            request: Request::Resize,
-            host: migration.source_host,
-            dest: migration.dest_host,
-        };
-        return Finished::err(from, Some(record), refused.into());
-    }
     let was_running = from == InstanceState::Running;
     let mut source = record.clone();
     source.resize = Some(ResizeRecord {
@@ -136,6 +128,32 @@ pub(crate) async fn finish_resize(op: &mut OpCtx, migration: Migration, h: Hando
                 },
                 &record.network_info.vifs,
             )?;
+            // The disks come first: copied from the source (which keeps its own for a
+            // revert) before the domain that names them is defined here.
+            let mut record = record.clone();
+            if !record.storage.disks.is_empty() {
+                op.phase("copy disks");
+                let source = &migration.source_host;
+                let uri = op.deps.peers.get(source)?.migration_uri().ok_or_else(|| {
+                    InstanceError::from(InvalidOperation::NoDiskCopyFrom {
+                        host: source.clone(),
+                    })
+                })?;
+                let storage = op.deps.storage.clone();
+                let disks = op
+                    .store(
+                        "copy disks",
+                        storage.copy_from(
+                            op.uuid,
+                            &uri,
+                            &record.storage.disks,
+                            record.storage.image.as_ref(),
+                            record.flavor.root_gb,
+                        ),
+                    )
+                    .await?;
+                record.storage.disks = disks;
+            }
             op.phase("define");
             let in_flight = op.in_flight(
                 "finish-resize",
@@ -159,13 +177,14 @@ pub(crate) async fn finish_resize(op: &mut OpCtx, migration: Migration, h: Hando
             } else {
                 op.destroy_domain().await?;
             }
-            op.save(&record, None).await
+            op.save(&record, None).await?;
+            Ok(record)
         },
         async |op, e| give_up_copy(op, &record, e).await,
     )
     .await;
     match done {
-        Ok(()) => Finished::ok(InstanceState::ResizeTarget, Some(record)),
+        Ok(record) => Finished::ok(InstanceState::ResizeTarget, Some(record)),
         Err(rolled_back) => rolled_back,
     }
 }
