@@ -30,7 +30,7 @@ use vireo_actors::vif::{PortId, Vif};
 use crate::network::embedded::{EmbeddedConfig, EmbeddedNetwork};
 use crate::network::neutron::{NeutronClient, NeutronConfig};
 use crate::plug::{HostPlugger, PlugConfig};
-use crate::storage::{HostStorage, StorageConfig};
+use crate::storage::{HostStorage, ImageId, StorageConfig};
 
 /// The hypervisor layer of one compute host.
 ///
@@ -64,6 +64,10 @@ pub trait ComputeDriver: Send + Sync + std::fmt::Debug {
 
     /// Is the instance on this host (for the external events API's 404)?
     async fn knows(&self, uuid: Uuid) -> bool;
+
+    /// Remove the cached base images no instance on this host uses and none used for the
+    /// configured age (`remove_unused_base_after`); returns the images removed.
+    async fn evict_unused_images(&self) -> Result<Vec<ImageId>, DriverError>;
 
     /// Hand over external events (one POST's worth, in order). Never blocks.
     fn external_events(&self, events: Vec<ExternalEvent>);
@@ -223,6 +227,9 @@ pub enum DriverError {
     /// Rebuilding the instances from libvirt failed.
     #[error("recover instances from libvirt")]
     Recovery(#[source] InstanceError),
+    /// A background task of the driver ended without an answer.
+    #[error("{0}: the task was lost")]
+    TaskLost(&'static str),
     /// The actor system stopped while the driver was being built.
     #[error("the actor system stopped during start-up")]
     StartUp,
@@ -386,14 +393,15 @@ impl DriverBuilder {
             .await
             .map_err(DriverError::Libvirt)?;
         let peers = peers.unwrap_or_else(Peers::new);
-        let storage = HostStorage::new(config.storage.clone()).map_err(DriverError::Storage)?;
+        let storage =
+            Arc::new(HostStorage::new(config.storage.clone()).map_err(DriverError::Storage)?);
         let deps = Arc::new(HostDeps {
             host: config.host.clone(),
             libvirt: libvirt.clone(),
             events: events.clone(),
             plugger: plugger.clone(),
             network: network.clone(),
-            storage: Arc::new(storage),
+            storage: storage.clone(),
             peers: peers.clone(),
             config: config.instances.clone(),
         });
@@ -408,6 +416,7 @@ impl DriverBuilder {
             libvirt,
             network,
             plugger,
+            storage,
             peers,
             recovery,
             system,
@@ -450,6 +459,7 @@ pub struct LibvirtDriver {
     libvirt: LibvirtHandle,
     network: Arc<dyn NetworkApi>,
     plugger: Arc<dyn VifPlugger>,
+    storage: Arc<HostStorage>,
     peers: Arc<Peers>,
     recovery: RecoveryReport,
     system: Arc<ActorSystem>,
@@ -535,6 +545,27 @@ impl ComputeDriver for LibvirtDriver {
 
     async fn knows(&self, uuid: Uuid) -> bool {
         self.host.knows(uuid).await
+    }
+
+    async fn evict_unused_images(&self) -> Result<Vec<ImageId>, DriverError> {
+        // An image in use is one an instance's disk here names (a resize's kept copy names
+        // the same image as its instance). A base just fetched for a build whose disks are
+        // not recorded yet was used (touched) moments ago: younger than any eviction age.
+        let in_use: std::collections::BTreeSet<ImageId> = self
+            .list()
+            .await
+            .iter()
+            .flat_map(|v| v.disks.iter().filter_map(|d| d.image.clone()))
+            .collect();
+        let cache = self.storage.cache().clone();
+        let removed = tokio::task::spawn_blocking(move || cache.evict(&in_use))
+            .await
+            .map_err(|_| DriverError::TaskLost("evict unused images"))?
+            .map_err(DriverError::Storage)?;
+        if !removed.is_empty() {
+            info!(host = %self.host(), removed = ?removed, "unused base images removed");
+        }
+        Ok(removed)
     }
 
     fn external_events(&self, events: Vec<ExternalEvent>) {

@@ -340,6 +340,10 @@ pub struct InstancesSection {
     /// Seconds an image download may receive nothing before it fails (1 to 3600). Default 60.
     #[serde(default = "default_image_read_timeout")]
     pub image_read_timeout: u64,
+    /// Seconds between two passes that remove unused cached bases (Nova's
+    /// `[image_cache] manager_interval`); 0: never. Default 2400.
+    #[serde(default = "default_image_cache_interval")]
+    pub image_cache_interval: u64,
 }
 
 impl InstancesSection {
@@ -415,6 +419,9 @@ fn default_state_dir() -> PathBuf {
 }
 fn default_remove_unused_base_after() -> u64 {
     86_400
+}
+fn default_image_cache_interval() -> u64 {
+    2400
 }
 fn default_image_read_timeout() -> u64 {
     60
@@ -502,6 +509,7 @@ impl Default for InstancesSection {
             power_off_timeout: default_power_off_timeout(),
             remove_unused_base_after: default_remove_unused_base_after(),
             image_read_timeout: default_image_read_timeout(),
+            image_cache_interval: default_image_cache_interval(),
         }
     }
 }

@@ -229,6 +229,16 @@ impl ComputeDriver for Router {
         }
         false
     }
+    async fn evict_unused_images(
+        &self,
+    ) -> Result<Vec<vireo::storage::ImageId>, vireo::compute::DriverError> {
+        let drivers = self.targets().drivers.clone();
+        let mut removed = Vec::new();
+        for d in drivers {
+            removed.extend(d.evict_unused_images().await?);
+        }
+        Ok(removed)
+    }
     fn external_events(&self, events: Vec<ExternalEvent>) {
         self.log.record(Source::Neutron, &events);
         let targets = self.targets().events.clone();

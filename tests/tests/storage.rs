@@ -454,3 +454,45 @@ async fn a_cross_host_resize_copies_the_disks_and_revert_and_confirm_clean_the_r
     assert_eq!(sha256(&c.cache_dir("h2").join("img-1")), sum);
     c.destroy_and_assert_clean(&[id], &[]).await;
 }
+
+#[tokio::test]
+async fn unused_bases_are_evicted_once_old_and_never_while_an_instance_uses_them() {
+    let c = spec(&["h1"]).start().await;
+    let h1 = c.host("h1");
+    let kept_img = make_image(&c, "kept.raw");
+    let gone_img = make_image(&c, "gone.raw");
+    let with_image = |name: &str, id: &str, path: &Path| {
+        let mut args = image_args(name, path, Checksum::Sha256(sha256(path)), 1);
+        if let Some(i) = args.storage.image.as_mut() {
+            i.id = ImageId::new(id).unwrap();
+        }
+        args
+    };
+    let (a, b) = (uuid(), uuid());
+    for (id, args) in [
+        (a, with_image("vm-st-ea", "img-kept", &kept_img)),
+        (b, with_image("vm-st-eb", "img-gone", &gone_img)),
+    ] {
+        h1.driver
+            .spawn(id, args)
+            .await
+            .unwrap_or_else(|e| panic!("{}", chain(&e)));
+    }
+    c.destroy_everywhere(b).await;
+    // Both bases last used two days ago (the default age is one day).
+    let old = std::time::SystemTime::now() - std::time::Duration::from_secs(2 * 86_400);
+    for id in ["img-kept", "img-gone"] {
+        let f = std::fs::File::open(c.cache_dir("h1").join(id)).unwrap();
+        f.set_modified(old).unwrap();
+    }
+    let removed = h1.driver.evict_unused_images().await.unwrap();
+    assert_eq!(removed, vec![ImageId::new("img-gone").unwrap()]);
+    assert!(c.cache_dir("h1").join("img-kept").exists(), "in use: kept");
+    assert!(!c.cache_dir("h1").join("img-gone").exists());
+    // A base used recently is kept even with no instance on it.
+    c.destroy_everywhere(a).await;
+    let f = std::fs::File::open(c.cache_dir("h1").join("img-kept")).unwrap();
+    f.set_modified(std::time::SystemTime::now()).unwrap();
+    assert!(h1.driver.evict_unused_images().await.unwrap().is_empty());
+    c.assert_clean(&[]).await;
+}

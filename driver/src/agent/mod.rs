@@ -36,7 +36,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use actix_web::http::header::HeaderName;
-use tracing::info;
+use std::time::Duration;
+
+use tracing::{info, warn};
 use tracing_subscriber::EnvFilter;
 
 use vireo_actors::instance::Peers;
@@ -297,6 +299,22 @@ pub fn prepare(config_path: &Path) -> Result<(AgentConfig, Settings), StartError
     Ok((cfg, settings))
 }
 
+/// Every `every`, remove the cached bases no instance uses (the task ends with the agent's
+/// runtime).
+async fn evict_unused_images(driver: Arc<dyn ComputeDriver>, every: Duration) {
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // The first tick is at once: the first pass waits one period, as after a start the
+    // instances are still being recovered.
+    tick.tick().await;
+    loop {
+        tick.tick().await;
+        if let Err(e) = driver.evict_unused_images().await {
+            warn!(error = %e, "removing unused base images failed; tried again next period");
+        }
+    }
+}
+
 /// `vireo agent --config FILE`: run until SIGTERM/SIGINT. Returns the exit code; errors are
 /// written to `stderr` as one line.
 pub fn run(config_path: &Path, stderr: &mut dyn io::Write) -> u8 {
@@ -328,6 +346,10 @@ fn run_inner(config_path: &Path) -> Result<(), StartError> {
         let driver = load_driver(&cfg, &settings).await?;
         info!(driver = driver.name(), host = %settings.host, uri = %cfg.libvirt_uri(),
               network = %cfg.network.kind, peers = settings.peers.len(), "agent starting");
+        if cfg.instances.image_cache_interval > 0 {
+            let every = Duration::from_secs(cfg.instances.image_cache_interval);
+            actix_rt::spawn(evict_unused_images(driver.clone(), every));
+        }
         let svc = service::AgentService::new(driver, settings);
         server::serve(listener, shutdown_signal(), svc)
             .await
