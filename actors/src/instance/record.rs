@@ -246,6 +246,15 @@ impl InstanceRecord {
             .map_err(|source| RecordError::ConsoleDir { path: dir, source })
     }
 
+    /// Remove [`Self::console_log_dir`] if it is empty (what [`Self::prepare_console_log_dir`]
+    /// made for a domain that never started here); anything in it stays.
+    pub fn remove_empty_console_log_dir(&self, settings: &DomainSettings) {
+        if let Some(dir) = self.console_log_dir(settings) {
+            // ENOTEMPTY or ENOENT: nothing of ours to remove.
+            let _ = std::fs::remove_dir(dir);
+        }
+    }
+
     /// The domain definition as `host` defines it: flavor, boot source, the VIF devices (in
     /// `network_info` order), a serial console, and the metadata (naming `host` the owner).
     pub fn domain(
@@ -443,6 +452,13 @@ mod tests {
         assert!(dir.is_dir());
         // Twice is fine (a resize or revert defines again).
         r.prepare_console_log_dir(&settings).unwrap();
+        // A live migration's rollback removes it while empty, never with a log in it.
+        r.remove_empty_console_log_dir(&settings);
+        assert!(!dir.exists());
+        r.prepare_console_log_dir(&settings).unwrap();
+        std::fs::write(dir.join("console.log"), "boot").unwrap();
+        r.remove_empty_console_log_dir(&settings);
+        assert!(dir.join("console.log").exists());
         // A file in the way: a typed error naming the directory.
         let blocked = DomainSettings {
             console_dir: Some(tmp.path().join("file").display().to_string()),

@@ -336,6 +336,11 @@ pub(crate) async fn pre_live_migration(
     op.use_record(&record);
     let _ = migration;
     op.deps.events.track(op.uuid);
+    // QEMU opens the serial log of the incoming domain here: its directory must exist (on a
+    // shared instance directory it does already).
+    if let Err(e) = record.prepare_console_log_dir(&op.deps.config.domain) {
+        return Finished::err(InstanceState::Gone, None, InstanceError::Record(e));
+    }
     op.phase("plug");
     match op.plug_all(&record).await {
         Ok(()) => Finished::ok(InstanceState::Incoming, Some(record)),
@@ -422,10 +427,14 @@ pub(crate) async fn rollback_at_destination(
         Err(e) => return Finished::err(InstanceState::Error, None, e),
     };
     op.use_record(&record);
-    // vireo keeps no instance directory or disks of its own: the flags only decide whether
-    // an incoming domain definition is removed (it always is when it exists and is not the
-    // running guest).
-    let _ = (do_cleanup, destroy_disks);
+    // The incoming domain definition is always removed (when it exists and is not the
+    // running guest). `do_cleanup` (true only when the caller says the instance directory is
+    // not shared): the console log's directory pre-live-migration made goes, if it is still
+    // empty (a flag that is wrong about sharing must never cost the source its log).
+    // `destroy_disks` would matter for disks on shared block storage, which vireo does not
+    // make: its disks are files in the instance directory, and a live migration of an
+    // instance with disks needs a shared one.
+    let _ = destroy_disks;
     op.phase("remove prepared devices");
     let mut errors = Vec::new();
     if let Err(e) = op.destroy_domain().await {
@@ -436,6 +445,9 @@ pub(crate) async fn rollback_at_destination(
     }
     if let Err(e) = op.unplug_all(&record).await {
         errors.push(e);
+    }
+    if do_cleanup && errors.is_empty() {
+        record.remove_empty_console_log_dir(&op.deps.config.domain);
     }
     op.deps.events.forget(op.uuid);
     if errors.is_empty() {
