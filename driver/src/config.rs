@@ -24,7 +24,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 use vireo_actors::events::{EventConfig, WaitPolicy};
-use vireo_actors::instance::{DomainSettings, InstanceConfig};
+use vireo_actors::instance::{DomainSettings, InstanceConfig, MigrationPolicy};
 use vireo_actors::libvirt::{LibvirtConfig, MAX_WORKERS};
 use vireo_actors::plug::DomainForm;
 use vireo_xml::domain::DomainType;
@@ -205,6 +205,21 @@ pub struct LibvirtSection {
     /// none (this host takes no live migrations).
     #[serde(default)]
     pub migration_uri: Option<String>,
+    /// Seconds per GiB of guest memory (at least 2 GiB) a live migration from this host may
+    /// take before its job is aborted and it is rolled back (Nova's
+    /// `live_migration_completion_timeout`); 0: no limit. Default 800.
+    #[serde(default = "default_live_migration_completion_timeout")]
+    pub live_migration_completion_timeout: u64,
+    /// Live-migration bandwidth limit in MiB/s; 0: unlimited. Default 0.
+    #[serde(default)]
+    pub live_migration_bandwidth: u64,
+    /// Let QEMU throttle a guest whose memory changes faster than it migrates. Default false.
+    #[serde(default)]
+    pub live_migration_permit_auto_converge: bool,
+}
+
+fn default_live_migration_completion_timeout() -> u64 {
+    800
 }
 
 /// `[driver]`: which virt driver the agent loads.
@@ -467,6 +482,9 @@ impl Default for LibvirtSection {
             workers: default_libvirt_workers(),
             call_timeout: default_call_timeout(),
             migration_uri: None,
+            live_migration_completion_timeout: default_live_migration_completion_timeout(),
+            live_migration_bandwidth: 0,
+            live_migration_permit_auto_converge: false,
         }
     }
 }
@@ -975,6 +993,14 @@ impl AgentConfig {
             ovs_native_form: self.instances.ovs_native_form.domain_form(),
             wait: self.wait_policy(),
             power_off_timeout: Duration::from_secs(self.instances.power_off_timeout),
+            migration: MigrationPolicy {
+                completion_timeout_per_gib: Some(self.libvirt.live_migration_completion_timeout)
+                    .filter(|s| *s > 0)
+                    .map(Duration::from_secs),
+                bandwidth_mib: Some(self.libvirt.live_migration_bandwidth).filter(|b| *b > 0),
+                auto_converge: self.libvirt.live_migration_permit_auto_converge,
+                ..MigrationPolicy::default()
+            },
             ..InstanceConfig::default()
         }
     }

@@ -69,6 +69,8 @@ pub struct HostOptions {
     pub power_off_timeout: Duration,
     /// Where other hosts migrate to.
     pub migration_uri: Option<String>,
+    /// How live migrations from this host are run and watched.
+    pub migration: vireo_actors::instance::MigrationPolicy,
     /// The state directory (instance disks in `instances/`, the image cache in `_base/`).
     /// Default: one of its own under the system's temporary directory, per process and host.
     pub state_dir: std::path::PathBuf,
@@ -88,6 +90,7 @@ impl HostOptions {
             console_dir: None,
             power_off_timeout: Duration::from_secs(2),
             migration_uri: None,
+            migration: vireo_actors::instance::MigrationPolicy::default(),
             state_dir: std::env::temp_dir().join(format!("vireo-it-{}-{name}", std::process::id())),
         }
     }
@@ -214,6 +217,7 @@ impl Host {
                     fatal: true,
                 },
                 power_off_timeout: opts.power_off_timeout,
+                migration: opts.migration.clone(),
                 ..InstanceConfig::default()
             },
             events: EventConfig::default(),

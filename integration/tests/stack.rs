@@ -1323,6 +1323,50 @@ async fn two_host_resize_revert(run: &Run, b: &HostBAgent) -> R {
     finish_two_hosts(s, b).await
 }
 
+/// A live migration A → B that runs past its completion timeout: the job is aborted on A
+/// (`virDomainAbortJob`), the migration rolled back from A (bindings, `migrating_to`), B
+/// removes what it prepared; the guest never stopped running on A.
+async fn two_host_live_migration_timeout(run: &Run, b: &HostBAgent) -> R {
+    let mut s = Scene::new(run, "two hosts: live migration aborted by its timeout");
+    s.peers.insert(b.peer()?);
+    let mut opts = s.system_host();
+    // 10 ms per GiB of a guest counted as 2 GiB: aborted at the first look at the job.
+    opts.migration = vireo_actors::instance::MigrationPolicy {
+        completion_timeout_per_gib: Some(Duration::from_millis(10)),
+        poll: Duration::from_millis(50),
+        ..Default::default()
+    };
+    s.host(opts).await?;
+    let net = run.env.network_id.clone();
+    let (id, vifs, _) = spawn_allocated(&mut s, 0, &net, 1).await;
+    let h = s.a();
+    let bname = b.env.name.clone();
+    let e = h
+        .driver
+        .live_migrate(id, LiveMigrateArgs::new(&bname, false, false))
+        .await
+        .unwrap_err();
+    let text = vireo_integration::chain(&e);
+    assert!(text.contains("aborted after"), "{text}");
+    match &e {
+        InstanceError::RolledBack { cause, .. } => assert!(
+            matches!(**cause, InstanceError::MigrationAborted { .. }),
+            "{text}"
+        ),
+        other => panic!("not rolled back: {}", vireo_integration::chain(other)),
+    }
+    println!("aborted and rolled back: {text}");
+    assert_state(h, id, InstanceState::Running).await;
+    assert!(hb_domain_state(&b.env, id).is_none(), "no domain left on B");
+    for v in &vifs {
+        assert_devices_b(&b.env, v, false);
+        assert_devices(v, DomainForm::LibvirtManaged, true);
+    }
+    assert_bound_active(&s, &vifs, &h.name).await;
+    destroy(&s, h, id).await;
+    finish_two_hosts(s, b).await
+}
+
 /// A cross-host resize of an instance with disks, A → B, then revert, then again and confirm:
 /// B copies the disks from A's libvirtd (the connection migrations use) into its own state
 /// directory, rebases the root disk on its own base and grows it; the data written before is
@@ -1475,10 +1519,11 @@ const HYBRID: [&str; 5] = [
     "build fails",
     "live migration rollback",
 ];
-const TWO_HOSTS: [&str; 3] = [
+const TWO_HOSTS: [&str; 4] = [
     "two hosts: live migrate A>B",
     "two hosts: resize A>B+revert",
     "two hosts: resize A>B with disks",
+    "two hosts: live migration aborted by its timeout",
 ];
 const NATIVE: [&str; 3] = [
     "native libvirt-managed: spawn+lifecycle",
@@ -1548,6 +1593,9 @@ async fn two_hosts(runner: &mut Runner, run: &Run, plan: Option<HostBPlan>) {
         .await;
     runner
         .run(TWO_HOSTS[2], || two_host_resize_with_disks(run, &b))
+        .await;
+    runner
+        .run(TWO_HOSTS[3], || two_host_live_migration_timeout(run, &b))
         .await;
     if runner
         .results()

@@ -106,6 +106,43 @@ pub struct InstanceConfig {
     /// Set `binding:profile.migrating_to` on the source ports during a live migration (as
     /// Nova does; mechanism drivers such as OVN use it to pre-program the destination).
     pub set_migrating_to: bool,
+    /// How a live migration is run and watched.
+    pub migration: MigrationPolicy,
+}
+
+/// How a live migration is run and watched.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MigrationPolicy {
+    /// Time allowed per GiB of data the migration moves (guest memory, at least 2 GiB, as
+    /// Nova counts it) before the job is aborted and the migration rolled back (Nova's
+    /// `live_migration_completion_timeout`, 800 s); None: no limit.
+    pub completion_timeout_per_gib: Option<Duration>,
+    /// How often the job's progress is read (and shown as the operation's phase).
+    pub poll: Duration,
+    /// Bandwidth limit in MiB/s (None: the hypervisor's default, unlimited).
+    pub bandwidth_mib: Option<u64>,
+    /// Let QEMU throttle a guest whose memory changes faster than it moves
+    /// (`VIR_MIGRATE_AUTO_CONVERGE`).
+    pub auto_converge: bool,
+}
+
+impl Default for MigrationPolicy {
+    fn default() -> Self {
+        MigrationPolicy {
+            completion_timeout_per_gib: Some(Duration::from_secs(800)),
+            poll: Duration::from_millis(500),
+            bandwidth_mib: None,
+            auto_converge: false,
+        }
+    }
+}
+
+impl MigrationPolicy {
+    /// How long a live migration of a guest with `memory_mb` may take (None: no limit).
+    pub fn completion_timeout(&self, memory_mb: u64) -> Option<Duration> {
+        let gib = (memory_mb as f64 / 1024.0).max(2.0);
+        self.completion_timeout_per_gib.map(|t| t.mul_f64(gib))
+    }
 }
 
 impl Default for InstanceConfig {
@@ -123,6 +160,7 @@ impl Default for InstanceConfig {
             power_off_poll: Duration::from_millis(250),
             lifecycle_debounce: Duration::from_secs(2),
             set_migrating_to: true,
+            migration: MigrationPolicy::default(),
         }
     }
 }

@@ -154,7 +154,14 @@ impl OpCtx {
         }
     }
 
-    fn step(&mut self, name: String, kind: StepKind, start: std::time::Instant, failed: bool) {
+    /// Record a step that ran from `start` (for calls timed by their caller).
+    pub(crate) fn step(
+        &mut self,
+        name: String,
+        kind: StepKind,
+        start: std::time::Instant,
+        failed: bool,
+    ) {
         self.report.steps.push(Step {
             name,
             kind,

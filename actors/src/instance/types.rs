@@ -336,6 +336,19 @@ pub enum InstanceError {
         #[source]
         source: StorageError,
     },
+    /// A live migration ran past its completion timeout: its job was aborted.
+    #[error(
+        "the live migration was aborted after {after:?} (its completion timeout is {limit:?})"
+    )]
+    MigrationAborted {
+        /// How long it had run.
+        after: Duration,
+        /// The limit.
+        limit: Duration,
+        /// What the aborted migration call answered.
+        #[source]
+        source: LibvirtError,
+    },
     /// A network-service call failed.
     #[error("network {step} failed")]
     Network {
@@ -538,6 +551,7 @@ impl InstanceError {
             InstanceError::Plug { .. } => "plug",
             InstanceError::Network { .. } => "network",
             InstanceError::Storage { .. } => "storage",
+            InstanceError::MigrationAborted { .. } => "migration-timeout",
             InstanceError::EventWait { .. } => "event-wait",
             InstanceError::Predict(_) => "unsupported-vif",
             InstanceError::VifConfig(_) => "unsupported-vif",

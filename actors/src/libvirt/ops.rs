@@ -11,7 +11,9 @@ use virt::sys;
 use super::error::{class_of, Class, LibvirtError};
 use super::ffi;
 use super::handle::LibvirtHandle;
-use super::types::{Affect, DomainId, DomainInfo, DomainState, DomainSummary, Metadata};
+use super::types::{
+    Affect, DomainId, DomainInfo, DomainState, DomainSummary, JobProgress, Metadata,
+};
 
 /// `VIR_DOMAIN_METADATA_ELEMENT`.
 const METADATA_ELEMENT: i32 = sys::VIR_DOMAIN_METADATA_ELEMENT as i32;
@@ -409,6 +411,24 @@ impl LibvirtHandle {
         let flags = flags | sys::VIR_MIGRATE_PEER2PEER;
         self.call_with_timeout("migrate", self.config().migrate_timeout(), move |conn| {
             lookup(conn, uuid)?.migrate_to_uri3(Some(&dest_uri), params, flags)
+        })
+        .await
+    }
+
+    /// The domain's current job's progress (`virDomainGetJobStats`).
+    #[instrument(level = "debug", skip(self), fields(%uuid))]
+    pub async fn job_progress(&self, uuid: Uuid) -> Result<JobProgress, LibvirtError> {
+        self.call("job_stats", move |conn| {
+            let s = lookup(conn, uuid)?.job_stats(0)?;
+            Ok(JobProgress {
+                active: s.r#type != sys::VIR_DOMAIN_JOB_NONE as i32,
+                data_total: s.data_total,
+                data_remaining: s.data_remaining,
+                mem_total: s.mem_total,
+                mem_remaining: s.mem_remaining,
+                disk_total: s.disk_total,
+                disk_remaining: s.disk_remaining,
+            })
         })
         .await
     }

@@ -70,6 +70,26 @@ impl DomainState {
     }
 }
 
+/// How far the domain's current job (a migration) is, from `virDomainGetJobStats`; a figure
+/// the hypervisor does not report is None. Bytes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct JobProgress {
+    /// A job runs (`VIR_DOMAIN_JOB_NONE` is false).
+    pub active: bool,
+    /// Everything the job moves.
+    pub data_total: Option<u64>,
+    /// What is left of it.
+    pub data_remaining: Option<u64>,
+    /// Guest memory to move.
+    pub mem_total: Option<u64>,
+    /// Guest memory left.
+    pub mem_remaining: Option<u64>,
+    /// Disk data to move (block migration).
+    pub disk_total: Option<u64>,
+    /// Disk data left.
+    pub disk_remaining: Option<u64>,
+}
+
 /// `virDomainGetInfo`'s answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DomainInfo {

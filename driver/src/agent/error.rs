@@ -153,6 +153,7 @@ pub fn status_for_driver(e: &InstanceError) -> StatusCode {
         | InstanceError::Plug { .. }
         | InstanceError::Network { .. }
         | InstanceError::Storage { .. }
+        | InstanceError::MigrationAborted { .. }
         | InstanceError::EventWait { .. }
         | InstanceError::Predict(_)
         | InstanceError::VifConfig(_)

@@ -109,20 +109,7 @@ pub(crate) async fn live_migrate(
             )
             .await?;
             op.phase("migrate");
-            let lv = op.deps.libvirt.clone();
-            let flags = virt::sys::VIR_MIGRATE_LIVE
-                | virt::sys::VIR_MIGRATE_PERSIST_DEST
-                | virt::sys::VIR_MIGRATE_UNDEFINE_SOURCE;
-            op.lv(
-                "migrate",
-                lv.migrate(
-                    op.uuid,
-                    uri,
-                    flags,
-                    crate::libvirt::MigrateParameters::default(),
-                ),
-            )
-            .await?;
+            migrate_watched(op, uri, record.flavor.memory_mb).await?;
             Ok::<_, InstanceError>(())
         },
         async |op, cause| {
@@ -188,6 +175,97 @@ pub(crate) async fn live_migrate(
         }
         Err(rolled_back) => rolled_back,
     }
+}
+
+/// Migrate the guest to `uri` while reading the job's progress every `poll` (shown as the
+/// operation's phase); past the completion timeout for a guest of `memory_mb` the job is
+/// aborted, and the migration fails with [`InstanceError::MigrationAborted`] (the caller
+/// rolls back). The migration call and the progress reads run on separate libvirt workers.
+async fn migrate_watched(op: &mut OpCtx, uri: String, memory_mb: u64) -> Result<(), InstanceError> {
+    let policy = op.deps.config.migration.clone();
+    let mut flags = virt::sys::VIR_MIGRATE_LIVE
+        | virt::sys::VIR_MIGRATE_PERSIST_DEST
+        | virt::sys::VIR_MIGRATE_UNDEFINE_SOURCE;
+    if policy.auto_converge {
+        flags |= virt::sys::VIR_MIGRATE_AUTO_CONVERGE;
+    }
+    let params = crate::libvirt::MigrateParameters {
+        bandwidth: policy.bandwidth_mib,
+        ..Default::default()
+    };
+    let limit = policy.completion_timeout(memory_mb);
+    let lv = op.deps.libvirt.clone();
+    let uuid = op.uuid;
+    let start = std::time::Instant::now();
+    let mut aborted = false;
+    let result = {
+        let migrate = lv.migrate(uuid, uri, flags, params);
+        tokio::pin!(migrate);
+        let mut tick = tokio::time::interval(policy.poll);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tick.tick().await;
+        loop {
+            tokio::select! {
+                r = &mut migrate => break r,
+                _ = tick.tick() => {
+                    if let Ok(p) = lv.job_progress(uuid).await {
+                        op.phase(&progress_phase(&p));
+                    }
+                    if let (false, Some(l)) = (aborted, limit) {
+                        if start.elapsed() >= l {
+                            warn!(instance = %uuid, limit = ?l, "live migration past its completion timeout: aborting");
+                            aborted = true;
+                            if let Err(e) = lv.abort_job(uuid).await {
+                                warn!(instance = %uuid, error = %e, "aborting the migration job failed");
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    };
+    op.step(
+        "migrate".to_owned(),
+        crate::instance::types::StepKind::Libvirt,
+        start,
+        result.is_err(),
+    );
+    match result {
+        Ok(()) => Ok(()),
+        Err(source) if aborted => Err(InstanceError::MigrationAborted {
+            after: start.elapsed(),
+            limit: limit.unwrap_or_default(),
+            source,
+        }),
+        Err(source) => Err(InstanceError::Libvirt {
+            step: "migrate",
+            source,
+        }),
+    }
+}
+
+/// The operation's phase while a migration job runs: how much is left.
+fn progress_phase(p: &crate::libvirt::JobProgress) -> String {
+    let mib = |b: Option<u64>| {
+        b.map(|b| (b >> 20).to_string())
+            .unwrap_or_else(|| "?".into())
+    };
+    let mut s = format!(
+        "migrate: {} of {} MiB left (memory {} of {} MiB",
+        mib(p.data_remaining),
+        mib(p.data_total),
+        mib(p.mem_remaining),
+        mib(p.mem_total)
+    );
+    if p.disk_total.is_some_and(|t| t > 0) {
+        s.push_str(&format!(
+            ", disks {} of {} MiB",
+            mib(p.disk_remaining),
+            mib(p.disk_total)
+        ));
+    }
+    s.push(')');
+    s
 }
 
 /// Roll a failed live migration back from the source. The network part (clear
