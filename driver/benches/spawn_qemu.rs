@@ -57,9 +57,37 @@ fn ms(d: Duration) -> String {
 
 /// The raw calls of a vireo spawn, timed; destroy and undefine after, untimed. None: a call
 /// failed (the domain is removed all the same).
-fn raw_spawn(conn: &virt::connect::Connect, xml: &str, meta: &str) -> Option<Duration> {
+/// The storage calls vireo makes for a root disk, made directly: `qemu-img info` of the base,
+/// `qemu-img create` of the overlay in the instance's directory.
+fn raw_disk(base: &std::path::Path, overlay: &std::path::Path) {
+    std::fs::create_dir_all(overlay.parent().unwrap()).unwrap();
+    let info = std::process::Command::new("qemu-img")
+        .args(["info", "--output=json", "-f", "raw"])
+        .arg(base)
+        .output()
+        .unwrap();
+    assert!(info.status.success());
+    let st = std::process::Command::new("qemu-img")
+        .args(["create", "-q", "-f", "qcow2", "-F", "raw", "-b"])
+        .arg(base)
+        .arg(overlay)
+        .arg("1073741824")
+        .status()
+        .unwrap();
+    assert!(st.success());
+}
+
+fn raw_spawn(
+    conn: &virt::connect::Connect,
+    xml: &str,
+    meta: &str,
+    disk: Option<(&std::path::Path, &std::path::Path)>,
+) -> Option<Duration> {
     use virt::sys;
     let start = Instant::now();
+    if let Some((base, overlay)) = disk {
+        raw_disk(base, overlay);
+    }
     let d = conn
         .define_domain_xml_flags(xml, sys::VIR_DOMAIN_DEFINE_VALIDATE)
         .unwrap();
@@ -79,6 +107,9 @@ fn raw_spawn(conn: &virt::connect::Connect, xml: &str, meta: &str) -> Option<Dur
     let took = start.elapsed();
     let _ = d.destroy();
     d.undefine().unwrap();
+    if let Some((_, overlay)) = disk {
+        let _ = std::fs::remove_dir_all(overlay.parent().unwrap());
+    }
     match r {
         Ok(()) => Some(took),
         Err(e) => {
@@ -117,7 +148,30 @@ async fn main() {
     } else {
         DomainType::Qemu
     };
-    let state = tempfile::tempdir().expect("state dir");
+    // `--disk`: each instance gets a root disk (a qcow2 overlay on a cached 16 MiB raw
+    // image, 1 GiB), and the raw side makes the same storage calls.
+    let with_disk = std::env::args().any(|a| a == "--disk");
+    // QEMU (another user) must reach the disks: a traversable state directory.
+    let state = tempfile::Builder::new()
+        .prefix("vireo-bench-spawn-")
+        .tempdir_in("/var/tmp")
+        .expect("state dir");
+    std::fs::set_permissions(
+        state.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o711),
+    )
+    .unwrap();
+    let image = state.path().join("image.raw");
+    std::fs::File::create(&image)
+        .unwrap()
+        .set_len(16 << 20)
+        .unwrap();
+    let image_ref = vireo_actors::storage::ImageRef {
+        id: vireo_actors::storage::ImageId::new("bench").unwrap(),
+        source: image.display().to_string(),
+        checksum: None,
+        format: vireo_actors::storage::ImageFormat::Raw,
+    };
     let cfg = DriverConfig {
         host: "bench".into(),
         libvirt: LibvirtConfig::for_uri(URI),
@@ -140,7 +194,10 @@ async fn main() {
         name: format!("{PREFIX}-v{i}"),
         flavor: flavor(),
         boot: BootSource::None,
-        storage: Default::default(),
+        storage: vireo_actors::instance::SpawnStorage {
+            image: with_disk.then(|| image_ref.clone()),
+            ..Default::default()
+        },
         network: NetworkRequest::Allocate(Vec::new()),
         power_on: true,
     };
@@ -167,9 +224,22 @@ async fn main() {
             .replace(&id.to_string(), &uuid.to_string())
             .replace(&format!("{PREFIX}-v0"), &format!("{PREFIX}-r{i}"))
     };
-    let _ = raw_spawn(&conn, &raw_xml(0, Uuid::new_v4()), &meta);
+    let base = state.path().join("_base/bench");
+    let overlay = |uuid: Uuid| state.path().join(format!("instances/{uuid}/disk"));
+    let raw_run = |i: usize| {
+        let uuid = Uuid::new_v4();
+        let o = overlay(uuid);
+        raw_spawn(
+            &conn,
+            &raw_xml(i, uuid),
+            &meta,
+            with_disk.then_some((base.as_path(), o.as_path())),
+        )
+    };
+    let _ = raw_run(0);
     println!(
-        "spawn_qemu: {rounds} rounds on {URI} ({domain_type:?}), no VIFs; vireo's warm-up spawn {}",
+        "spawn_qemu: {rounds} rounds on {URI} ({domain_type:?}), no VIFs, {}; vireo's warm-up spawn {}",
+        if with_disk { "a 1 GiB root disk (overlay)" } else { "no disk" },
         ms(report.took)
     );
 
@@ -194,7 +264,7 @@ async fn main() {
                 }
             }
         };
-        let run_raw = || raw_spawn(&conn, &raw_xml(i, Uuid::new_v4()), &meta);
+        let run_raw = || raw_run(i);
         let (v, r) = if i % 2 == 0 {
             let v = run_vireo.await;
             (v, run_raw())

@@ -1205,30 +1205,7 @@ async fn two_host_live_migration(run: &Run, b: &HostBAgent) -> R {
         .sum();
     assert!(forwarded >= 1.0, "host A forwarded events to B:\n{metrics}");
 
-    let del = s
-        .remote_ok("delete on B", id, async {
-            let op =
-                b.client
-                    .delete_instance(id, true)
-                    .await
-                    .map_err(|e| InstanceError::Remote {
-                        host: bname.clone(),
-                        code: "api".into(),
-                        message: vireo_integration::chain(&e),
-                    })?;
-            let done = b
-                .client
-                .wait(op.id, Duration::from_millis(100), |_, _| {})
-                .await
-                .unwrap();
-            assert_eq!(done.state, OpState::Succeeded, "{done:?}");
-            wire_report(done.report.unwrap()).map_err(|m| InstanceError::Remote {
-                host: bname.clone(),
-                code: "bad-answer".into(),
-                message: m,
-            })
-        })
-        .await;
+    let del = s.remote_ok("delete on B", id, delete_on_b(b, id)).await;
     assert_eq!(
         del.released.as_ref().map(|r| r.deleted.len()),
         Some(vifs.len())
@@ -1238,6 +1215,31 @@ async fn two_host_live_migration(run: &Run, b: &HostBAgent) -> R {
     }
     assert!(hb_domain_state(&b.env, id).is_none(), "no domain left on B");
     finish_two_hosts(s, b).await
+}
+
+/// Delete instance `id` on host B through B's API (networking released) and wait for it.
+async fn delete_on_b(b: &HostBAgent, id: Uuid) -> Result<OpReport, InstanceError> {
+    let bname = b.env.name.clone();
+    let op = b
+        .client
+        .delete_instance(id, true)
+        .await
+        .map_err(|e| InstanceError::Remote {
+            host: bname.clone(),
+            code: "api".into(),
+            message: vireo_integration::chain(&e),
+        })?;
+    let done = b
+        .client
+        .wait(op.id, Duration::from_millis(100), |_, _| {})
+        .await
+        .unwrap();
+    assert_eq!(done.state, OpState::Succeeded, "{done:?}");
+    wire_report(done.report.unwrap()).map_err(|m| InstanceError::Remote {
+        host: bname,
+        code: "bad-answer".into(),
+        message: m,
+    })
 }
 
 /// A cross-host resize A → B and its revert: A powers the guest off and hands it to B
@@ -1482,30 +1484,7 @@ async fn two_host_resize_with_disks(run: &Run, b: &HostBAgent) -> R {
     }
     assert_eq!(sha256_file(&state.path().join("_base/it-resize")), sum);
     assert_eq!(sha256_file(&b.state_dir.join("_base/it-resize")), sum);
-    let bname2 = bname.clone();
-    s.remote_ok("delete on B", id, async {
-        let op = b
-            .client
-            .delete_instance(id, true)
-            .await
-            .map_err(|e| InstanceError::Remote {
-                host: bname2.clone(),
-                code: "api".into(),
-                message: vireo_integration::chain(&e),
-            })?;
-        let done = b
-            .client
-            .wait(op.id, Duration::from_millis(100), |_, _| {})
-            .await
-            .unwrap();
-        assert_eq!(done.state, OpState::Succeeded, "{done:?}");
-        wire_report(done.report.unwrap()).map_err(|m| InstanceError::Remote {
-            host: bname2.clone(),
-            code: "report".into(),
-            message: m,
-        })
-    })
-    .await;
+    s.remote_ok("delete on B", id, delete_on_b(b, id)).await;
     assert!(!b_dir.exists(), "delete removes B's disks");
     finish_two_hosts(s, b).await
 }

@@ -159,44 +159,14 @@ impl HostStorage {
 #[async_trait]
 impl InstanceStorage for HostStorage {
     async fn create(&self, plan: &DiskPlan) -> Result<Vec<InstanceDisk>, StorageError> {
-        let dir = self.instance_dir(plan.uuid);
-        let existed = tokio::fs::try_exists(&dir).await.unwrap_or(false);
-        // Traversable by QEMU (another user under qemu:///system, which libvirt makes the
-        // owner of each disk file while the domain runs), not listable.
-        let mut builder = tokio::fs::DirBuilder::new();
-        builder.recursive(true).mode(0o711);
-        builder
-            .create(&dir)
-            .await
-            .map_err(|source| StorageError::Io {
-                action: "create instance directory",
-                path: dir.clone(),
-                source,
-            })?;
+        let (dir, existed) = self.open_instance_dir(plan.uuid).await?;
         let mut made = Vec::new();
-        match self.make(plan, &dir, &mut made).await {
-            Ok(disks) => {
-                debug!(instance = %plan.uuid, disks = disks.len(), "disks created");
-                Ok(disks)
-            }
-            Err(e) => {
-                // What this call made goes; a directory that was there before stays (it may
-                // hold the console log of an earlier attempt).
-                let cleanup = if existed {
-                    let mut r = Ok(());
-                    for p in made.iter().rev() {
-                        r = r.and(remove_path(p).await);
-                    }
-                    r
-                } else {
-                    remove_path(&dir).await
-                };
-                if let Err(c) = cleanup {
-                    warn!(instance = %plan.uuid, error = %c, "disks left after a failed create");
-                }
-                Err(e)
-            }
+        let disks = self.make(plan, &dir, &mut made).await;
+        match &disks {
+            Ok(d) => debug!(instance = %plan.uuid, disks = d.len(), "disks created"),
+            Err(_) => undo(plan.uuid, &dir, existed, &made).await,
         }
+        disks
     }
 
     async fn remove(&self, uuid: Uuid) -> Result<(), StorageError> {
@@ -233,16 +203,7 @@ impl InstanceStorage for HostStorage {
                 source: std::io::Error::from(std::io::ErrorKind::AlreadyExists),
             });
         }
-        let mut builder = tokio::fs::DirBuilder::new();
-        builder.mode(0o711);
-        builder
-            .create(&kept)
-            .await
-            .map_err(|source| StorageError::Io {
-                action: "create",
-                path: kept.clone(),
-                source,
-            })?;
+        make_dir(&kept, false).await?;
         let copied = async {
             for d in disks {
                 let to = kept.join(d.role.file_name());
@@ -335,41 +296,27 @@ impl InstanceStorage for HostStorage {
         image: Option<&ImageRef>,
         root_gb: u64,
     ) -> Result<Vec<InstanceDisk>, StorageError> {
-        let dir = self.instance_dir(uuid);
-        let existed = tokio::fs::try_exists(&dir).await.unwrap_or(false);
-        let mut builder = tokio::fs::DirBuilder::new();
-        builder.recursive(true).mode(0o711);
-        builder
-            .create(&dir)
-            .await
-            .map_err(|source| StorageError::Io {
-                action: "create instance directory",
-                path: dir.clone(),
-                source,
-            })?;
+        let (dir, existed) = self.open_instance_dir(uuid).await?;
         let mut made = Vec::new();
         let copied = self
             .copy_into(source_uri, disks, image, root_gb, &dir, &mut made)
             .await;
         if copied.is_err() {
-            let cleanup = if existed {
-                let mut r = Ok(());
-                for p in made.iter().rev() {
-                    r = r.and(remove_path(p).await);
-                }
-                r
-            } else {
-                remove_path(&dir).await
-            };
-            if let Err(c) = cleanup {
-                warn!(instance = %uuid, error = %c, "disks left after a failed copy");
-            }
+            undo(uuid, &dir, existed, &made).await;
         }
         copied
     }
 }
 
 impl HostStorage {
+    /// Instance `uuid`'s directory, created when missing (and whether it was there before).
+    async fn open_instance_dir(&self, uuid: Uuid) -> Result<(PathBuf, bool), StorageError> {
+        let dir = self.instance_dir(uuid);
+        let existed = tokio::fs::try_exists(&dir).await.unwrap_or(false);
+        make_dir(&dir, true).await?;
+        Ok((dir, existed))
+    }
+
     async fn copy_into(
         &self,
         source_uri: &str,
@@ -715,6 +662,39 @@ async fn config_drive(
         .await
         .map_err(io("read config drive", iso))?;
     Ok(meta.len())
+}
+
+/// Create `dir` (and its parents with `parents`), mode 0711: traversable by QEMU (another
+/// user under qemu:///system, which libvirt makes the owner of each disk file while the
+/// domain runs), not listable.
+async fn make_dir(dir: &Path, parents: bool) -> Result<(), StorageError> {
+    let mut builder = tokio::fs::DirBuilder::new();
+    builder.recursive(parents).mode(0o711);
+    builder
+        .create(dir)
+        .await
+        .map_err(|source| StorageError::Io {
+            action: "create directory",
+            path: dir.to_owned(),
+            source,
+        })
+}
+
+/// After a failed create or copy: what the call `made` goes; a directory that was there
+/// before stays (it may hold the console log of an earlier attempt), one it made goes whole.
+async fn undo(uuid: Uuid, dir: &Path, existed: bool, made: &[PathBuf]) {
+    let cleanup = if existed {
+        let mut r = Ok(());
+        for p in made.iter().rev() {
+            r = r.and(remove_path(p).await);
+        }
+        r
+    } else {
+        remove_path(dir).await
+    };
+    if let Err(c) = cleanup {
+        warn!(instance = %uuid, error = %c, "disks left after a failed create or copy");
+    }
 }
 
 /// Refuse a path that exists (a disk is never made over something already there, and a
