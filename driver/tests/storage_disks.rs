@@ -163,8 +163,16 @@ async fn two_instances_share_one_base_that_neither_writes() {
     assert!(qemu_io(&disks_b[0].path, "qcow2", "read -P 0xab 0 64k").contains("read 65536"));
     assert_eq!(sha256(&base), base_sum);
     assert_eq!(sha256(&src), base_sum);
-    // The base is read-only.
+    // The base is read-only; the directories are traversable (QEMU is another user), not
+    // listable.
     use std::os::unix::fs::PermissionsExt;
+    let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(
+        mode(&f.tmp.path().join(format!("state/instances/{a}"))),
+        0o711
+    );
+    assert_eq!(mode(&f.tmp.path().join("state/instances")), 0o711);
+    assert_eq!(mode(&f.tmp.path().join("state/_base")), 0o711);
     assert_eq!(
         std::fs::metadata(&base).unwrap().permissions().mode() & 0o222,
         0

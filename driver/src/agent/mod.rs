@@ -193,6 +193,8 @@ fn make_private_dir(path: &Path) -> Result<(), StartError> {
             // the disks and bases below it by path.
             .mode(0o711)
             .create(path)
+            // The mode asked for, whatever the umask.
+            .and_then(|()| fs::set_permissions(path, fs::Permissions::from_mode(0o711)))
             .map_err(err),
         Err(e) => Err(err(e)),
     }

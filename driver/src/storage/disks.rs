@@ -25,6 +25,7 @@
 //! Every failure removes what the call created: the instance directory when it made it,
 //! otherwise the files it made in it.
 
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::Arc;
@@ -668,16 +669,27 @@ async fn config_drive(
 /// user under qemu:///system, which libvirt makes the owner of each disk file while the
 /// domain runs), not listable.
 async fn make_dir(dir: &Path, parents: bool) -> Result<(), StorageError> {
+    let err = |source| StorageError::Io {
+        action: "create directory",
+        path: dir.to_owned(),
+        source,
+    };
     let mut builder = tokio::fs::DirBuilder::new();
     builder.recursive(parents).mode(0o711);
-    builder
-        .create(dir)
-        .await
-        .map_err(|source| StorageError::Io {
-            action: "create directory",
-            path: dir.to_owned(),
-            source,
-        })
+    builder.create(dir).await.map_err(err)?;
+    // The mode asked for, not what the umask left of it (the unit runs with 0077): the
+    // directory and, when made with it, its parent (`instances/`).
+    let dirs = std::iter::once(dir).chain(dir.parent().filter(|_| parents));
+    for d in dirs {
+        tokio::fs::set_permissions(d, std::fs::Permissions::from_mode(0o711))
+            .await
+            .map_err(|source| StorageError::Io {
+                action: "set the mode of",
+                path: d.to_owned(),
+                source,
+            })?;
+    }
+    Ok(())
 }
 
 /// After a failed create or copy: what the call `made` goes; a directory that was there
