@@ -26,6 +26,8 @@ fn metadata() -> VireoMetadata {
             vcpus: 2,
             memory_mb: 2048,
             root_gb: 20,
+            ephemeral_gb: 5,
+            swap_mb: 512,
             extra_specs: BTreeMap::from([("hw:<cpu>".to_owned(), HOSTILE.to_owned())]),
         },
         network_info: json!([{"id": "3b2c4d5e-0000-4000-8000-000000000001",
