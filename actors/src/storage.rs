@@ -358,6 +358,11 @@ pub trait InstanceStorage: Send + Sync + fmt::Debug + 'static {
     /// them in device order. On failure everything this call created is removed again.
     async fn create(&self, plan: &DiskPlan) -> Result<Vec<InstanceDisk>, StorageError>;
 
+    /// This host's instance directory holds a disk of the instance already (a resize's
+    /// destination on an instance directory shared with the source, or a leftover): copying
+    /// into it, or removing it after, would destroy the source's disks.
+    async fn holds_disks(&self, uuid: Uuid) -> bool;
+
     /// Remove the instance's directory and every disk in it (and a copy a resize kept).
     /// Idempotent: an instance with nothing on this host is fine.
     async fn remove(&self, uuid: Uuid) -> Result<(), StorageError>;

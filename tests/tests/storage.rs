@@ -496,3 +496,52 @@ async fn unused_bases_are_evicted_once_old_and_never_while_an_instance_uses_them
     assert!(h1.driver.evict_unused_images().await.unwrap().is_empty());
     c.assert_clean(&[]).await;
 }
+
+#[tokio::test]
+async fn a_resize_destination_that_finds_the_disks_there_already_refuses_and_removes_nothing() {
+    let c = spec(&["h1", "h2"]).start().await;
+    let h1 = c.host("h1");
+    let image = make_image(&c, "img.raw");
+    let id = uuid();
+    h1.driver
+        .spawn(
+            id,
+            image_args("vm-st-sh", &image, Checksum::Sha256(sha256(&image)), 1),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{}", chain(&e)));
+    // h2's instance directory is h1's (as on storage both hosts share).
+    let src_dir = c.dir.path().join(format!("h1/instances/{id}"));
+    let h2_instances = c.dir.path().join("h2/instances");
+    std::fs::create_dir_all(&h2_instances).unwrap();
+    std::os::unix::fs::symlink(&src_dir, h2_instances.join(id.to_string())).unwrap();
+    let before = sha256(&src_dir.join("disk"));
+    let m = vireo_actors::instance::Migration {
+        id: uuid(),
+        source_host: "h1".into(),
+        dest_host: "h2".into(),
+    };
+    let e = h1
+        .driver
+        .resize(
+            id,
+            vireo_actors::instance::ResizeArgs::of(&m, flavor("m1.big", 2, 512)),
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        chain(&e).contains("disks are on h2 already"),
+        "{}",
+        chain(&e)
+    );
+    // h2 made and removed nothing: its (shared) directory is as it was.
+    assert!(h2_instances.join(id.to_string()).exists());
+    // The source took the instance back, on its disks, untouched.
+    let view = h1.driver.show(id).await.unwrap();
+    assert_eq!(view.state, vireo_actors::lifecycle::InstanceState::Running);
+    assert_eq!(view.disks[0].path, src_dir.join("disk"));
+    assert_eq!(sha256(&src_dir.join("disk")), before);
+    assert!(c.host("h2").driver.list().await.is_empty());
+    std::fs::remove_file(h2_instances.join(id.to_string())).unwrap();
+    c.destroy_and_assert_clean(&[id], &[]).await;
+}

@@ -504,6 +504,16 @@ pub enum InvalidOperation {
         /// The destination.
         dest: String,
     },
+    /// A resize's destination finds the instance's disks in its own instance directory
+    /// already (a directory shared with the source, or a leftover): it neither copies over
+    /// them nor removes them.
+    #[error(
+        "the instance's disks are on {host} already (a shared or leftover instance directory)"
+    )]
+    DisksAlreadyHere {
+        /// This host.
+        host: String,
+    },
     /// A resize's destination cannot copy the disks: the source has no libvirt URI (its
     /// migration URI) to read them through.
     #[error("host {host} has no libvirt URI to copy disks from")]

@@ -170,6 +170,24 @@ impl InstanceStorage for HostStorage {
         disks
     }
 
+    async fn holds_disks(&self, uuid: Uuid) -> bool {
+        let dir = self.instance_dir(uuid);
+        for role in [
+            DiskRole::Root,
+            DiskRole::Ephemeral,
+            DiskRole::Swap,
+            DiskRole::ConfigDrive,
+        ] {
+            if tokio::fs::symlink_metadata(dir.join(role.file_name()))
+                .await
+                .is_ok()
+            {
+                return true;
+            }
+        }
+        false
+    }
+
     async fn remove(&self, uuid: Uuid) -> Result<(), StorageError> {
         remove_path(&self.kept_dir(uuid)).await?;
         remove_path(&self.instance_dir(uuid)).await

@@ -258,8 +258,8 @@ fn handover(
         flavor: flavor.clone(),
         old_flavor: record.flavor.clone(),
         boot: record.boot.clone(),
-        // The disks do not move yet: the destination names the same files (one host, or an
-        // instance directory both hosts share).
+        // A resize's destination copies the disks (`finish_resize`); a live migration's names
+        // the same files (an instance directory both hosts share).
         storage: record.storage.clone(),
         network_info: record.network_info.to_value(),
         power_on,

@@ -114,6 +114,14 @@ pub(crate) async fn finish_resize(op: &mut OpCtx, migration: Migration, h: Hando
         old_disks: Vec::new(),
     });
     record.state = InstanceState::ResizeTarget;
+    // Disks already here: refused before anything is made, so that no rollback removes them
+    // (they may be the source's, through a shared instance directory).
+    if !record.storage.disks.is_empty() && op.deps.storage.holds_disks(op.uuid).await {
+        let refused = InvalidOperation::DisksAlreadyHere {
+            host: op.deps.host.clone(),
+        };
+        return Finished::err(InstanceState::Gone, None, refused.into());
+    }
     op.use_record(&record);
     op.deps.events.track(op.uuid);
     let done = with_rollback(
