@@ -10,7 +10,10 @@
 //! medians (target ≤ 1.10), and vireo's own time (its wall time minus the libvirt calls it
 //! timed), which is what the ratio measures once libvirt's noise is taken out.
 //!
-//! `cargo bench -p vireo --bench spawn_qemu [-- ROUNDS]` (default 20), as root on a host with
+//! `--disk`: each instance also gets a 1 GiB root disk (a qcow2 overlay on a cached raw image),
+//! and the raw side makes the same `qemu-img info` and `create` before its define.
+//!
+//! `cargo bench -p vireo --bench spawn_qemu [-- ROUNDS] [--disk]` (default 20), as root on a host with
 //! libvirtd (`integration/host-setup.sh up`). A bench binary, not a timed test: it prints
 //! figures and fails only if a call fails.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
