@@ -202,16 +202,11 @@ impl InstanceStorage for HostStorage {
         if disks.is_empty() {
             return Ok(Vec::new());
         }
-        let wanted = bytes("root_gb", root_gb, GIB)?;
-        let root = disks.iter().find(|d| d.role == DiskRole::Root);
-        if let Some(r) = root {
-            if root_gb > 0 && wanted < r.virtual_size {
-                return Err(StorageError::RootDiskShrink {
-                    current: r.virtual_size,
-                    root_gb,
-                });
-            }
-        }
+        // Refused before anything is copied.
+        let wanted = match disks.iter().find(|d| d.role == DiskRole::Root) {
+            Some(r) => root_size(r, root_gb)?,
+            None => 0,
+        };
         // The copy: every disk file, sparse files kept sparse (an overlay holds only what
         // the guest wrote; ephemeral and swap are mostly holes).
         let kept = self.kept_dir(uuid);
@@ -248,22 +243,7 @@ impl InstanceStorage for HostStorage {
         }
         let mut out = disks.to_vec();
         for d in out.iter_mut().filter(|d| d.role == DiskRole::Root) {
-            if wanted > d.virtual_size {
-                let size = wanted.to_string();
-                run(
-                    "qemu-img",
-                    &[
-                        "resize",
-                        "-q",
-                        "-f",
-                        d.format.as_str(),
-                        path_str(&d.path)?,
-                        &size,
-                    ],
-                )
-                .await?;
-                d.virtual_size = wanted;
-            }
+            grow(d, wanted).await?;
         }
         Ok(out)
     }
@@ -381,22 +361,8 @@ impl HostStorage {
                     )
                     .await?;
                 }
-                let wanted = bytes("root_gb", root_gb, GIB)?;
-                if root_gb > 0 && wanted < here.virtual_size {
-                    return Err(StorageError::RootDiskShrink {
-                        current: here.virtual_size,
-                        root_gb,
-                    });
-                }
-                if wanted > here.virtual_size {
-                    let size = wanted.to_string();
-                    run(
-                        "qemu-img",
-                        &["resize", "-q", "-f", "qcow2", path_str(&here.path)?, &size],
-                    )
-                    .await?;
-                    here.virtual_size = wanted;
-                }
+                let wanted = root_size(&here, root_gb)?;
+                grow(&mut here, wanted).await?;
             }
             out.push(here);
         }
@@ -590,6 +556,40 @@ async fn root_disk(
         virtual_size: size,
         image: Some(image.id.clone()),
     })
+}
+
+/// The size in bytes a root disk gets for a flavor's `root_gb` (0: it keeps its size); a
+/// size smaller than the disk's is refused (a disk does not shrink).
+fn root_size(disk: &InstanceDisk, root_gb: u64) -> Result<u64, StorageError> {
+    let wanted = bytes("root_gb", root_gb, GIB)?;
+    if root_gb > 0 && wanted < disk.virtual_size {
+        return Err(StorageError::RootDiskShrink {
+            current: disk.virtual_size,
+            root_gb,
+        });
+    }
+    Ok(wanted)
+}
+
+/// Grow `disk` to `size` bytes (`qemu-img resize`); nothing when it is that large already.
+async fn grow(disk: &mut InstanceDisk, size: u64) -> Result<(), StorageError> {
+    if size > disk.virtual_size {
+        let arg = size.to_string();
+        run(
+            "qemu-img",
+            &[
+                "resize",
+                "-q",
+                "-f",
+                disk.format.as_str(),
+                path_str(&disk.path)?,
+                &arg,
+            ],
+        )
+        .await?;
+        disk.virtual_size = size;
+    }
+    Ok(())
 }
 
 /// What `qemu-img info` says of an image.
