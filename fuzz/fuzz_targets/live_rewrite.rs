@@ -76,7 +76,16 @@ fn edit(sel: u8, orig: Option<&Domain>) -> Edit {
             .and_then(|i| i.mac)
             .unwrap_or(MacAddress([0x52, 0x54, 0x00, 0, 0, 1])),
     );
-    match sel % 8 {
+    match sel % 9 {
+        8 => {
+            let disks = orig.map(|d| d.devices.disks.as_slice()).unwrap_or(&[]);
+            Edit::SetDiskFile {
+                target: disks
+                    .get(pick % disks.len().max(1))
+                    .map_or_else(|| "vda".to_owned(), |k| k.target_dev.clone()),
+                file: "/var/lib/vireo/instances/x/disk".to_owned(),
+            }
+        }
         0 => Edit::SetMetadata(metadata()),
         1 => Edit::RemoveMetadata,
         2 => Edit::AddInterface(interface()),
@@ -128,6 +137,16 @@ fn expected(orig: &Domain, edit: &Edit) -> Option<Domain> {
                     d.devices.interfaces.remove(i);
                 }
             }
+        }
+        Edit::SetDiskFile { target, file } => {
+            let hits: Vec<usize> = (0..d.devices.disks.len())
+                .filter(|&i| d.devices.disks[i].target_dev == *target)
+                .collect();
+            let [i] = hits[..] else { return None };
+            if !matches!(d.devices.disks[i].source, DiskSource::File { .. }) {
+                return None;
+            }
+            d.devices.disks[i].source = DiskSource::File { path: file.clone() };
         }
         Edit::RemoveHostdev(pci) => {
             let hits: Vec<usize> = (0..d.devices.hostdevs.len())

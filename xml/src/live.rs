@@ -1,8 +1,9 @@
 //! Rewriting libvirt's live (or inactive) domain XML in place.
 //!
 //! [`rewrite`] applies [`Edit`]s — replace, add or remove an `<interface>` selected by MAC or
-//! alias, add or remove a PCI `<hostdev>` selected by its host address, set or remove
-//! vireo's metadata element — at the event level with quick-xml's
+//! alias, add or remove a PCI `<hostdev>` selected by its host address, point a `<disk>`
+//! selected by its guest device at another file, set or remove vireo's metadata element — at
+//! the event level with quick-xml's
 //! reader: it finds the byte span of the element to change and splices new text in. Every
 //! byte outside the edited spans (controllers, graphics, unknown elements and attributes,
 //! other applications' metadata, comments, whitespace) is kept exactly as it was.
@@ -57,6 +58,17 @@ pub enum Edit {
     SetMetadata(VireoMetadata),
     /// Remove vireo's metadata element if present.
     RemoveMetadata,
+    /// Point the file-backed `<disk>` whose `<target dev=>` is `target` at `file`: its
+    /// `<source>` becomes `<source file='…'/>` and the `<backingStore>` chain libvirt
+    /// reported for the old file goes (whoever opens the new file reads its chain from the
+    /// file). A live migration's destination XML, where the destination keeps the disks at
+    /// paths of its own.
+    SetDiskFile {
+        /// The guest device (`vda`).
+        target: String,
+        /// The file on the host.
+        file: String,
+    },
 }
 
 /// Apply `edits` in order to a domain document.
@@ -97,6 +109,11 @@ fn apply(xml: &str, edit: &Edit) -> Result<String, XmlError> {
                     (at..at, format!("<metadata>{new}</metadata>"))
                 }
             }
+        }
+        Edit::SetDiskFile { target, file } => {
+            let span = find_disk(xml, &scan, target)?;
+            let new = disk_with_file(&xml[span.clone()], target, file)?;
+            (span, new)
         }
         Edit::RemoveMetadata => match &scan.ours {
             Some(ours) => (ours.clone(), String::new()),
@@ -173,6 +190,126 @@ fn find_hostdev(xml: &str, scan: &Scan, pci: &PciAddress) -> Result<Range<usize>
     })
 }
 
+fn find_disk(xml: &str, scan: &Scan, target: &str) -> Result<Range<usize>, XmlError> {
+    let mut found: Option<Range<usize>> = None;
+    for span in &scan.disks {
+        if disk_target(&xml[span.clone()])?.as_deref() == Some(target) {
+            if found.is_some() {
+                return Err(XmlError::Ambiguous {
+                    what: "disk",
+                    selector: target.to_owned(),
+                });
+            }
+            found = Some(span.clone());
+        }
+    }
+    found.ok_or_else(|| XmlError::NotFound {
+        what: "disk",
+        selector: target.to_owned(),
+    })
+}
+
+/// An element's start tag and its direct children: (local name, span).
+type Children<'a> = (
+    quick_xml::events::BytesStart<'a>,
+    Vec<(Vec<u8>, Range<usize>)>,
+);
+
+/// The direct children of the element `text` is, with the root's start tag.
+fn children(text: &str) -> Result<Children<'_>, XmlError> {
+    let mut r = NsReader::from_str(text);
+    let root = loop {
+        match r.read_event()? {
+            Event::Start(e) => break e,
+            Event::Eof => return Err(XmlError::missing("devices/disk")),
+            _ => {}
+        }
+    };
+    let mut out = Vec::new();
+    loop {
+        let start = pos(&r);
+        match r.read_event()? {
+            Event::Start(e) => {
+                let name = e.local_name().as_ref().to_vec();
+                r.read_to_end(e.name())?;
+                out.push((name, start..pos(&r)));
+            }
+            Event::Empty(e) => out.push((e.local_name().as_ref().to_vec(), start..pos(&r))),
+            Event::End(_) | Event::Eof => return Ok((root, out)),
+            _ => {}
+        }
+    }
+}
+
+fn attribute(
+    e: &quick_xml::events::BytesStart<'_>,
+    name: &[u8],
+) -> Result<Option<String>, XmlError> {
+    for a in e.attributes() {
+        let a = a.map_err(|e| XmlError::Syntax(e.into()))?;
+        if a.key.local_name().as_ref() == name {
+            return Ok(Some(a.unescape_value()?.into_owned()));
+        }
+    }
+    Ok(None)
+}
+
+/// The `<target dev=>` of a `<disk>` element.
+fn disk_target(disk: &str) -> Result<Option<String>, XmlError> {
+    let (_, kids) = children(disk)?;
+    for (name, span) in kids {
+        if name == b"target" {
+            let mut r = NsReader::from_str(&disk[span]);
+            loop {
+                match r.read_event()? {
+                    Event::Start(e) | Event::Empty(e) => return attribute(&e, b"dev"),
+                    Event::Eof => return Ok(None),
+                    _ => {}
+                }
+            }
+        }
+    }
+    Ok(None)
+}
+
+/// `disk` with its `<source>` replaced by one naming `file` and its `<backingStore>` gone.
+fn disk_with_file(disk: &str, target: &str, file: &str) -> Result<String, XmlError> {
+    let (root, kids) = children(disk)?;
+    let kind = attribute(&root, b"type")?;
+    if kind.as_deref() != Some("file") {
+        return Err(XmlError::unsupported(
+            format!("devices/disk[{target}]/@type"),
+            kind.as_deref().unwrap_or_default(),
+        ));
+    }
+    let mut w = Writer::with_capacity(file.len() + 24);
+    w.open("source");
+    w.attr("file", file)?;
+    w.close_empty();
+    let source = w.out;
+    let mut out = String::with_capacity(disk.len() + source.len());
+    let mut at = 0;
+    let mut replaced = false;
+    for (name, span) in kids {
+        let text = match name.as_slice() {
+            b"source" if !replaced => {
+                replaced = true;
+                source.as_str()
+            }
+            b"backingStore" => "",
+            _ => continue,
+        };
+        out.push_str(&disk[at..span.start]);
+        out.push_str(text);
+        at = span.end;
+    }
+    if !replaced {
+        return Err(XmlError::missing("devices/disk/source"));
+    }
+    out.push_str(&disk[at..]);
+    Ok(out)
+}
+
 /// The span of vireo's metadata element in a domain document, if it has one.
 pub(crate) fn find_metadata(xml: &str) -> Result<Option<Range<usize>>, XmlError> {
     Ok(scan(xml, false)?.ours)
@@ -199,6 +336,8 @@ struct Scan {
     interfaces: Vec<Range<usize>>,
     /// Every `<hostdev>` directly in `<devices>`.
     hostdevs: Vec<Range<usize>>,
+    /// Every `<disk>` directly in `<devices>`.
+    disks: Vec<Range<usize>>,
     /// Where `</domain>` starts (when the walk got that far): where a missing `<devices>`
     /// goes.
     root_end_tag_start: Option<usize>,
@@ -314,7 +453,7 @@ fn scan_metadata(r: &mut NsReader<&[u8]>, s: &mut Scan) -> Result<usize, XmlErro
     }
 }
 
-/// Inside `<devices>`: record every `<interface>` and `<hostdev>`. Returns where
+/// Inside `<devices>`: record every `<interface>`, `<hostdev>` and `<disk>`. Returns where
 /// `</devices>` starts.
 fn scan_devices(r: &mut NsReader<&[u8]>, s: &mut Scan) -> Result<usize, XmlError> {
     loop {
@@ -326,6 +465,7 @@ fn scan_devices(r: &mut NsReader<&[u8]>, s: &mut Scan) -> Result<usize, XmlError
                 let list = match local.as_ref() {
                     b"interface" => Some(&mut s.interfaces),
                     b"hostdev" => Some(&mut s.hostdevs),
+                    b"disk" => Some(&mut s.disks),
                     _ => None,
                 };
                 r.read_to_end(e.name())?;

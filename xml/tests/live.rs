@@ -402,3 +402,95 @@ fn add_and_remove_pci_hostdevs() {
     let back = rewrite(&out, &[Edit::RemoveHostdev(vf)]).unwrap();
     assert_eq!(back, orig);
 }
+
+/// A live domain with two disks as libvirt 9 reports them: a qcow2 overlay with its backing
+/// chain and a read-only config-drive CD-ROM.
+const LIVE_DISKS: &str = "<domain type='kvm' id='3'><name>vx-disks</name>\
+    <uuid>2f1e4d3c-5b6a-4789-8abc-def012345678</uuid>\
+    <memory unit='KiB'>131072</memory><os><type arch='x86_64' machine='pc-q35-7.2'>hvm</type></os>\
+    <devices>\
+    <disk type='file' device='disk'>\
+      <driver name='qemu' type='qcow2' cache='none'/>\
+      <source file='/var/lib/vireo-a/instances/u/disk' index='2'/>\
+      <backingStore type='file' index='3'><format type='raw'/>\
+        <source file='/var/lib/vireo-a/_base/img'/><backingStore/></backingStore>\
+      <target dev='vda' bus='virtio'/><alias name='virtio-disk0'/>\
+      <address type='pci' domain='0x0000' bus='0x04' slot='0x00' function='0x0'/>\
+    </disk>\
+    <disk type='file' device='cdrom'>\
+      <driver name='qemu' type='raw'/>\
+      <source file='/var/lib/vireo-a/instances/u/disk.config' index='1'/>\
+      <backingStore/><target dev='sda' bus='sata'/><readonly/><alias name='sata0-0-0'/>\
+      <address type='drive' controller='0' bus='0' target='0' unit='0'/>\
+    </disk>\
+    <disk type='block' device='disk'><source dev='/dev/sdz'/><target dev='vdz' bus='virtio'/></disk>\
+    </devices></domain>";
+
+#[test]
+fn set_disk_file_points_one_disk_elsewhere_and_drops_its_backing_chain() {
+    let out = rewrite(
+        LIVE_DISKS,
+        &[
+            Edit::SetDiskFile {
+                target: "vda".into(),
+                file: "/srv/b/instances/u/disk".into(),
+            },
+            Edit::SetDiskFile {
+                target: "sda".into(),
+                file: "/srv/b/instances/u/it's.config".into(),
+            },
+        ],
+    )
+    .unwrap();
+    let d = Domain::from_xml(&out).unwrap();
+    let files: Vec<_> = d
+        .devices
+        .disks
+        .iter()
+        .map(|k| match &k.source {
+            DiskSource::File { path } => path.clone(),
+            other => format!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(files[0], "/srv/b/instances/u/disk");
+    assert_eq!(files[1], "/srv/b/instances/u/it's.config");
+    // The old chain is gone (whoever opens the new file reads it from the file), the rest of
+    // each disk stays byte for byte.
+    assert!(!out.contains("_base"), "{out}");
+    assert!(!out.contains("backingStore"), "{out}");
+    assert!(!out.contains("/var/lib/vireo-a"), "{out}");
+    for kept in [
+        "<driver name='qemu' type='qcow2' cache='none'/>",
+        "<target dev='vda' bus='virtio'/><alias name='virtio-disk0'/>",
+        "<readonly/><alias name='sata0-0-0'/>",
+        "<disk type='block' device='disk'><source dev='/dev/sdz'/>",
+    ] {
+        assert!(out.contains(kept), "{kept} lost: {out}");
+    }
+    virt_xml_validate(&out).unwrap();
+}
+
+#[test]
+fn set_disk_file_refuses_a_missing_target_and_a_disk_that_is_not_a_file() {
+    let missing = rewrite(
+        LIVE_DISKS,
+        &[Edit::SetDiskFile {
+            target: "vdq".into(),
+            file: "/x".into(),
+        }],
+    )
+    .unwrap_err();
+    assert!(
+        matches!(missing, XmlError::NotFound { what: "disk", .. }),
+        "{missing}"
+    );
+    let block = rewrite(
+        LIVE_DISKS,
+        &[Edit::SetDiskFile {
+            target: "vdz".into(),
+            file: "/x".into(),
+        }],
+    )
+    .unwrap_err();
+    assert!(matches!(block, XmlError::Unsupported { .. }), "{block}");
+}
