@@ -24,7 +24,9 @@ use std::path::PathBuf;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
-use vireo_xml::devices::{Disk, DiskBus, DiskDevice, DiskDriver, DiskFormat, DiskSource};
+use vireo_xml::devices::{
+    Disk, DiskBus, DiskCache, DiskDevice, DiskDriver, DiskFormat, DiskSource,
+};
 use vireo_xml::metadata::Flavor;
 
 pub use config_drive::{config_drive_files, ConfigDriveError, ConfigDriveFile};
@@ -147,6 +149,31 @@ pub struct InstanceDisk {
     /// The image it is an overlay on (the root disk).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<ImageId>,
+    /// How QEMU caches it (None: libvirt's default, for a record written before vireo chose).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache: Option<CacheMode>,
+}
+
+/// The host cache mode of an instance's disks, chosen per host as Nova does: `none`
+/// (O_DIRECT) where the instances directory supports it, else `writethrough`. `none` is also
+/// what a live migration on a shared instances directory needs: no page cache on the source
+/// that the destination would not see.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CacheMode {
+    /// O_DIRECT: no host page cache.
+    None,
+    /// The host page cache, written through.
+    Writethrough,
+}
+
+impl CacheMode {
+    fn xml(self) -> DiskCache {
+        match self {
+            CacheMode::None => DiskCache::None,
+            CacheMode::Writethrough => DiskCache::Writethrough,
+        }
+    }
 }
 
 impl InstanceDisk {
@@ -165,7 +192,7 @@ impl InstanceDisk {
         };
         let driver = Some(DiskDriver {
             format: self.format.disk_format(),
-            cache: None,
+            cache: self.cache.map(CacheMode::xml),
             discard_unmap: false,
         });
         match self.role {
@@ -397,6 +424,47 @@ pub trait InstanceStorage: Send + Sync + fmt::Debug + 'static {
         image: Option<&ImageRef>,
         root_gb: u64,
     ) -> Result<Vec<InstanceDisk>, StorageError>;
+
+    /// Write the empty file `name` in this host's instances directory (a live migration's
+    /// source does, so that its destination can tell whether the two share the directory:
+    /// Nova's probe, from the other side).
+    async fn write_probe(&self, name: &str) -> Result<(), StorageError>;
+
+    /// This host's instances directory holds the probe file `name`: it is the directory of
+    /// the host that wrote it.
+    async fn sees_probe(&self, name: &str) -> bool;
+
+    /// Remove the probe file `name` (gone already is fine).
+    async fn remove_probe(&self, name: &str);
+
+    /// A block live migration's destination: the target disks the migration copies into,
+    /// in this host's instance directory — the root disk an empty overlay on this host's
+    /// base of `image` (fetched into this host's cache first; only what the guest wrote
+    /// moves), ephemeral and swap disks empty files of their size (copied whole), the
+    /// config drive (read-only: never mirrored) copied through `source_uri`, the source's
+    /// libvirt. Same sizes as `disks`; returns the disks here, in the same order. On
+    /// failure everything made here is removed.
+    async fn prepare_incoming(
+        &self,
+        uuid: Uuid,
+        source_uri: &str,
+        disks: &[InstanceDisk],
+        image: Option<&ImageRef>,
+    ) -> Result<Vec<InstanceDisk>, StorageError>;
+}
+
+/// The probe file a live migration's source writes in its instances directory (and removes
+/// when the migration is over): `.vireo-probe-<migration id>`.
+pub fn migration_probe(migration: Uuid) -> String {
+    format!(".vireo-probe-{migration}")
+}
+
+/// The guest devices of `disks` ([`disk_devices`]' order).
+pub fn disk_targets(disks: &[InstanceDisk]) -> Vec<String> {
+    disk_devices(disks)
+        .into_iter()
+        .map(|d| d.target_dev)
+        .collect()
 }
 
 #[cfg(test)]
@@ -410,6 +478,7 @@ mod tests {
             format: ImageFormat::Qcow2,
             virtual_size: 1 << 30,
             image: None,
+            cache: Some(CacheMode::None),
         }
     }
 

@@ -60,6 +60,7 @@ fn main() {
         format: ImageFormat::Raw,
         virtual_size: mib << 20,
         image: None,
+        cache: None,
     };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -331,6 +331,12 @@ pub struct InstancesSection {
     /// `<state_dir>/instances/<uuid>`. Default `/var/lib/vireo`.
     #[serde(default = "default_state_dir")]
     pub state_dir: PathBuf,
+    /// Where the instance directories are (Nova's `instances_path`); default
+    /// `<state_dir>/instances`. Hosts that mount one shared directory at the same path
+    /// live-migrate without copying disks (each finds the other's probe file there); the
+    /// image cache stays per host, in `<state_dir>/_base`.
+    #[serde(default)]
+    pub instances_path: Option<PathBuf>,
     /// Directories kernels, initrds and disk images may be taken from; a path given in a
     /// request must resolve (symlinks followed) inside one of them. Default
     /// `["/var/lib/vireo/images"]`.
@@ -520,6 +526,7 @@ impl Default for InstancesSection {
     fn default() -> Self {
         InstancesSection {
             state_dir: default_state_dir(),
+            instances_path: None,
             image_dirs: default_image_dirs(),
             ovs_native_form: default_ovs_native_form(),
             domain_type: default_domain_type(),
@@ -794,6 +801,14 @@ impl AgentConfig {
                 ),
             );
         }
+        if let Some(p) = &self.instances.instances_path {
+            if !p.is_absolute() {
+                return bad(
+                    "instances.instances_path",
+                    format!("{} is not an absolute path", p.display()),
+                );
+            }
+        }
         if !self.instances.state_dir.is_absolute() {
             return bad(
                 "instances.state_dir",
@@ -1053,7 +1068,10 @@ impl AgentConfig {
 
     /// Where instance directories live: `<state_dir>/instances`.
     pub fn instances_dir(&self) -> PathBuf {
-        self.instances.state_dir.join("instances")
+        match &self.instances.instances_path {
+            Some(p) => p.clone(),
+            None => self.instances.state_dir.join("instances"),
+        }
     }
 }
 
@@ -1121,6 +1139,17 @@ mod tests {
         assert_eq!(cfg.libvirt_config().workers, 4);
         assert_eq!(cfg.libvirt_config().call_timeout_ms, 60_000);
         assert_eq!(cfg.instances_dir(), Path::new("/var/lib/vireo/instances"));
+        let shared = parse(
+            "[instances]\nstate_dir = \"/srv/vireo\"\ninstances_path = \"/mnt/nfs/instances\"\n",
+        )
+        .unwrap();
+        assert!(parse("[instances]\ninstances_path = \"rel\"\n").is_err());
+        assert_eq!(shared.instances_dir(), Path::new("/mnt/nfs/instances"));
+        assert_eq!(
+            shared.instances.image_cache().dir,
+            Path::new("/srv/vireo/_base"),
+            "the cache stays per host"
+        );
         let d = cfg.driver_config();
         assert!(matches!(d.plugging, PluggingConfig::Static), "test: URI");
         assert!(matches!(d.network, NetworkConfig::Embedded(_)));

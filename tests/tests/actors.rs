@@ -327,9 +327,7 @@ fn sample(req: Request, vif: &Vif, handover: &Handover) -> Operation {
         Request::ConfirmResizeSource => Operation::ConfirmResizeSource {},
         Request::RevertResize => Operation::RevertResize {},
         Request::FinishRevertResize => Operation::FinishRevertResize {},
-        Request::LiveMigrate => {
-            Operation::LiveMigrate(Box::new(LiveMigrateArgs::of(&migration, false, false)))
-        }
+        Request::LiveMigrate => Operation::LiveMigrate(Box::new(LiveMigrateArgs::of(&migration))),
         Request::PreLiveMigration => Operation::PreLiveMigration {
             migration,
             handover: Box::new(handover.clone()),
@@ -342,6 +340,7 @@ fn sample(req: Request, vif: &Vif, handover: &Handover) -> Operation {
                 handover: Box::new(handover.clone()),
                 do_cleanup: true,
                 destroy_disks: true,
+                migration_id: Some(migration.id),
             }
         }
         Request::AttachInterface => Operation::AttachInterface {
@@ -516,6 +515,7 @@ async fn every_request_is_refused_in_every_state_that_does_not_accept_it() {
                 handover: Box::new(ho_in),
                 do_cleanup: true,
                 destroy_disks: true,
+                migration_id: None,
             },
         )
         .await
@@ -875,11 +875,7 @@ async fn power_paths_from_paused_and_stopped() {
     assert_eq!(state(h1, id).await, InstanceState::Running);
     // Paused → failed live migration → paused again.
     h1.driver.pause(id).await.unwrap();
-    let e = h1
-        .driver
-        .live_migrate(id, lm("h2", false, false))
-        .await
-        .unwrap_err();
+    let e = h1.driver.live_migrate(id, lm("h2")).await.unwrap_err();
     assert!(
         matches!(e, InstanceError::RolledBack { .. }),
         "{}",

@@ -31,11 +31,7 @@ async fn destroy_removes_what_a_failed_migration_rollback_left_on_a_user_port() 
     // rollback clears migrating_to.
     h1.net
         .fail_with(NetCall::SetupNetworks, 1, NetFailure::Down);
-    let e = h1
-        .driver
-        .live_migrate(id, lm("h2", false, false))
-        .await
-        .unwrap_err();
+    let e = h1.driver.live_migrate(id, lm("h2")).await.unwrap_err();
     assert!(
         matches!(
             e,

@@ -187,7 +187,7 @@ async fn a_live_migration_interrupted_before_the_guest_moved_is_rolled_back() {
         .await;
     let ports = ports(&h1.driver.show(id).await.unwrap());
     let d = h1.driver.clone();
-    let lm = tokio::spawn(async move { d.live_migrate(id, lm("h2", false, true)).await });
+    let lm = tokio::spawn(async move { d.live_migrate(id, lm("h2")).await });
     at_phase(&h1.driver, id, "pre-wire the destination").await;
     for p in &ports {
         assert_eq!(c.port(*p).await.migrating_to(), Some("h2"));

@@ -221,9 +221,11 @@ async fn a_build_that_fails_after_its_disks_were_made_removes_them() {
     assert_eq!(sha256(&c.cache_dir("h1").join("img-1")), sum);
 }
 
-#[tokio::test]
-async fn disks_that_cannot_move_refuse_a_live_migration_without_a_shared_instance_directory() {
-    let c = spec(&["h1", "h2"]).start().await;
+/// What a failed live migration of an instance with disks leaves, with and without an
+/// instances directory shared between the hosts. The test driver has no migration API, so
+/// each attempt fails at the migration itself, after the destination prepared for it.
+async fn failed_live_migration_with_disks(shared: bool) {
+    let c = spec(&["h1", "h2"]).shared_instances(shared).start().await;
     let h1 = c.host("h1");
     let image = make_image(&c, "img.raw");
     let id = uuid();
@@ -235,35 +237,57 @@ async fn disks_that_cannot_move_refuse_a_live_migration_without_a_shared_instanc
         .await
         .unwrap_or_else(|e| panic!("{}", chain(&e)));
     let before = h1.driver.show(id).await.unwrap();
-    let refusals = [
-        h1.driver
-            .live_migrate(id, lm("h2", false, false))
-            .await
-            .unwrap_err(),
-        h1.driver
-            .live_migrate(id, lm("h2", true, false))
-            .await
-            .unwrap_err(),
-    ];
-    for e in &refusals {
+    let root = before.disks[0].path.clone();
+    qemu_io(&root, "write -P 0x5a 0 64k");
+    let root_sum = sha256(&root);
+    for _ in 0..2 {
+        let e = h1.driver.live_migrate(id, lm("h2")).await.unwrap_err();
         assert!(
-            matches!(
-                e,
-                InstanceError::Invalid(
-                    vireo_actors::instance::InvalidOperation::DisksDoNotMove { .. }
-                )
-            ),
+            matches!(e, InstanceError::RolledBack { .. }),
             "{}",
-            chain(e)
+            chain(&e)
+        );
+        assert!(chain(&e).contains("migrate"), "{}", chain(&e));
+        let last = h1.driver.show(id).await.unwrap().last_operation.unwrap();
+        let steps: Vec<_> = last.steps.iter().map(|s| s.name.as_str()).collect();
+        assert!(
+            steps.contains(&"write the shared-directory probe"),
+            "{steps:?}"
+        );
+        // Not shared: the destination made its own disks, and the migration is given the
+        // domain naming them. Shared: the disks are where they are on both hosts.
+        assert_eq!(steps.contains(&"migratable xml"), !shared, "{steps:?}");
+        // The instance runs here on its disks, untouched; nothing of it is left on h2 and
+        // no probe is left behind.
+        let after = h1.driver.show(id).await.unwrap();
+        assert_eq!(after.state, before.state);
+        assert_eq!(after.disks, before.disks);
+        assert_eq!(sha256(&root), root_sum, "the source's root disk changed");
+        assert!(c.host("h2").driver.list().await.is_empty());
+        let left = c.disks_left("h2");
+        if shared {
+            assert_eq!(left, vec![c.instances_dir("h1").join(id.to_string())]);
+        } else {
+            assert!(left.is_empty(), "{left:?}");
+        }
+        assert_eq!(
+            c.disks_left("h1"),
+            vec![c.instances_dir("h1").join(id.to_string())],
+            "a probe is left"
         );
     }
-    // Nothing moved: the instance runs here on its disks, nothing is on h2.
-    let after = h1.driver.show(id).await.unwrap();
-    assert_eq!(after.state, before.state);
-    assert_eq!(after.disks, before.disks);
-    assert!(c.host("h2").driver.list().await.is_empty());
-    assert!(c.disks_left("h2").is_empty());
     c.destroy_and_assert_clean(&[id], &[]).await;
+    assert!(c.disks_left("h1").is_empty());
+}
+
+#[tokio::test]
+async fn a_failed_block_live_migration_removes_the_destinations_disks_and_keeps_the_sources() {
+    failed_live_migration_with_disks(false).await;
+}
+
+#[tokio::test]
+async fn a_failed_live_migration_on_a_shared_instances_directory_removes_no_disk() {
+    failed_live_migration_with_disks(true).await;
 }
 
 /// The root disk's size as `qemu-img` reads the file.

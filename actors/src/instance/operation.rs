@@ -99,8 +99,12 @@ pub enum Operation {
         handover: Box<Handover>,
         /// Remove the instance directory.
         do_cleanup: bool,
-        /// Remove the disks.
+        /// Remove the disks (unless the destination sees the migration's probe: then the
+        /// directory is the source's).
         destroy_disks: bool,
+        /// The migration (names its probe file); without it no disk is removed.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        migration_id: Option<Uuid>,
     },
     /// Hot-plug an interface: one `network_info` entry, parsed strictly.
     AttachInterface {
@@ -210,18 +214,15 @@ impl ResizeArgs {
     }
 }
 
-/// Live-migrate to another host, started on the source.
+/// Live-migrate to another host, started on the source. Whether the hosts share the
+/// instances directory is found out, not told: the source writes a probe file there and the
+/// destination looks for it (Nova's check, from the other side); with disks and no shared
+/// directory the migration copies them (a block migration).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LiveMigrateArgs {
     /// The destination host.
     pub dest_host: String,
-    /// Disks are on shared block storage.
-    #[serde(default)]
-    pub shared_block_storage: bool,
-    /// The instance directory is shared between the hosts.
-    #[serde(default)]
-    pub shared_instance_path: bool,
     /// The migration's id (a caller that tracks migrations, like Nova, gives its own).
     #[serde(default = "Uuid::new_v4")]
     pub migration_id: Uuid,
@@ -229,26 +230,18 @@ pub struct LiveMigrateArgs {
 
 impl LiveMigrateArgs {
     /// Migrate to `dest_host`, as a new migration.
-    pub fn new(dest_host: &str, shared_block_storage: bool, shared_instance_path: bool) -> Self {
+    pub fn new(dest_host: &str) -> Self {
         LiveMigrateArgs {
             dest_host: dest_host.to_owned(),
-            shared_block_storage,
-            shared_instance_path,
             migration_id: Uuid::new_v4(),
         }
     }
 
     /// Migrate as `migration` (its id and destination; its source is the host that runs
     /// it).
-    pub fn of(
-        migration: &Migration,
-        shared_block_storage: bool,
-        shared_instance_path: bool,
-    ) -> Self {
+    pub fn of(migration: &Migration) -> Self {
         LiveMigrateArgs {
             dest_host: migration.dest_host.clone(),
-            shared_block_storage,
-            shared_instance_path,
             migration_id: migration.id,
         }
     }
@@ -261,14 +254,16 @@ impl LiveMigrateArgs {
             dest_host: self.dest_host.clone(),
         }
     }
+}
 
-    /// Nova's rollback clean-up flags: (`do_cleanup`, `destroy_disks`) for the destination.
-    pub fn cleanup_flags(&self) -> (bool, bool) {
-        match (self.shared_block_storage, self.shared_instance_path) {
-            (false, false) => (true, true),
-            (true, false) => (true, false),
-            (false, true) | (true, true) => (false, false),
-        }
+/// Nova's rollback clean-up flags for the destination, (`do_cleanup`, `destroy_disks`), from
+/// what the migration found: disks on shared block storage (vireo's are local files, so
+/// this means "no local disk") and a shared instances directory.
+pub fn cleanup_flags(shared_block_storage: bool, shared_instance_path: bool) -> (bool, bool) {
+    match (shared_block_storage, shared_instance_path) {
+        (false, false) => (true, true),
+        (true, false) => (true, false),
+        (false, true) | (true, true) => (false, false),
     }
 }
 
@@ -343,12 +338,11 @@ mod tests {
             json!({"action": "confirm-resize-source"}),
             json!({"action": "revert-resize"}),
             json!({"action": "finish-revert-resize"}),
-            json!({"action": "live-migrate", "dest_host": "b", "shared_block_storage": true,
-                   "shared_instance_path": false, "migration_id": Uuid::new_v4()}),
+            json!({"action": "live-migrate", "dest_host": "b", "migration_id": Uuid::new_v4()}),
             json!({"action": "pre-live-migration", "migration": mig, "handover": handover}),
             json!({"action": "post-live-migration-at-destination", "migration": mig}),
             json!({"action": "rollback-live-migration-at-destination", "handover": handover,
-                   "do_cleanup": true, "destroy_disks": false}),
+                   "do_cleanup": true, "destroy_disks": false, "migration_id": Uuid::new_v4()}),
             json!({"action": "attach-interface", "vif": vif}),
             json!({"action": "detach-interface", "port_id": port}),
             json!({"action": "cleanup-for-reschedule"}),

@@ -191,6 +191,22 @@ pub struct OpReport {
     /// What networking was released (spawn failures, destroy with deallocation).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub released: Option<Released>,
+    /// What a live migration's destination prepared for the disks (pre-live-migration).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub incoming: Option<IncomingDisks>,
+}
+
+/// What a live migration's destination prepared for the instance's disks, told back to the
+/// source in the pre-live-migration's report.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IncomingDisks {
+    /// The destination sees the source's instances directory (the source's probe file is
+    /// in its own): the disks are where the guest will use them already, nothing is copied.
+    pub shared_instance_path: bool,
+    /// The disks on the destination, in device order (empty for an instance without
+    /// disks).
+    pub disks: Vec<crate::storage::InstanceDisk>,
 }
 
 impl OpReport {
@@ -309,6 +325,13 @@ pub enum InstanceError {
     /// The request cannot apply to this instance or host.
     #[error(transparent)]
     Invalid(InvalidOperation),
+    /// The domain XML a live migration's destination is given could not be written.
+    #[error("the destination's domain XML")]
+    DestinationXml {
+        /// Why.
+        #[source]
+        source: vireo_xml::XmlError,
+    },
     /// A libvirt call failed.
     #[error("libvirt {step} failed")]
     Libvirt {
@@ -491,22 +514,16 @@ pub enum InvalidOperation {
         /// The port.
         port: PortId,
     },
-    /// A live migration to another host of an instance with disks on this host: vireo does
-    /// not copy disks during a live migration yet, and a destination that named these files
-    /// would use another host's paths (a live migration whose caller says the instance
-    /// directory is shared is allowed).
-    #[error("instance disks stay on {host}: {request} to {dest} is not possible without a shared instance directory")]
-    DisksDoNotMove {
-        /// The request.
-        request: Request,
-        /// This host.
-        host: String,
+    /// A live migration's destination answered with disks that are not the instance's (a
+    /// different count or order): the source does not migrate onto them.
+    #[error("the disks {host} prepared are not the instance's")]
+    DisksNotPrepared {
         /// The destination.
-        dest: String,
+        host: String,
     },
-    /// A resize's destination finds the instance's disks in its own instance directory
-    /// already (a directory shared with the source, or a leftover): it neither copies over
-    /// them nor removes them.
+    /// A resize's or a block live migration's destination finds the instance's disks in its
+    /// own instance directory already (a directory shared with the source, or a leftover):
+    /// it neither copies over them nor removes them.
     #[error(
         "the instance's disks are on {host} already (a shared or leftover instance directory)"
     )]
@@ -558,6 +575,7 @@ impl InstanceError {
             InstanceError::Refused(e) => e.code(),
             InstanceError::Invalid(_) => "invalid",
             InstanceError::Libvirt { .. } => "libvirt",
+            InstanceError::DestinationXml { .. } => "libvirt",
             InstanceError::Plug { .. } => "plug",
             InstanceError::Network { .. } => "network",
             InstanceError::Storage { .. } => "storage",

@@ -283,6 +283,16 @@ impl LibvirtHandle {
             .await
     }
 
+    /// The running domain's XML as a migration's destination is given it
+    /// (`VIR_DOMAIN_XML_MIGRATABLE`: without what only this host's libvirt adds).
+    #[instrument(level = "debug", skip(self), fields(%uuid))]
+    pub async fn migratable_xml(&self, uuid: Uuid) -> Result<String, LibvirtError> {
+        self.call("xml_desc", move |conn| {
+            lookup(conn, uuid)?.xml_desc(sys::VIR_DOMAIN_XML_MIGRATABLE)
+        })
+        .await
+    }
+
     /// Every domain, active or not.
     #[instrument(level = "debug", skip(self))]
     pub async fn list_all(&self) -> Result<Vec<DomainSummary>, LibvirtError> {

@@ -150,6 +150,7 @@ pub fn status_for_driver(e: &InstanceError) -> StatusCode {
             _ => StatusCode::INTERNAL_SERVER_ERROR,
         },
         InstanceError::Libvirt { .. }
+        | InstanceError::DestinationXml { .. }
         | InstanceError::Plug { .. }
         | InstanceError::Network { .. }
         | InstanceError::Storage { .. }

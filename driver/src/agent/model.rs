@@ -398,6 +398,9 @@ pub struct Report {
     /// Networking released.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub released: Option<ReportReleased>,
+    /// What a live migration's destination prepared for the disks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub incoming: Option<vireo_actors::instance::IncomingDisks>,
 }
 
 /// One step of a [`Report`].

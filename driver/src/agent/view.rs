@@ -143,6 +143,7 @@ pub fn report_wire(r: &OpReport) -> Report {
             unbound: rel.unbound.iter().map(ToString::to_string).collect(),
             already_gone: rel.already_gone.iter().map(ToString::to_string).collect(),
         }),
+        incoming: r.incoming.clone(),
     }
 }
 
@@ -221,6 +222,7 @@ pub fn op_report(r: &Report) -> Result<OpReport, String> {
         steps,
         waits,
         released,
+        incoming: r.incoming.clone(),
     })
 }
 
@@ -274,6 +276,17 @@ mod tests {
                 deleted: vec![port(3)],
                 unbound: vec![port(4)],
                 already_gone: vec![],
+            }),
+            incoming: Some(vireo_actors::instance::IncomingDisks {
+                shared_instance_path: false,
+                disks: vec![vireo_actors::storage::InstanceDisk {
+                    role: vireo_actors::storage::DiskRole::Root,
+                    path: "/var/lib/vireo/instances/u/disk".into(),
+                    format: vireo_actors::storage::ImageFormat::Qcow2,
+                    virtual_size: 1 << 30,
+                    image: None,
+                    cache: Some(vireo_actors::storage::CacheMode::None),
+                }],
             }),
         };
         let wire = serde_json::to_string(&report_wire(&r)).unwrap();

@@ -104,12 +104,6 @@ pub struct ActionArgs {
     /// resize, live-migrate: the destination host.
     #[arg(long)]
     pub dest_host: Option<String>,
-    /// live-migrate: the disks are on shared block storage.
-    #[arg(long)]
-    pub shared_block_storage: bool,
-    /// live-migrate: the instance directory is shared between the hosts.
-    #[arg(long)]
-    pub shared_instance_path: bool,
     /// power-off: seconds the guest gets before the domain is destroyed.
     #[arg(long, value_name = "SECONDS")]
     pub timeout: Option<u64>,
@@ -233,12 +227,6 @@ pub fn build_action(a: &ActionArgs, stdin: &mut dyn Read) -> Result<Operation, R
     }
     if let Some(h) = &a.dest_host {
         m.insert("dest_host".into(), Value::from(h.clone()));
-    }
-    if a.shared_block_storage {
-        m.insert("shared_block_storage".into(), Value::Bool(true));
-    }
-    if a.shared_instance_path {
-        m.insert("shared_instance_path".into(), Value::Bool(true));
     }
     if let Some(t) = a.timeout {
         m.insert("timeout".into(), Value::from(t));
@@ -496,8 +484,6 @@ mod tests {
             action: action.into(),
             flavor: None,
             dest_host: None,
-            shared_block_storage: false,
-            shared_instance_path: false,
             timeout: None,
             vif: None,
             port_id: None,
@@ -519,18 +505,10 @@ mod tests {
         );
         let mut a = args("live-migrate");
         a.dest_host = Some("h2".into());
-        a.shared_instance_path = true;
         let Operation::LiveMigrate(lm) = build_action(&a, &mut stdin).unwrap() else {
             panic!("not a live migration")
         };
-        assert_eq!(
-            (
-                lm.dest_host.as_str(),
-                lm.shared_block_storage,
-                lm.shared_instance_path
-            ),
-            ("h2", false, true)
-        );
+        assert_eq!(lm.dest_host.as_str(), "h2");
         let mut a = args("power-off");
         a.timeout = Some(5);
         assert!(matches!(

@@ -22,6 +22,15 @@
 //! sparse) before it grows the root disk (`qemu-img resize`); a revert or a failed resize puts
 //! the copy back (renames), a confirm drops it.
 //!
+//! A block live migration's destination makes target disks of the same sizes instead
+//! (`prepare_incoming`): an empty overlay on its own base (QEMU copies the overlay only), empty
+//! raw ephemeral and swap files, and a copy of the read-only config drive, which the
+//! migration does not mirror. A live migration's source writes a probe file in the instances
+//! directory (`write_probe`) that a destination sharing the directory sees.
+//!
+//! Disks get `cache='none'` where the instances directory opens files with `O_DIRECT`,
+//! `writethrough` elsewhere (Nova's rule; found out once per host).
+//!
 //! Every failure removes what the call created: the instance directory when it made it,
 //! otherwise the files it made in it.
 
@@ -35,8 +44,8 @@ use tokio::process::Command;
 use tracing::{debug, warn};
 use uuid::Uuid;
 use vireo_actors::storage::{
-    ConfigDriveFile, DiskPlan, DiskRole, ImageFormat, ImageRef, InstanceDisk, InstanceStorage,
-    StorageError,
+    CacheMode, ConfigDriveFile, DiskPlan, DiskRole, ImageFormat, ImageRef, InstanceDisk,
+    InstanceStorage, StorageError,
 };
 
 use super::cache::{CacheConfig, CacheError, ImageCache, ImageRequest, ImageSource};
@@ -68,6 +77,8 @@ impl StorageConfig {
 pub struct HostStorage {
     instances_dir: PathBuf,
     cache: Arc<ImageCache>,
+    /// The disks' cache mode, found out once (see [`HostStorage::cache_mode`]).
+    cache_mode: tokio::sync::OnceCell<CacheMode>,
 }
 
 impl HostStorage {
@@ -77,7 +88,57 @@ impl HostStorage {
         Ok(HostStorage {
             cache: ImageCache::new(config.cache)?,
             instances_dir: config.instances_dir,
+            cache_mode: tokio::sync::OnceCell::new(),
         })
+    }
+
+    /// The cache mode this host gives its disks: `none` when a file in the instances
+    /// directory opens with `O_DIRECT` (Nova's test), else `writethrough` (tmpfs has no
+    /// `O_DIRECT`). Found out on first use, the directory created if missing.
+    pub async fn cache_mode(&self) -> Result<CacheMode, StorageError> {
+        self.cache_mode
+            .get_or_try_init(|| async {
+                make_dir(&self.instances_dir, true).await?;
+                let probe = self
+                    .instances_dir
+                    .join(format!(".vireo-direct-io-{}", Uuid::new_v4()));
+                let p = probe.clone();
+                let direct = tokio::task::spawn_blocking(move || {
+                    use std::os::unix::fs::OpenOptionsExt;
+                    let r = std::fs::OpenOptions::new()
+                        .write(true)
+                        .create_new(true)
+                        .custom_flags(libc::O_DIRECT)
+                        .open(&p);
+                    let ok = r.is_ok();
+                    let _ = std::fs::remove_file(&p);
+                    ok
+                })
+                .await
+                .map_err(|_| StorageError::Task("probe O_DIRECT"))?;
+                let mode = if direct {
+                    CacheMode::None
+                } else {
+                    CacheMode::Writethrough
+                };
+                debug!(dir = %self.instances_dir.display(), ?mode, "disk cache mode");
+                Ok(mode)
+            })
+            .await
+            .copied()
+    }
+
+    /// `disks` with this host's cache mode.
+    async fn with_cache_mode(
+        &self,
+        disks: Result<Vec<InstanceDisk>, StorageError>,
+    ) -> Result<Vec<InstanceDisk>, StorageError> {
+        let mut disks = disks?;
+        let mode = self.cache_mode().await?;
+        for d in &mut disks {
+            d.cache = Some(mode);
+        }
+        Ok(disks)
     }
 
     /// The image cache.
@@ -162,7 +223,9 @@ impl InstanceStorage for HostStorage {
     async fn create(&self, plan: &DiskPlan) -> Result<Vec<InstanceDisk>, StorageError> {
         let (dir, existed) = self.open_instance_dir(plan.uuid).await?;
         let mut made = Vec::new();
-        let disks = self.make(plan, &dir, &mut made).await;
+        let disks = self
+            .with_cache_mode(self.make(plan, &dir, &mut made).await)
+            .await;
         match &disks {
             Ok(d) => debug!(instance = %plan.uuid, disks = d.len(), "disks created"),
             Err(_) => undo(plan.uuid, &dir, existed, &made).await,
@@ -298,16 +361,143 @@ impl InstanceStorage for HostStorage {
         let (dir, existed) = self.open_instance_dir(uuid).await?;
         let mut made = Vec::new();
         let copied = self
-            .copy_into(source_uri, disks, image, root_gb, &dir, &mut made)
+            .with_cache_mode(
+                self.copy_into(source_uri, disks, image, root_gb, &dir, &mut made)
+                    .await,
+            )
             .await;
         if copied.is_err() {
             undo(uuid, &dir, existed, &made).await;
         }
         copied
     }
+
+    async fn write_probe(&self, name: &str) -> Result<(), StorageError> {
+        make_dir(&self.instances_dir, true).await?;
+        let path = self.probe_path(name)?;
+        tokio::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .await
+            .map(drop)
+            .map_err(|source| StorageError::Io {
+                action: "write the shared-directory probe",
+                path,
+                source,
+            })
+    }
+
+    async fn sees_probe(&self, name: &str) -> bool {
+        match self.probe_path(name) {
+            Ok(p) => tokio::fs::try_exists(p).await.unwrap_or(false),
+            Err(_) => false,
+        }
+    }
+
+    async fn remove_probe(&self, name: &str) {
+        if let Ok(p) = self.probe_path(name) {
+            if let Err(e) = remove_path(&p).await {
+                warn!(error = %e, "a shared-directory probe left");
+            }
+        }
+    }
+
+    async fn prepare_incoming(
+        &self,
+        uuid: Uuid,
+        source_uri: &str,
+        disks: &[InstanceDisk],
+        image: Option<&ImageRef>,
+    ) -> Result<Vec<InstanceDisk>, StorageError> {
+        let (dir, existed) = self.open_instance_dir(uuid).await?;
+        let mut made = Vec::new();
+        let prepared = self
+            .with_cache_mode(
+                self.prepare_into(source_uri, disks, image, &dir, &mut made)
+                    .await,
+            )
+            .await;
+        match &prepared {
+            Ok(d) => debug!(instance = %uuid, disks = d.len(), "target disks prepared"),
+            Err(_) => undo(uuid, &dir, existed, &made).await,
+        }
+        prepared
+    }
 }
 
 impl HostStorage {
+    /// A probe file's path: a plain file name in the instances directory, nothing else.
+    fn probe_path(&self, name: &str) -> Result<PathBuf, StorageError> {
+        if name.is_empty() || name.contains('/') || name == "." || name == ".." {
+            return Err(StorageError::Io {
+                action: "name a probe",
+                path: PathBuf::from(name),
+                source: std::io::Error::from(std::io::ErrorKind::InvalidInput),
+            });
+        }
+        Ok(self.instances_dir.join(name))
+    }
+
+    async fn prepare_into(
+        &self,
+        source_uri: &str,
+        disks: &[InstanceDisk],
+        image: Option<&ImageRef>,
+        dir: &Path,
+        made: &mut Vec<PathBuf>,
+    ) -> Result<Vec<InstanceDisk>, StorageError> {
+        let mut out = Vec::with_capacity(disks.len());
+        for d in disks {
+            let path = dir.join(d.role.file_name());
+            claim(&path, made).await?;
+            let size = d.virtual_size.to_string();
+            match (d.role, image) {
+                (DiskRole::Root, Some(image)) if d.image.is_some() => {
+                    let base = self.base(image, None).await?;
+                    run(
+                        "qemu-img",
+                        &[
+                            "create",
+                            "-q",
+                            "-f",
+                            "qcow2",
+                            "-F",
+                            image.format.as_str(),
+                            "-b",
+                            path_str(&base)?,
+                            path_str(&path)?,
+                            &size,
+                        ],
+                    )
+                    .await?;
+                }
+                (DiskRole::ConfigDrive, _) => {
+                    let (uri, from, local) = (source_uri.to_owned(), d.path.clone(), path.clone());
+                    tokio::task::spawn_blocking(move || transfer(&uri, &from, &local))
+                        .await
+                        .map_err(|_| StorageError::Task("copy the config drive"))??;
+                }
+                _ => {
+                    run(
+                        "qemu-img",
+                        &[
+                            "create",
+                            "-q",
+                            "-f",
+                            d.format.as_str(),
+                            path_str(&path)?,
+                            &size,
+                        ],
+                    )
+                    .await?;
+                }
+            }
+            out.push(InstanceDisk { path, ..d.clone() });
+        }
+        Ok(out)
+    }
+
     /// Instance `uuid`'s directory, created when missing (and whether it was there before).
     async fn open_instance_dir(&self, uuid: Uuid) -> Result<(PathBuf, bool), StorageError> {
         let dir = self.instance_dir(uuid);
@@ -555,6 +745,7 @@ async fn root_disk(
         format: ImageFormat::Qcow2,
         virtual_size: size,
         image: Some(image.id.clone()),
+        cache: None,
     })
 }
 
@@ -629,6 +820,7 @@ fn raw_disk(role: DiskRole, path: PathBuf, size: u64) -> InstanceDisk {
         format: ImageFormat::Raw,
         virtual_size: size,
         image: None,
+        cache: None,
     }
 }
 

@@ -537,15 +537,11 @@ impl Ctx {
                     }
                 }
                 Unit::LiveMigrate => {
-                    let args = LiveMigrateArgs::of(
-                        &Migration {
-                            id: Uuid::new_v4(),
-                            source_host: HOSTS[host].into(),
-                            dest_host: HOSTS[other].into(),
-                        },
-                        i % 2 == 0,
-                        i % 4 < 2,
-                    );
+                    let args = LiveMigrateArgs::of(&Migration {
+                        id: Uuid::new_v4(),
+                        source_host: HOSTS[host].into(),
+                        dest_host: HOSTS[other].into(),
+                    });
                     b.op(
                         OpKind::LiveMigrate,
                         id,

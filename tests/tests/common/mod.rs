@@ -120,17 +120,13 @@ pub async fn sriov_port(net: &dyn NetworkApi, vnic: VnicType, pci: &str) -> Port
     PortRequest::Port { port_id: port.id }
 }
 
-/// A live migration from h1 to `dest` with the given storage flags.
-pub fn lm(dest: &str, shared_block: bool, shared_path: bool) -> LiveMigrateArgs {
-    LiveMigrateArgs::of(
-        &Migration {
-            id: uuid(),
-            source_host: "h1".into(),
-            dest_host: dest.into(),
-        },
-        shared_block,
-        shared_path,
-    )
+/// A live migration from h1 to `dest`.
+pub fn lm(dest: &str) -> LiveMigrateArgs {
+    LiveMigrateArgs::of(&Migration {
+        id: uuid(),
+        source_host: "h1".into(),
+        dest_host: dest.into(),
+    })
 }
 
 pub fn uuid() -> Uuid {
@@ -150,6 +146,9 @@ pub struct Spec {
     /// Hosts whose libvirt is a private libvirtd (the socket it listens on) instead of an
     /// in-process `test:///` connection: the host's node file is read by that daemon.
     pub remote: BTreeMap<String, PathBuf>,
+    /// Every host keeps its instances in one directory (a shared instances path); each
+    /// still has its own image cache.
+    pub shared_instances: bool,
 }
 
 /// Hosts `hosts`, fatal waits of 30 s (an operation that waits that long has failed), fast
@@ -170,6 +169,7 @@ pub fn spec(hosts: &[&str]) -> Spec {
         },
         event_delay_ms: 0,
         remote: BTreeMap::new(),
+        shared_instances: false,
     }
 }
 
@@ -177,6 +177,12 @@ impl Spec {
     /// `host`'s libvirt is the private libvirtd listening on `socket`.
     pub fn remote(mut self, host: &str, socket: PathBuf) -> Self {
         self.remote.insert(host.to_owned(), socket);
+        self
+    }
+
+    /// The hosts share one instances directory.
+    pub fn shared_instances(mut self, shared: bool) -> Self {
+        self.shared_instances = shared;
         self
     }
 
@@ -404,7 +410,10 @@ impl TestCloud {
             network: NetworkConfig::Embedded(EmbeddedConfig::default()),
             migration_uri: Some(uri.clone()),
             // The host's own state directory, kept across its restarts.
-            storage: vireo::storage::StorageConfig::in_state_dir(&self.dir.path().join(name)),
+            storage: vireo::storage::StorageConfig {
+                instances_dir: self.instances_dir(name),
+                ..vireo::storage::StorageConfig::in_state_dir(&self.dir.path().join(name))
+            },
         };
         let events = self.system.start_events(EventConfig::default());
         self.sink.add_target(events.clone());
@@ -569,12 +578,22 @@ impl TestCloud {
                 .map(|rd| rd.map(|e| e.unwrap().path()).collect())
                 .unwrap_or_default()
         };
-        let mut left = list(state.join("instances"));
+        let mut left = list(self.instances_dir(name));
         left.extend(list(state.join("_base")).into_iter().filter(|p| {
             p.file_name()
                 .is_some_and(|n| n.to_string_lossy().starts_with('.'))
         }));
         left
+    }
+
+    /// Host `name`'s instances directory (one for every host with
+    /// [`Spec::shared_instances`]).
+    pub fn instances_dir(&self, name: &str) -> PathBuf {
+        if self.spec.shared_instances {
+            self.dir.path().join("shared-instances")
+        } else {
+            self.dir.path().join(name).join("instances")
+        }
     }
 
     /// Host `name`'s image cache directory.

@@ -464,11 +464,8 @@ pub async fn run(op: Op, c: &TestCloud, s: &Subject) -> Result<OpReport, Instanc
             Op::Revert => c.host("h2").driver.revert_resize(id).await,
             Op::RevertSameHost => h1.revert_resize(id).await,
             Op::LiveMigration | Op::Rollback => {
-                h1.live_migrate(
-                    id,
-                    LiveMigrateArgs::of(&migration("h1", "h2"), false, false),
-                )
-                .await
+                h1.live_migrate(id, LiveMigrateArgs::of(&migration("h1", "h2")))
+                    .await
             }
             Op::Reschedule => h1.cleanup_for_reschedule(id).await,
             Op::Attach => {

@@ -19,9 +19,13 @@ use crate::predict::{EventOp, Timing};
 use crate::instance::admission::AdmissionError;
 use crate::instance::in_flight::{InFlight, MigrationStep};
 use crate::instance::op::OpCtx;
-use crate::instance::operation::{LiveMigrateArgs, Operation};
+use crate::instance::operation::{cleanup_flags, LiveMigrateArgs, Operation};
 use crate::instance::record::InstanceRecord;
-use crate::instance::types::{Handover, InstanceError, InvalidOperation, Migration, PowerState};
+use crate::instance::types::{
+    Handover, IncomingDisks, InstanceError, InstanceReply, InvalidOperation, Migration, PowerState,
+};
+use crate::storage::{disk_targets, migration_probe, CacheMode, DiskRole};
+use vireo_xml::live::{rewrite, Edit};
 
 use super::{
     expect_predicted, handover, predicted, record_from_handover, settle_state, with_rollback,
@@ -50,16 +54,18 @@ pub(crate) async fn live_migrate(
             .into(),
         );
     }
-    if !record.storage.disks.is_empty() && !args.shared_instance_path {
-        let refused = InvalidOperation::DisksDoNotMove {
-            request: Request::LiveMigrate,
-            host: migration.source_host,
-            dest: migration.dest_host,
-        };
-        return Finished::err(from, Some(record), refused.into());
-    }
     let dest = migration.dest_host.clone();
     let h = handover(&record, &record.flavor, from == InstanceState::Running);
+    let has_disks = !record.storage.disks.is_empty();
+    let probe = migration_probe(migration.id);
+    // What the destination prepared (its pre-live-migration's report): until it answered,
+    // whether it shares the instances directory is unknown.
+    let incoming: std::sync::Mutex<Option<IncomingDisks>> = std::sync::Mutex::new(None);
+    let shared_path = |i: &std::sync::Mutex<Option<IncomingDisks>>| {
+        i.lock()
+            .map(|g| g.as_ref().is_some_and(|i| i.shared_instance_path))
+            .unwrap_or(false)
+    };
     let in_flight = op.in_flight(
         "prepare",
         InFlight::LiveMigrate(MigrationStep {
@@ -70,6 +76,12 @@ pub(crate) async fn live_migrate(
         op,
         async |op| {
             op.save(&record, Some(in_flight)).await?;
+            let storage = op.deps.storage.clone();
+            op.store(
+                "write the shared-directory probe",
+                storage.write_probe(&probe),
+            )
+            .await?;
             let peer = op.deps.peers.get(&dest)?;
             let uri = peer.migration_uri().ok_or_else(|| {
                 InstanceError::from(InvalidOperation::NoLiveMigrationTo { host: dest.clone() })
@@ -99,24 +111,41 @@ pub(crate) async fn live_migrate(
                 update_profiles(op, &record, Some(&dest)).await?;
             }
             op.phase("pre-wire the destination");
-            op.peer(
-                &dest,
-                "pre-live-migration",
-                Operation::PreLiveMigration {
-                    migration: migration.clone(),
-                    handover: Box::new(h.clone()),
-                },
-            )
-            .await?;
+            let InstanceReply::Done { report, .. } = op
+                .peer(
+                    &dest,
+                    "pre-live-migration",
+                    Operation::PreLiveMigration {
+                        migration: migration.clone(),
+                        handover: Box::new(h.clone()),
+                    },
+                )
+                .await?;
+            let prepared = report.incoming.unwrap_or(IncomingDisks {
+                // A destination that says nothing of disks prepared none.
+                shared_instance_path: false,
+                disks: Vec::new(),
+            });
+            if let Ok(mut i) = incoming.lock() {
+                *i = Some(prepared.clone());
+            }
+            let block = if has_disks {
+                Some(block_migration(op, &dest, &record, &prepared).await?)
+            } else {
+                None
+            };
             op.phase("migrate");
-            migrate_watched(op, uri, record.flavor.memory_mb).await?;
+            migrate_watched(op, uri, record.flavor.memory_mb, block).await?;
             Ok::<_, InstanceError>(())
         },
         async |op, cause| {
             // Logged once the operation's waits are cancelled (before, in the copy this
             // replaced): the order of a log line only.
             warn!(instance = %op.uuid, error = %cause, "live migration failed; rolling back");
-            let (do_cleanup, destroy_disks) = args.cleanup_flags();
+            // Not knowing whether the directory is shared (no answer), the destination is
+            // asked to remove its disks: it looks for the probe first and keeps a directory
+            // that is the source's.
+            let (do_cleanup, destroy_disks) = cleanup_flags(!has_disks, shared_path(&incoming));
             let rollback = rollback_live_migration(
                 op,
                 &record,
@@ -127,6 +156,7 @@ pub(crate) async fn live_migrate(
                 std::time::Duration::ZERO,
             )
             .await;
+            op.deps.storage.remove_probe(&probe).await;
             let state = settle_state(op, from).await;
             let state = if matches!(state, InstanceState::Running | InstanceState::Paused) {
                 state
@@ -167,6 +197,14 @@ pub(crate) async fn live_migrate(
                     .await;
             }
             let _ = op.undefine_domain().await;
+            if has_disks && !shared_path(&incoming) {
+                // The migration copied them: the destination's are the guest's now.
+                let storage = op.deps.storage.clone();
+                let _ = op
+                    .store("remove the source's disks", storage.remove(op.uuid))
+                    .await;
+            }
+            op.deps.storage.remove_probe(&probe).await;
             op.deps.events.forget(op.uuid);
             match post {
                 Ok(_) => Finished::ok(InstanceState::Gone, None),
@@ -181,7 +219,12 @@ pub(crate) async fn live_migrate(
 /// operation's phase); past the completion timeout for a guest of `memory_mb` the job is
 /// aborted, and the migration fails with [`InstanceError::MigrationAborted`] (the caller
 /// rolls back). The migration call and the progress reads run on separate libvirt workers.
-async fn migrate_watched(op: &mut OpCtx, uri: String, memory_mb: u64) -> Result<(), InstanceError> {
+async fn migrate_watched(
+    op: &mut OpCtx,
+    uri: String,
+    memory_mb: u64,
+    block: Option<BlockMigration>,
+) -> Result<(), InstanceError> {
     let policy = op.deps.config.migration.clone();
     let mut flags = virt::sys::VIR_MIGRATE_LIVE
         | virt::sys::VIR_MIGRATE_PERSIST_DEST
@@ -189,10 +232,20 @@ async fn migrate_watched(op: &mut OpCtx, uri: String, memory_mb: u64) -> Result<
     if policy.auto_converge {
         flags |= virt::sys::VIR_MIGRATE_AUTO_CONVERGE;
     }
-    let params = crate::libvirt::MigrateParameters {
+    let mut params = crate::libvirt::MigrateParameters {
         bandwidth: policy.bandwidth_mib,
         ..Default::default()
     };
+    if let Some(b) = block {
+        if !b.copy.is_empty() {
+            flags |= virt::sys::VIR_MIGRATE_NON_SHARED_INC;
+            params.migrate_disks = b.copy;
+        }
+        if b.proven_shared {
+            flags |= virt::sys::VIR_MIGRATE_UNSAFE;
+        }
+        params.dest_xml = b.dest_xml;
+    }
     let limit = policy.completion_timeout(memory_mb);
     let lv = op.deps.libvirt.clone();
     let uuid = op.uuid;
@@ -242,6 +295,75 @@ async fn migrate_watched(op: &mut OpCtx, uri: String, memory_mb: u64) -> Result<
             source,
         }),
     }
+}
+
+/// How the disks move with the guest.
+struct BlockMigration {
+    /// The guest devices the migration copies (none on a shared instances directory).
+    copy: Vec<String>,
+    /// The domain as the destination defines it, when its disks are at other paths there.
+    dest_xml: Option<String>,
+    /// The disks stay where they are, on a directory the destination proved it sees (the
+    /// probe) and without a host page cache (`cache='none'`): libvirt's own check, which
+    /// knows shared storage only by file-system type (NFS, Ceph, GlusterFS, ...), is
+    /// overruled (`VIR_MIGRATE_UNSAFE`). With any other cache mode libvirt decides.
+    proven_shared: bool,
+}
+
+/// The block part of a live migration from what the destination `prepared`: without a
+/// shared directory every disk but the read-only config drive (the destination copied that
+/// one already) is copied — the root disk's overlay only, the destination has the base —
+/// and the destination's XML names the destination's files.
+async fn block_migration(
+    op: &mut OpCtx,
+    dest: &str,
+    record: &InstanceRecord,
+    prepared: &IncomingDisks,
+) -> Result<BlockMigration, InstanceError> {
+    let here = &record.storage.disks;
+    let there = &prepared.disks;
+    if there.len() != here.len() || here.iter().zip(there).any(|(a, b)| a.role != b.role) {
+        return Err(InvalidOperation::DisksNotPrepared {
+            host: dest.to_owned(),
+        }
+        .into());
+    }
+    let targets = disk_targets(here);
+    let copy = if prepared.shared_instance_path {
+        Vec::new()
+    } else {
+        targets
+            .iter()
+            .zip(here)
+            .filter(|(_, d)| d.role != DiskRole::ConfigDrive)
+            .map(|(t, _)| t.clone())
+            .collect()
+    };
+    let edits: Vec<Edit> = targets
+        .iter()
+        .zip(here.iter().zip(there))
+        .filter(|(_, (a, b))| a.path != b.path)
+        .map(|(t, (_, b))| Edit::SetDiskFile {
+            target: t.clone(),
+            file: b.path.display().to_string(),
+        })
+        .collect();
+    let dest_xml = if edits.is_empty() {
+        None
+    } else {
+        let lv = op.deps.libvirt.clone();
+        let xml = op.lv("migratable xml", lv.migratable_xml(op.uuid)).await?;
+        Some(rewrite(&xml, &edits).map_err(|source| InstanceError::DestinationXml { source })?)
+    };
+    let proven_shared = prepared.shared_instance_path
+        && here
+            .iter()
+            .all(|d| d.role == DiskRole::ConfigDrive || d.cache == Some(CacheMode::None));
+    Ok(BlockMigration {
+        copy,
+        dest_xml,
+        proven_shared,
+    })
 }
 
 /// The operation's phase while a migration job runs: how much is left.
@@ -314,6 +436,7 @@ pub(super) async fn rollback_live_migration(
                     handover: Box::new(h.clone()),
                     do_cleanup,
                     destroy_disks,
+                    migration_id: Some(migration.id),
                 },
             )
             .await;
@@ -412,18 +535,62 @@ pub(crate) async fn pre_live_migration(
     };
     record.state = InstanceState::Incoming;
     op.use_record(&record);
-    let _ = migration;
     op.deps.events.track(op.uuid);
     // QEMU opens the serial log of the incoming domain here: its directory must exist (on a
     // shared instance directory it does already).
     if let Err(e) = record.prepare_console_log_dir(&op.deps.config.domain) {
         return Finished::err(InstanceState::Gone, None, InstanceError::Record(e));
     }
+    // The disks: where the source's probe is, this host uses the source's directory (at the
+    // same path, Nova's assumption); otherwise the migration will copy into disks made here.
+    let storage = op.deps.storage.clone();
+    let shared = storage.sees_probe(&migration_probe(migration.id)).await;
+    let made_disks = !shared && !record.storage.disks.is_empty();
+    if made_disks {
+        if storage.holds_disks(op.uuid).await {
+            let refused = InvalidOperation::DisksAlreadyHere {
+                host: op.deps.host.clone(),
+            };
+            return Finished::err(InstanceState::Gone, None, refused.into());
+        }
+        op.phase("prepare disks");
+        let prepared = async {
+            let source = &migration.source_host;
+            let uri = op.deps.peers.get(source)?.migration_uri().ok_or_else(|| {
+                InstanceError::from(InvalidOperation::NoDiskCopyFrom {
+                    host: source.clone(),
+                })
+            })?;
+            op.store(
+                "prepare disks",
+                storage.prepare_incoming(
+                    op.uuid,
+                    &uri,
+                    &record.storage.disks,
+                    record.storage.image.as_ref(),
+                ),
+            )
+            .await
+        }
+        .await;
+        match prepared {
+            Ok(disks) => record.storage.disks = disks,
+            Err(e) => return Finished::err(InstanceState::Gone, None, e),
+        }
+        op.use_record(&record);
+    }
+    op.report.incoming = Some(IncomingDisks {
+        shared_instance_path: shared,
+        disks: record.storage.disks.clone(),
+    });
     op.phase("plug");
     match op.plug_all(&record).await {
         Ok(()) => Finished::ok(InstanceState::Incoming, Some(record)),
         Err(e) => {
             let _ = op.unplug_all(&record).await;
+            if made_disks {
+                let _ = op.store("remove disks", storage.remove(op.uuid)).await;
+            }
             Finished::err(InstanceState::Gone, None, e)
         }
     }
@@ -499,6 +666,7 @@ pub(crate) async fn rollback_at_destination(
     h: Handover,
     do_cleanup: bool,
     destroy_disks: bool,
+    migration_id: Option<uuid::Uuid>,
 ) -> Finished {
     let record = match record_from_handover(op, &h) {
         Ok(r) => r,
@@ -506,13 +674,23 @@ pub(crate) async fn rollback_at_destination(
     };
     op.use_record(&record);
     // The incoming domain definition is always removed (when it exists and is not the
-    // running guest). `do_cleanup` (true only when the caller says the instance directory is
+    // running guest). `do_cleanup` (true only when the caller found the instances directory
     // not shared): the console log's directory pre-live-migration made goes, if it is still
     // empty (a flag that is wrong about sharing must never cost the source its log).
-    // `destroy_disks` would matter for disks on shared block storage, which vireo does not
-    // make: its disks are files in the instance directory, and a live migration of an
-    // instance with disks needs a shared one.
-    let _ = destroy_disks;
+    // `destroy_disks`: the disks pre-live-migration made here go — unless this host sees
+    // the migration's probe (the directory is the source's, whatever the caller thought),
+    // or the caller did not name the migration (then it cannot be checked).
+    let storage = op.deps.storage.clone();
+    let remove_disks = match migration_id {
+        Some(id) if destroy_disks => !storage.sees_probe(&migration_probe(id)).await,
+        Some(_) => false,
+        None => {
+            if destroy_disks {
+                warn!(instance = %op.uuid, "rollback without the migration's id: disks kept");
+            }
+            false
+        }
+    };
     op.phase("remove prepared devices");
     let mut errors = Vec::new();
     if let Err(e) = op.destroy_domain().await {
@@ -523,6 +701,11 @@ pub(crate) async fn rollback_at_destination(
     }
     if let Err(e) = op.unplug_all(&record).await {
         errors.push(e);
+    }
+    if remove_disks && errors.is_empty() {
+        if let Err(e) = op.store("remove disks", storage.remove(op.uuid)).await {
+            errors.push(e);
+        }
     }
     if do_cleanup && errors.is_empty() {
         record.remove_empty_console_log_dir(&op.deps.config.domain);

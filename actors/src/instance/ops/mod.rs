@@ -322,8 +322,16 @@ pub(crate) async fn dispatch(
             handover,
             do_cleanup,
             destroy_disks,
+            migration_id,
         } => {
-            return migrate::rollback_at_destination(op, *handover, do_cleanup, destroy_disks).await
+            return migrate::rollback_at_destination(
+                op,
+                *handover,
+                do_cleanup,
+                destroy_disks,
+                migration_id,
+            )
+            .await
         }
         _ => {}
     }

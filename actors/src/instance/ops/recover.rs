@@ -72,6 +72,8 @@ pub(crate) async fn recover(
             {
                 failure = Some(e);
             }
+            let probe = crate::storage::migration_probe(step.migration.id);
+            op.deps.storage.remove_probe(&probe).await;
         }
         // Reconciled: the state is what libvirt says.
         Some(
