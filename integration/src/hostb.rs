@@ -171,13 +171,16 @@ pub struct HostBAgent {
 
 impl HostBAgent {
     /// Write host B's config (API token `secret`, see [`link`]) and start `agent_bin agent
-    /// --config ...` inside host B; wait until it answers `/healthz`.
+    /// --config ...` inside host B; wait until it answers `/healthz`. With
+    /// `instances_path`, B keeps its instance directories there (a directory host A's
+    /// agent uses too: a shared instances path) instead of in its own state directory.
     pub async fn start(
         env: HostBEnv,
         secret: &str,
         agent_bin: &Path,
         a: &HostASide,
         domain_type: &str,
+        instances_path: Option<&Path>,
     ) -> Result<HostBAgent, HarnessError> {
         let relay_api = Relay::start(SocketAddr::new(env.addr_a, 0), a.api, env.addr_b).await?;
         let relay_neutron =
@@ -218,7 +221,7 @@ url = "http://{neutron}"
 vif_plugging_timeout = 60
 [instances]
 state_dir = "{root}/state"
-image_dirs = ["{root}/images"]
+{instances_path}image_dirs = ["{root}/images"]
 domain_type = "{domain_type}"
 power_off_timeout = 2
 [plugging]
@@ -241,6 +244,9 @@ timeout = 600
             a_name = a.name,
             a_api = relay_api.addr(),
             a_uri = env.a_uri_from_b,
+            instances_path = instances_path
+                .map(|p| format!("instances_path = \"{}\"\n", p.display()))
+                .unwrap_or_default(),
         );
         let cfg = root.join("agent.toml");
         std::fs::write(&cfg, config).map_err(|source| HarnessError::Io {

@@ -565,8 +565,9 @@ async fn live_migration_rollback(run: &Run) -> R {
     let net = run.env.network_id.clone();
     let (id, vifs, _) = spawn_allocated(&mut s, 0, &net, 1).await;
     let (a, bh) = (&s.hosts[0], &s.hosts[1]);
-    for (sbs, sip) in [(false, false), (true, false), (false, true), (true, true)] {
-        let label = format!("live-migrate fails {}{}", u8::from(sbs), u8::from(sip));
+    // Twice: a rollback leaves the instance ready for the next attempt.
+    for attempt in 1..=2 {
+        let label = format!("live-migrate fails #{attempt}");
         let e = s
             .op(
                 a,
@@ -574,15 +575,11 @@ async fn live_migration_rollback(run: &Run) -> R {
                 id,
                 a.driver.live_migrate(
                     id,
-                    LiveMigrateArgs::of(
-                        &Migration {
-                            id: Uuid::new_v4(),
-                            source_host: a.name.clone(),
-                            dest_host: dest.clone(),
-                        },
-                        sbs,
-                        sip,
-                    ),
+                    LiveMigrateArgs::of(&Migration {
+                        id: Uuid::new_v4(),
+                        source_host: a.name.clone(),
+                        dest_host: dest.clone(),
+                    }),
                 ),
             )
             .await
@@ -1154,7 +1151,7 @@ async fn two_host_live_migration(run: &Run, b: &HostBAgent) -> R {
                 &a_api,
                 &h.name,
                 id,
-                Operation::LiveMigrate(Box::new(LiveMigrateArgs::new(&bname, false, false))),
+                Operation::LiveMigrate(Box::new(LiveMigrateArgs::new(&bname))),
             ),
         )
         .await;
@@ -1345,7 +1342,7 @@ async fn two_host_live_migration_timeout(run: &Run, b: &HostBAgent) -> R {
     let bname = b.env.name.clone();
     let e = h
         .driver
-        .live_migrate(id, LiveMigrateArgs::new(&bname, false, false))
+        .live_migrate(id, LiveMigrateArgs::new(&bname))
         .await
         .unwrap_err();
     let text = vireo_integration::chain(&e);
@@ -1489,6 +1486,172 @@ async fn two_host_resize_with_disks(run: &Run, b: &HostBAgent) -> R {
     finish_two_hosts(s, b).await
 }
 
+/// Bytes the guest "wrote" before a block live migration (besides a 1 MiB marker): the
+/// overlay the migration copies, and the figure for its copy rate against `dd`.
+const BLOCK_MIGRATION_BYTES: u64 = 1 << 30;
+
+/// A live migration A → B of a running instance with disks (root overlay, swap, config
+/// drive). With B's own instances directory B makes target disks (the root an empty overlay
+/// on B's own base) and the migration copies them (`VIR_MIGRATE_NON_SHARED_INC`: only the
+/// overlay); with `shared`, an instances directory both agents use, B sees A's probe file,
+/// nothing is copied and the disks stay where they are. Either way the data written before
+/// is in the disk B's guest runs on, A keeps nothing it should not, and deleting the
+/// instance on B removes its directory.
+async fn two_host_live_migration_with_disks(
+    run: &Run,
+    b: &HostBAgent,
+    shared: Option<&std::path::Path>,
+) -> R {
+    let title = if shared.is_some() {
+        TWO_HOSTS_SHARED[0]
+    } else {
+        TWO_HOSTS[4]
+    };
+    let mut s = Scene::new(run, title);
+    s.peers.insert(b.peer()?);
+    let own = open_dir("vireo-it-state-")?;
+    let state = shared.map_or_else(|| own.path().to_owned(), |p| p.to_owned());
+    let images = open_dir("vireo-it-images-")?;
+    let mut opts = s.system_host();
+    opts.state_dir = state.clone();
+    s.host(opts).await?;
+    let image = images.path().join("disk.raw");
+    let mut bytes = vec![0u8; 16 << 20];
+    bytes[..8].copy_from_slice(b"VIREODSK");
+    std::fs::write(&image, &bytes).unwrap();
+    let sum = sha256_file(&image);
+    let id = s.instance();
+    let mut args = s.spawn_args(NetworkRequest::Allocated(NetworkInfo::default()));
+    args.flavor.root_gb = 2;
+    args.flavor.swap_mb = 8;
+    // Defined, not started: the test writes the guest's data into the disk itself.
+    args.power_on = false;
+    args.storage = SpawnStorage {
+        image: Some(ImageRef {
+            id: ImageId::new("it-block-lm").unwrap(),
+            source: image.display().to_string(),
+            checksum: Some(Checksum::Sha256(sum.clone())),
+            format: ImageFormat::Raw,
+        }),
+        image_token: None,
+        config_drive: Some(ConfigDrive::default()),
+    };
+    let h = s.a();
+    s.ok(h, "spawn (disks, stopped)", id, h.driver.spawn(id, args))
+        .await;
+    let a_dir = state.join(format!("instances/{id}"));
+    let b_dir = match shared {
+        Some(_) => a_dir.clone(),
+        None => b.state_dir.join(format!("instances/{id}")),
+    };
+    let mut writes = vec!["write -P 0x58 1M 1M".to_owned()];
+    if shared.is_none() {
+        writes.push(format!("write -P 0x59 64M {BLOCK_MIGRATION_BYTES}"));
+    }
+    for w in &writes {
+        let out = Command::new("qemu-io")
+            .args(["-f", "qcow2", "-c", w])
+            .arg(a_dir.join("disk"))
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+    }
+    // The plain copy the block migration is compared with: the same overlay, `dd` into
+    // B's state directory on this machine's file system.
+    let dd = if shared.is_none() {
+        let scratch = b.state_dir.join("dd-scratch");
+        let t = Instant::now();
+        let out = Command::new("dd")
+            .arg(format!("if={}", a_dir.join("disk").display()))
+            .arg(format!("of={}", scratch.display()))
+            .args(["bs=1M", "conv=fsync", "status=none"])
+            .output()
+            .unwrap();
+        let took = t.elapsed();
+        let _ = std::fs::remove_file(&scratch);
+        assert!(out.status.success(), "{out:?}");
+        Some(took)
+    } else {
+        None
+    };
+    s.ok(h, "power on (disks)", id, h.driver.power_on(id)).await;
+    let bname = b.env.name.clone();
+    let r = s
+        .ok(
+            h,
+            "live migrate A>B (disks)",
+            id,
+            h.driver.live_migrate(id, LiveMigrateArgs::new(&bname)),
+        )
+        .await;
+    let steps: Vec<&str> = r.steps.iter().map(|st| st.name.as_str()).collect();
+    assert!(
+        steps.contains(&"write the shared-directory probe"),
+        "{steps:?}"
+    );
+    assert_eq!(
+        steps.contains(&"migratable xml"),
+        shared.is_none(),
+        "{steps:?}"
+    );
+    if let (Some(dd), Some(m)) = (dd, r.steps.iter().find(|st| st.name == "migrate")) {
+        let mib = (BLOCK_MIGRATION_BYTES >> 20) as f64;
+        println!(
+            "block live migration of {mib} MiB written: migrate {} ms ({:.0} MiB/s), dd of the \
+             same overlay {} ms ({:.0} MiB/s): {:.2}x",
+            m.took.as_millis(),
+            mib / m.took.as_secs_f64(),
+            dd.as_millis(),
+            mib / dd.as_secs_f64(),
+            dd.as_secs_f64() / m.took.as_secs_f64()
+        );
+    }
+    assert_eq!(hb_domain_state(&b.env, id).as_deref(), Some("running"));
+    let view = b.client.show_instance(id).await.unwrap();
+    assert_eq!(view.disks.len(), 3, "{view:?}");
+    for d in &view.disks {
+        assert!(d.path.starts_with(&b_dir), "{d:?}");
+    }
+    // The guest's data is in the disk B runs on.
+    assert!(overlay_holds(&b_dir.join("disk"), 1 << 20, 1 << 20, b'X'));
+    let info = Command::new("qemu-img")
+        .args(["info", "--output=json", "-U", "-f", "qcow2"])
+        .arg(b_dir.join("disk"))
+        .output()
+        .unwrap();
+    let info: serde_json::Value = serde_json::from_slice(&info.stdout).unwrap();
+    let base_dir = if shared.is_some() {
+        &state
+    } else {
+        &b.state_dir
+    };
+    assert_eq!(
+        info["backing-filename"],
+        base_dir.join("_base/it-block-lm").display().to_string()
+    );
+    if shared.is_none() {
+        assert!(
+            overlay_holds(&b_dir.join("disk"), 64 << 20, 1 << 20, b'Y'),
+            "the written block was copied"
+        );
+        assert!(!a_dir.exists(), "A removed its copy of the disks");
+        assert!(b_dir.join("disk.config").exists());
+    }
+    let probes: Vec<_> = [state.join("instances"), b.state_dir.join("instances")]
+        .iter()
+        .filter_map(|d| std::fs::read_dir(d).ok())
+        .flatten()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().starts_with(".vireo-probe"))
+        .map(|e| e.path())
+        .collect();
+    assert!(probes.is_empty(), "probes left: {probes:?}");
+    assert_eq!(sha256_file(&image), sum, "the image never changes");
+    s.remote_ok("delete on B", id, delete_on_b(b, id)).await;
+    assert!(!b_dir.exists(), "delete removes the disks");
+    finish_two_hosts(s, b).await
+}
+
 // ----------------------------------------------------------------------------------------
 
 const HYBRID: [&str; 5] = [
@@ -1498,12 +1661,15 @@ const HYBRID: [&str; 5] = [
     "build fails",
     "live migration rollback",
 ];
-const TWO_HOSTS: [&str; 4] = [
+const TWO_HOSTS: [&str; 5] = [
     "two hosts: live migrate A>B",
     "two hosts: resize A>B+revert",
     "two hosts: resize A>B with disks",
     "two hosts: live migration aborted by its timeout",
+    "two hosts: block live migration A>B",
 ];
+/// Run with host B's agent restarted on an instances directory host A uses too.
+const TWO_HOSTS_SHARED: [&str; 1] = ["two hosts (shared instances): live migrate A>B with disks"];
 const NATIVE: [&str; 3] = [
     "native libvirt-managed: spawn+lifecycle",
     "native pre-created: spawn+lifecycle",
@@ -1517,7 +1683,9 @@ type HostBPlan = Result<(HostBEnv, String), HarnessError>;
 /// selected).
 fn plan_host_b(runner: &mut Runner) -> (EndpointOptions, Option<HostBPlan>) {
     let mut opts = EndpointOptions::alone();
-    if runner.listing() || !runner.any_selected(&TWO_HOSTS) {
+    if runner.listing()
+        || !(runner.any_selected(&TWO_HOSTS) || runner.any_selected(&TWO_HOSTS_SHARED))
+    {
         return (opts, None);
     }
     let plan = HostBEnv::load().map(|env| {
@@ -1551,7 +1719,7 @@ async fn two_hosts(runner: &mut Runner, run: &Run, plan: Option<HostBPlan>) {
     };
     let start = Instant::now();
     let bin = std::path::Path::new(env!("CARGO_BIN_EXE_vireo-it-agent"));
-    let b = match HostBAgent::start(env, &secret, bin, &side, "qemu").await {
+    let b = match HostBAgent::start(env.clone(), &secret, bin, &side, "qemu", None).await {
         Ok(b) => b,
         Err(e) => {
             runner.fail("host B's vireo agent", &e);
@@ -1576,11 +1744,46 @@ async fn two_hosts(runner: &mut Runner, run: &Run, plan: Option<HostBPlan>) {
     runner
         .run(TWO_HOSTS[3], || two_host_live_migration_timeout(run, &b))
         .await;
-    if runner
-        .results()
-        .iter()
-        .any(|(n, o, _)| TWO_HOSTS.contains(&n.as_str()) && *o != Outcome::Passed)
-    {
+    runner
+        .run(TWO_HOSTS[4], || {
+            two_host_live_migration_with_disks(run, &b, None)
+        })
+        .await;
+    let failed = |runner: &Runner, names: &[&str]| {
+        runner
+            .results()
+            .iter()
+            .any(|(n, o, _)| names.contains(&n.as_str()) && *o != Outcome::Passed)
+    };
+    if failed(runner, &TWO_HOSTS) {
+        println!("host B's agent log (last lines):\n{}", b.log_tail());
+    }
+    b.stop().await;
+    if !runner.any_selected(&TWO_HOSTS_SHARED) {
+        return;
+    }
+    // Host B again, on an instances directory host A's agent in the scenario uses too.
+    let shared = match open_dir("vireo-it-shared-") {
+        Ok(d) => d,
+        Err(e) => {
+            runner.fail("a shared instances directory", &e);
+            return;
+        }
+    };
+    let instances = shared.path().join("instances");
+    let b = match HostBAgent::start(env, &secret, bin, &side, "qemu", Some(&instances)).await {
+        Ok(b) => b,
+        Err(e) => {
+            runner.fail("host B's vireo agent (shared instances)", &e);
+            return;
+        }
+    };
+    runner
+        .run(TWO_HOSTS_SHARED[0], || {
+            two_host_live_migration_with_disks(run, &b, Some(shared.path()))
+        })
+        .await;
+    if failed(runner, &TWO_HOSTS_SHARED) {
         println!("host B's agent log (last lines):\n{}", b.log_tail());
     }
     b.stop().await;
@@ -1630,7 +1833,7 @@ async fn run_all(runner: &mut Runner) {
         .run("booted guest: disks", || boot_with_disks(&run))
         .await;
     if runner.listing() {
-        for n in TWO_HOSTS {
+        for n in TWO_HOSTS.iter().chain(&TWO_HOSTS_SHARED) {
             runner.run(n, || async { Ok(()) }).await;
         }
     } else {
