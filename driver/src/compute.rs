@@ -549,14 +549,21 @@ impl ComputeDriver for LibvirtDriver {
 
     async fn evict_unused_images(&self) -> Result<Vec<ImageId>, DriverError> {
         // An image in use is one an instance's disk here names (a resize's kept copy names
-        // the same image as its instance). A base just fetched for a build whose disks are
-        // not recorded yet was used (touched) moments ago: younger than any eviction age.
-        let in_use: std::collections::BTreeSet<ImageId> = self
+        // the same image as its instance), or the backing file of any root disk in the
+        // instances directory (on a shared one, other hosts' instances on this host's base).
+        // A base just fetched for a build whose disks are not recorded yet was used (touched)
+        // moments ago: younger than any eviction age.
+        let mut in_use: std::collections::BTreeSet<ImageId> = self
             .list()
             .await
             .iter()
             .flat_map(|v| v.disks.iter().filter_map(|d| d.image.clone()))
             .collect();
+        let storage = self.storage.clone();
+        let on_disk = tokio::task::spawn_blocking(move || storage.bases_in_use())
+            .await
+            .map_err(|_| DriverError::TaskLost("scan the instances directory"))?;
+        in_use.extend(on_disk);
         let cache = self.storage.cache().clone();
         let removed = tokio::task::spawn_blocking(move || cache.evict(&in_use))
             .await

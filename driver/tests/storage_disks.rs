@@ -400,3 +400,75 @@ async fn a_missing_source_is_a_typed_error() {
     assert!(matches!(err, StorageError::Image { .. }), "{err:?}");
     assert!(f.instances().is_empty());
 }
+
+/// Two hosts' storage on one shared instances directory, each with its own cache: a base is
+/// in use while any root disk in the directory is an overlay on it — including an instance
+/// the host has no record of (the other host's, after a migration that copied nothing) — and
+/// only then; the other host's cache is not affected. Also: the probe one host writes is seen
+/// by the other, and target disks for a block live migration have the source's sizes.
+#[tokio::test]
+async fn a_shared_instances_directory_keeps_a_base_in_use_and_shows_the_probe() {
+    let tmp = tempfile::tempdir().unwrap();
+    let shared = tmp.path().join("shared-instances");
+    let host = |name: &str, remove_after: u64| {
+        let state = tmp.path().join(name);
+        let mut cfg = StorageConfig::in_state_dir(&state);
+        cfg.instances_dir = shared.clone();
+        cfg.cache.remove_unused_after = std::time::Duration::from_secs(remove_after);
+        HostStorage::new(cfg).unwrap()
+    };
+    let (a, b) = (host("a", 0), host("b", 0));
+    let images = tmp.path().join("images");
+    std::fs::create_dir_all(&images).unwrap();
+    let src = raw_image(&images, "img.raw", 32 << 20);
+    let img = image("img", &src, ImageFormat::Raw);
+    let id = Uuid::new_v4();
+    let disks = a
+        .create(&DiskPlan::new(id, &flavor(1, 0, 8), Some(img.clone())))
+        .await
+        .unwrap();
+    assert!(disks
+        .iter()
+        .all(|d| d.cache == Some(vireo_actors::storage::CacheMode::None)));
+    let want: std::collections::BTreeSet<_> = [ImageId::new("img").unwrap()].into();
+    assert_eq!(a.bases_in_use(), want);
+    assert!(b.bases_in_use().is_empty(), "b's cache holds no such base");
+    // A pass with nothing recorded (the instance runs on b now) keeps a's base.
+    assert!(a.cache().evict(&a.bases_in_use()).unwrap().is_empty());
+    assert!(tmp.path().join("a/_base/img").exists());
+
+    // The probe a writes is b's to see; a name that is not a plain file name is refused.
+    a.write_probe(".vireo-probe-x").await.unwrap();
+    assert!(b.sees_probe(".vireo-probe-x").await);
+    assert!(!b.sees_probe(".vireo-probe-y").await);
+    assert!(a.write_probe("../escape").await.is_err());
+    b.remove_probe(".vireo-probe-x").await;
+    assert!(!a.sees_probe(".vireo-probe-x").await);
+
+    // Target disks on another host (its own directory): the root an empty overlay on that
+    // host's base, the swap an empty file, each of the source's size.
+    let c = HostStorage::new(StorageConfig::in_state_dir(&tmp.path().join("c"))).unwrap();
+    let targets = c
+        .prepare_incoming(id, "test:///default", &disks, Some(&img))
+        .await
+        .unwrap();
+    assert_eq!(targets.len(), disks.len());
+    for (t, d) in targets.iter().zip(&disks) {
+        assert_eq!((t.role, t.virtual_size), (d.role, d.virtual_size));
+        assert!(t.path.starts_with(tmp.path().join("c/instances")), "{t:?}");
+    }
+    assert_eq!(
+        backing_of(&targets[0].path)["backing-filename"],
+        tmp.path().join("c/_base/img").display().to_string()
+    );
+    // Only the root disk's overlay is copied by a migration: the target holds nothing yet.
+    assert!(qemu_io(&targets[0].path, "qcow2", "map").contains("not allocated"));
+    c.remove(id).await.unwrap();
+
+    a.remove(id).await.unwrap();
+    assert!(a.bases_in_use().is_empty());
+    assert_eq!(
+        a.cache().evict(&a.bases_in_use()).unwrap(),
+        vec![ImageId::new("img").unwrap()]
+    );
+}
