@@ -1,8 +1,9 @@
 //! `live::rewrite` on arbitrary documents: never a panic; refusals name their field; and where
 //! the document parses as a domain, a successful edit changes exactly what it says: parsing
 //! the result gives the original domain with that one change (metadata set or removed, an
-//! interface or hostdev added, removed or replaced), and a selector matching no or several
-//! devices is refused.
+//! interface or hostdev added, removed or replaced, a disk pointed at another file), and a
+//! selector matching no or several devices is refused; a disk edit on a disk that is not a
+//! file is refused as unsupported.
 //!
 //! Input: one selector byte (the edit, and which of the document's devices it selects), then
 //! the document.
@@ -179,6 +180,9 @@ fuzz_target!(|data: &[u8]| {
             }
             (None, Ok(xml)) => panic!("{edit:?} matches no single device yet succeeded\n{xml}"),
             (None, Err(XmlError::NotFound { .. } | XmlError::Ambiguous { .. })) => {}
+            // A disk that is not a file (a block device, a network disk) has no file to
+            // point elsewhere: a typed refusal naming the disk (found by fuzzing).
+            (None, Err(XmlError::Unsupported { .. })) if matches!(edit, Edit::SetDiskFile { .. }) => {}
             // The typed parser does not read namespace declarations; the rewrite resolves them
             // (it keeps foreign elements with their namespaces) and refuses a document that
             // binds them invalidly (e.g. `xmlns:xmlns=`), which libvirt never returns: a typed

@@ -1369,14 +1369,27 @@ async fn two_host_live_migration_timeout(run: &Run, b: &HostBAgent) -> R {
 /// A cross-host resize of an instance with disks, A → B, then revert, then again and confirm:
 /// B copies the disks from A's libvirtd (the connection migrations use) into its own state
 /// directory, rebases the root disk on its own base and grows it; the data written before is
-/// on B; revert removes B's copy and A's disks are untouched; confirm removes A's.
-async fn two_host_resize_with_disks(run: &Run, b: &HostBAgent) -> R {
-    let mut s = Scene::new(run, "two hosts: resize A>B with disks");
+/// on B; revert removes B's copy and A's disks are untouched; confirm removes A's. With
+/// `shared` (an instances directory both agents use) B sees A's probe and resizes the same
+/// files in place, keeping the old ones for a revert; confirm drops those, revert puts them
+/// back.
+async fn two_host_resize_with_disks(
+    run: &Run,
+    b: &HostBAgent,
+    shared: Option<&std::path::Path>,
+) -> R {
+    let title = if shared.is_some() {
+        TWO_HOSTS_SHARED[1]
+    } else {
+        TWO_HOSTS[2]
+    };
+    let mut s = Scene::new(run, title);
     s.peers.insert(b.peer()?);
-    let state = open_dir("vireo-it-state-")?;
+    let own = open_dir("vireo-it-state-")?;
+    let state = shared.map_or_else(|| own.path().to_owned(), |p| p.to_owned());
     let images = open_dir("vireo-it-images-")?;
     let mut opts = s.system_host();
-    opts.state_dir = state.path().to_owned();
+    opts.state_dir = state.clone();
     s.host(opts).await?;
     let image = images.path().join("disk.raw");
     let mut bytes = vec![0u8; 16 << 20];
@@ -1402,8 +1415,12 @@ async fn two_host_resize_with_disks(run: &Run, b: &HostBAgent) -> R {
     let h = s.a();
     s.ok(h, "spawn (disks, stopped)", id, h.driver.spawn(id, args))
         .await;
-    let a_dir = state.path().join(format!("instances/{id}"));
-    let b_dir = b.state_dir.join(format!("instances/{id}"));
+    let a_dir = state.join(format!("instances/{id}"));
+    let b_dir = match shared {
+        Some(_) => a_dir.clone(),
+        None => b.state_dir.join(format!("instances/{id}")),
+    };
+    let kept = state.join(format!("instances/{id}_resize"));
     let out = Command::new("qemu-io")
         .args(["-f", "qcow2", "-c", "write -P 0x58 1M 1M"])
         .arg(a_dir.join("disk"))
@@ -1429,12 +1446,17 @@ async fn two_host_resize_with_disks(run: &Run, b: &HostBAgent) -> R {
         );
         let finish = last_report(&b.client, id).await;
         assert_eq!(finish.request, "finish-resize");
+        let step = if shared.is_some() {
+            "resize disks"
+        } else {
+            "copy disks"
+        };
         let copy = finish
             .steps
             .iter()
-            .find(|st| st.name == "copy disks")
-            .unwrap_or_else(|| panic!("no copy step on B: {finish:?}"));
-        println!("B copied the disks in {} ms", copy.took.as_millis());
+            .find(|st| st.name == step)
+            .unwrap_or_else(|| panic!("no {step} step on B: {finish:?}"));
+        println!("B: {step} in {} ms", copy.took.as_millis());
         s.peer_row("finish-resize (B, disks)", id, &finish);
         let view = b.client.show_instance(id).await.unwrap();
         assert_eq!(view.disks.len(), 3, "{view:?}");
@@ -1450,15 +1472,24 @@ async fn two_host_resize_with_disks(run: &Run, b: &HostBAgent) -> R {
             .output()
             .unwrap();
         let info: serde_json::Value = serde_json::from_slice(&info.stdout).unwrap();
+        let base_dir = if shared.is_some() {
+            &state
+        } else {
+            &b.state_dir
+        };
         assert_eq!(
             info["backing-filename"],
-            b.state_dir.join("_base/it-resize").display().to_string()
+            base_dir.join("_base/it-resize").display().to_string()
         );
         assert_eq!(info["virtual-size"], 2u64 << 30);
-        assert!(
-            a_dir.join("disk").exists(),
-            "A keeps its disks until confirm"
-        );
+        if shared.is_some() {
+            assert!(kept.join("disk").exists(), "the old disks are kept");
+        } else {
+            assert!(
+                a_dir.join("disk").exists(),
+                "A keeps its disks until confirm"
+            );
+        }
         if confirm {
             s.remote_ok(
                 "confirm on B",
@@ -1466,7 +1497,11 @@ async fn two_host_resize_with_disks(run: &Run, b: &HostBAgent) -> R {
                 api_op(&b.client, &bname, id, Operation::ConfirmResize {}),
             )
             .await;
-            assert!(!a_dir.exists(), "confirm removes A's disks");
+            if shared.is_some() {
+                assert!(!kept.exists(), "confirm drops the kept disks");
+            } else {
+                assert!(!a_dir.exists(), "confirm removes A's disks");
+            }
             assert!(b_dir.join("disk").exists());
         } else {
             s.remote_ok(
@@ -1475,12 +1510,18 @@ async fn two_host_resize_with_disks(run: &Run, b: &HostBAgent) -> R {
                 api_op(&b.client, &bname, id, Operation::RevertResize {}),
             )
             .await;
-            assert!(!b_dir.exists(), "revert removes B's copy");
+            if shared.is_some() {
+                assert!(!kept.exists(), "revert put the kept disks back");
+            } else {
+                assert!(!b_dir.exists(), "revert removes B's copy");
+            }
             assert!(overlay_holds(&a_dir.join("disk"), 1 << 20, 1 << 20, b'X'));
         }
     }
-    assert_eq!(sha256_file(&state.path().join("_base/it-resize")), sum);
-    assert_eq!(sha256_file(&b.state_dir.join("_base/it-resize")), sum);
+    assert_eq!(sha256_file(&state.join("_base/it-resize")), sum);
+    if shared.is_none() {
+        assert_eq!(sha256_file(&b.state_dir.join("_base/it-resize")), sum);
+    }
     s.remote_ok("delete on B", id, delete_on_b(b, id)).await;
     assert!(!b_dir.exists(), "delete removes B's disks");
     finish_two_hosts(s, b).await
@@ -1669,7 +1710,10 @@ const TWO_HOSTS: [&str; 5] = [
     "two hosts: block live migration A>B",
 ];
 /// Run with host B's agent restarted on an instances directory host A uses too.
-const TWO_HOSTS_SHARED: [&str; 1] = ["two hosts (shared instances): live migrate A>B with disks"];
+const TWO_HOSTS_SHARED: [&str; 2] = [
+    "two hosts (shared instances): live migrate A>B with disks",
+    "two hosts (shared instances): resize A>B with disks",
+];
 const NATIVE: [&str; 3] = [
     "native libvirt-managed: spawn+lifecycle",
     "native pre-created: spawn+lifecycle",
@@ -1739,7 +1783,7 @@ async fn two_hosts(runner: &mut Runner, run: &Run, plan: Option<HostBPlan>) {
         .run(TWO_HOSTS[1], || two_host_resize_revert(run, &b))
         .await;
     runner
-        .run(TWO_HOSTS[2], || two_host_resize_with_disks(run, &b))
+        .run(TWO_HOSTS[2], || two_host_resize_with_disks(run, &b, None))
         .await;
     runner
         .run(TWO_HOSTS[3], || two_host_live_migration_timeout(run, &b))
@@ -1781,6 +1825,11 @@ async fn two_hosts(runner: &mut Runner, run: &Run, plan: Option<HostBPlan>) {
     runner
         .run(TWO_HOSTS_SHARED[0], || {
             two_host_live_migration_with_disks(run, &b, Some(shared.path()))
+        })
+        .await;
+    runner
+        .run(TWO_HOSTS_SHARED[1], || {
+            two_host_resize_with_disks(run, &b, Some(shared.path()))
         })
         .await;
     if failed(runner, &TWO_HOSTS_SHARED) {

@@ -569,3 +569,94 @@ async fn a_resize_destination_that_finds_the_disks_there_already_refuses_and_rem
     std::fs::remove_file(h2_instances.join(id.to_string())).unwrap();
     c.destroy_and_assert_clean(&[id], &[]).await;
 }
+
+#[tokio::test]
+async fn a_cross_host_resize_on_a_shared_instances_directory_resizes_in_place_and_keeps_a_copy() {
+    let c = spec(&["h1", "h2"]).shared_instances(true).start().await;
+    let (h1, h2) = (c.host("h1"), c.host("h2"));
+    let image = make_image(&c, "img.raw");
+    let sum = sha256(&image);
+    let id = uuid();
+    h1.driver
+        .spawn(
+            id,
+            image_args("vm-st-sh", &image, Checksum::Sha256(sum.clone()), 1),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{}", chain(&e)));
+    let dir = c.instances_dir("h1").join(id.to_string());
+    let kept = c.instances_dir("h1").join(format!("{id}_resize"));
+    assert!(qemu_io(&dir.join("disk"), "write -P 0x58 1M 64k").contains("wrote 65536"));
+    let to_h2 = || {
+        let mut f = flavor("m1.big", 2, 512);
+        f.root_gb = 2;
+        let m = vireo_actors::instance::Migration {
+            id: uuid(),
+            source_host: "h1".into(),
+            dest_host: "h2".into(),
+        };
+        vireo_actors::instance::ResizeArgs::of(&m, f)
+    };
+    for confirm in [false, true] {
+        let r = h1
+            .driver
+            .resize(id, to_h2())
+            .await
+            .unwrap_or_else(|e| panic!("{}", chain(&e)));
+        assert!(
+            r.steps
+                .iter()
+                .any(|s| s.name == "write the shared-directory probe"),
+            "{r:?}"
+        );
+        // The destination saw the probe: the same files, grown in place (still on h1's
+        // base), the old ones kept; nothing copied into a second directory.
+        let view = h2.driver.show(id).await.unwrap();
+        assert_eq!(view.disks[0].path, dir.join("disk"));
+        assert_eq!(file_size(&dir.join("disk")), 2 << 30);
+        assert_eq!(file_size(&kept.join("disk")), 1 << 30);
+        assert_eq!(
+            backing(&dir.join("disk")),
+            c.cache_dir("h1").join("img-1").display().to_string()
+        );
+        assert!(qemu_io(&dir.join("disk"), "read -P 0x58 1M 64k").contains("read 65536"));
+        let last = h2.driver.show(id).await.unwrap().last_operation.unwrap();
+        assert!(
+            last.steps.iter().all(|s| s.name != "copy disks"),
+            "{last:?}"
+        );
+        if confirm {
+            h2.driver
+                .confirm_resize(id)
+                .await
+                .unwrap_or_else(|e| panic!("{}", chain(&e)));
+            // The source let go of its domain and kept the disks: they are h2's now.
+            assert!(h1.driver.show(id).await.is_err());
+            assert!(dir.join("disk").exists(), "confirm kept the shared disks");
+            assert!(!kept.exists(), "confirm dropped the kept copy");
+        } else {
+            h2.driver
+                .revert_resize(id)
+                .await
+                .unwrap_or_else(|e| panic!("{}", chain(&e)));
+            let back = h1.driver.show(id).await.unwrap();
+            assert_eq!(back.disks[0].path, dir.join("disk"));
+            assert_eq!(
+                file_size(&dir.join("disk")),
+                1 << 30,
+                "the old disk is back"
+            );
+            assert!(!kept.exists());
+            assert!(qemu_io(&dir.join("disk"), "read -P 0x58 1M 64k").contains("read 65536"));
+        }
+        let probes: Vec<_> = c
+            .disks_left("h1")
+            .into_iter()
+            .filter(|p| p.to_string_lossy().contains(".vireo-probe"))
+            .collect();
+        assert!(probes.is_empty(), "{probes:?}");
+    }
+    assert_eq!(sha256(&c.cache_dir("h1").join("img-1")), sum);
+    c.destroy_and_assert_clean(&[id], &[]).await;
+    assert!(c.disks_left("h1").is_empty(), "{:?}", c.disks_left("h1"));
+}

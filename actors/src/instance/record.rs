@@ -117,6 +117,12 @@ pub struct ResizeRecord {
     /// Its disks before the resize (what a revert restores on this host).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub old_disks: Vec<InstanceDisk>,
+    /// A cross-host resize on an instances directory both hosts share (the destination saw
+    /// the source's probe): one set of disk files, resized in place with the old ones kept
+    /// in `<uuid>_resize/` (as on one host). Neither side removes the disks when it lets go
+    /// of its domain: a revert puts the kept ones back, a confirm drops them.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub shared_disks: bool,
 }
 
 /// The part of the record kept as JSON in `<vireo:record>`.

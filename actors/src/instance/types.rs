@@ -522,8 +522,9 @@ pub enum InvalidOperation {
         host: String,
     },
     /// A resize's or a block live migration's destination finds the instance's disks in its
-    /// own instance directory already (a directory shared with the source, or a leftover):
-    /// it neither copies over them nor removes them.
+    /// own instance directory already without the source's probe file there (a leftover, or
+    /// a shared directory the probe did not show): it neither copies over them nor removes
+    /// them.
     #[error(
         "the instance's disks are on {host} already (a shared or leftover instance directory)"
     )]

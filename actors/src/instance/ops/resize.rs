@@ -22,7 +22,10 @@ use crate::instance::in_flight::{InFlight, MigrationStep, RevertStep};
 use crate::instance::op::OpCtx;
 use crate::instance::operation::{Operation, ResizeArgs};
 use crate::instance::record::{InstanceRecord, ResizeRecord, ResizeRole};
-use crate::instance::types::{Handover, InstanceError, InvalidOperation, Migration, PowerState};
+use crate::instance::types::{
+    Handover, IncomingDisks, InstanceError, InstanceReply, InvalidOperation, Migration, PowerState,
+};
+use crate::storage::migration_probe;
 
 use super::{
     boot_with_events, expect_predicted, handover, policy, predicted, record_from_handover,
@@ -51,8 +54,11 @@ pub(crate) async fn resize(
         old_flavor: record.flavor.clone(),
         was_running,
         old_disks: Vec::new(),
+        shared_disks: false,
     });
     source.state = InstanceState::ResizeSource;
+    let has_disks = !record.storage.disks.is_empty();
+    let probe = migration_probe(migration.id);
     // Not [`with_rollback`]: this side registers no event waits (the destination does, and
     // ends them itself), and its rollback, [`bring_back`], ends its own.
     let r = async {
@@ -72,20 +78,38 @@ pub(crate) async fn resize(
             }),
         );
         op.save(&source, Some(in_flight)).await?;
+        if has_disks {
+            // The destination looks for it: a shared instances directory is resized in
+            // place there, not copied.
+            let storage = op.deps.storage.clone();
+            op.store(
+                "write the shared-directory probe",
+                storage.write_probe(&probe),
+            )
+            .await?;
+        }
         op.phase("finish on destination");
         let h = handover(&record, &new_flavor, was_running);
-        op.peer(
-            &migration.dest_host,
-            "finish-resize",
-            Operation::FinishResize {
-                migration: migration.clone(),
-                handover: Box::new(h),
-            },
-        )
-        .await?;
+        let InstanceReply::Done { report, .. } = op
+            .peer(
+                &migration.dest_host,
+                "finish-resize",
+                Operation::FinishResize {
+                    migration: migration.clone(),
+                    handover: Box::new(h),
+                },
+            )
+            .await?;
+        let shared = report.incoming.is_some_and(|i| i.shared_instance_path);
+        if let Some(r) = source.resize.as_mut() {
+            r.shared_disks = shared && has_disks;
+        }
         op.save(&source, None).await
     }
     .await;
+    if has_disks {
+        op.deps.storage.remove_probe(&probe).await;
+    }
     match r {
         Ok(()) => Finished::ok(InstanceState::ResizeSource, Some(source)),
         Err(cause) => {
@@ -112,11 +136,23 @@ pub(crate) async fn finish_resize(op: &mut OpCtx, migration: Migration, h: Hando
         old_flavor: h.old_flavor.clone(),
         was_running: h.power_on,
         old_disks: Vec::new(),
+        shared_disks: false,
     });
     record.state = InstanceState::ResizeTarget;
-    // Disks already here: refused before anything is made, so that no rollback removes them
-    // (they may be the source's, through a shared instance directory).
-    if !record.storage.disks.is_empty() && op.deps.storage.holds_disks(op.uuid).await {
+    // The source's probe here: the instances directory is the source's too, and the disks
+    // are resized in place (the old ones kept for a revert) instead of copied.
+    let shared = !record.storage.disks.is_empty()
+        && op
+            .deps
+            .storage
+            .sees_probe(&migration_probe(migration.id))
+            .await;
+    if let Some(r) = record.resize.as_mut() {
+        r.shared_disks = shared;
+    }
+    // Disks already here otherwise: refused before anything is made, so that no rollback
+    // removes them (a leftover, or a directory shared without a probe to show it).
+    if !shared && !record.storage.disks.is_empty() && op.deps.storage.holds_disks(op.uuid).await {
         let refused = InvalidOperation::DisksAlreadyHere {
             host: op.deps.host.clone(),
         };
@@ -139,7 +175,16 @@ pub(crate) async fn finish_resize(op: &mut OpCtx, migration: Migration, h: Hando
             // The disks come first: copied from the source (which keeps its own for a
             // revert) before the domain that names them is defined here.
             let mut record = record.clone();
-            if !record.storage.disks.is_empty() {
+            if shared {
+                op.phase("resize disks in place");
+                let storage = op.deps.storage.clone();
+                record.storage.disks = op
+                    .store(
+                        "resize disks",
+                        storage.resize(op.uuid, &record.storage.disks, record.flavor.root_gb),
+                    )
+                    .await?;
+            } else if !record.storage.disks.is_empty() {
                 op.phase("copy disks");
                 let source = &migration.source_host;
                 let uri = op.deps.peers.get(source)?.migration_uri().ok_or_else(|| {
@@ -162,6 +207,10 @@ pub(crate) async fn finish_resize(op: &mut OpCtx, migration: Migration, h: Hando
                     .await?;
                 record.storage.disks = disks;
             }
+            op.report.incoming = Some(IncomingDisks {
+                shared_instance_path: shared,
+                disks: record.storage.disks.clone(),
+            });
             op.phase("define");
             let in_flight = op.in_flight(
                 "finish-resize",
@@ -203,7 +252,13 @@ async fn give_up_copy(op: &mut OpCtx, record: &InstanceRecord, e: InstanceError)
     // here. What libvirt could not remove (its connection lost) stays with the
     // record, gone but kept, and the actor removes it once libvirt is back
     // (never adopted again as a resize target by the recovery after a reconnect).
-    let removed = remove_domain(op, record).await;
+    let mut removed = remove_domain(op, record).await;
+    if removed.is_ok() && record.resize.as_ref().is_some_and(|r| r.shared_disks) {
+        // The source's disks, resized in place: the kept ones go back.
+        let storage = op.deps.storage.clone();
+        let uuid = op.uuid;
+        removed = op.store("restore disks", storage.restore_kept(uuid)).await;
+    }
     op.deps.events.forget(op.uuid);
     match removed {
         Ok(()) => Finished::err(InstanceState::Gone, None, e),
@@ -250,13 +305,14 @@ pub(crate) async fn confirm_resize(op: &mut OpCtx, record: InstanceRecord) -> Fi
     // No event waits and nothing to roll back (a failure leaves the resize to confirm
     // again): a plain match, not [`with_rollback`].
     let r = async {
-        if resize.migration.same_host() {
+        if resize.migration.same_host() || resize.shared_disks {
             // The copy of the disks kept for a revert goes.
             let storage = op.deps.storage.clone();
             let uuid = op.uuid;
             op.store("drop the kept disks", storage.drop_kept(uuid))
                 .await?;
-        } else {
+        }
+        if !resize.migration.same_host() {
             op.phase("clean up the source");
             match op
                 .peer(
@@ -326,6 +382,15 @@ pub(crate) async fn revert_resize(op: &mut OpCtx, record: InstanceRecord) -> Fin
     let _ = op.save(&record, Some(in_flight)).await;
     if let Err(e) = remove_domain(op, &record).await {
         return Finished::err(InstanceState::Error, Some(record), e);
+    }
+    if resize.shared_disks {
+        // The source's own files, resized in place: the kept ones go back before the
+        // source starts on them.
+        let storage = op.deps.storage.clone();
+        let uuid = op.uuid;
+        if let Err(e) = op.store("restore disks", storage.restore_kept(uuid)).await {
+            return Finished::err(InstanceState::Error, Some(record), e);
+        }
     }
     op.deps.events.forget(op.uuid);
     op.phase("bring back on the source");
@@ -478,6 +543,7 @@ async fn resize_same_host(
         old_flavor: record.flavor.clone(),
         was_running,
         old_disks: record.storage.disks.clone(),
+        shared_disks: false,
     });
     target.state = InstanceState::ResizeTarget;
     let done = with_rollback(
