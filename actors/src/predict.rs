@@ -432,8 +432,9 @@ mod why {
         "binding moves to this host: agentless, ACTIVE as soon as it is bound";
     pub const SAME_HOST_KEPT: &str =
         "same-host resize: binding unchanged and the devices stay wired through it";
-    pub const PCI_REBIND_AGENT: &str = "the resize moves the port to another VF: binding:profile.pci_slot changes, Neutron rebinds it and the SR-IOV agent reports the VF once the guest holds it";
-    pub const PCI_REBIND_AGENTLESS: &str = "the resize moves the port to another PCI device: binding:profile changes, agentless, ACTIVE as soon as it is rebound";
+    pub const SAME_DEVICE_SRIOV: &str = "same host: the port keeps its VF (vireo never rewrites pci_slot) and stays wired: no rebind, and the polling agent sees no change";
+    pub const REVERT_SAME_SRIOV: &str = "same host: the revert unplugs the VF and plugs the same VF again; the SR-IOV agent reports it once re-assigned";
+    pub const SAME_DEVICE_AGENTLESS: &str = "same host: the port keeps its device (vireo never rewrites binding:profile): no rebind, and agentless, nothing reports it";
     pub const REVERT_KEPT: &str = "binding returns to this host where the device stayed wired: the agent re-reports it right after the binding update, before any plug";
     pub const REVERT_REPLUG: &str =
         "binding returns to this host; the device is wired again by the plug step: ACTIVE when the agent sees it";
@@ -484,8 +485,8 @@ pub fn table_cell(column: Column, kind: Kind, active: bool) -> Cell {
             }
             Kind::OvsNative(Lm) => cell(Plug, why::OVS_REWIRED),
             Kind::LinuxBridge(Lm) => cell(Plug, why::LB_REWIRED),
-            Kind::SriovAgent => cell(Plug, why::PCI_REBIND_AGENT),
-            Kind::DirectPhysical | Kind::RemoteManaged => cell(Bind, why::PCI_REBIND_AGENTLESS),
+            Kind::SriovAgent => cell(No, why::SAME_DEVICE_SRIOV),
+            Kind::DirectPhysical | Kind::RemoteManaged => cell(No, why::SAME_DEVICE_AGENTLESS),
         },
         Column::RevertResizeCrossHost => match kind {
             Kind::OvsHybrid | Kind::OvsNative(Pc) | Kind::LinuxBridge(Pc) => {
@@ -499,8 +500,8 @@ pub fn table_cell(column: Column, kind: Kind, active: bool) -> Cell {
             Kind::OvsHybrid | Kind::OvsNative(_) | Kind::LinuxBridge(_) => {
                 cell(Plug, why::REVERT_SAME_REPLUG)
             }
-            Kind::SriovAgent => cell(Plug, why::PCI_REBIND_AGENT),
-            Kind::DirectPhysical | Kind::RemoteManaged => cell(Bind, why::PCI_REBIND_AGENTLESS),
+            Kind::SriovAgent => cell(Plug, why::REVERT_SAME_SRIOV),
+            Kind::DirectPhysical | Kind::RemoteManaged => cell(No, why::SAME_DEVICE_AGENTLESS),
         },
         Column::LiveMigrationSource => match kind {
             Kind::SriovAgent => cell(No, why::LM_SOURCE_SRIOV),

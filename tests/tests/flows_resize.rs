@@ -6,6 +6,7 @@
 mod common;
 mod faults_support;
 
+use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -532,4 +533,58 @@ async fn cross_host_revert_with_neutron_latency_waits_for_each_event_once() {
     assert_eq!(set(c.sink.plugged(id, t0, t1)), set([hy, na, lb]));
     assert_bound(&c, &[hy, na, lb], "h1").await;
     c.destroy_and_assert_clean(&[id], &[]).await;
+}
+
+/// A same-host resize keeps every PCI port on its device: vireo claims no other device and
+/// never rewrites `binding:profile`, so nothing rebinds the ports and the service sends
+/// nothing for them — and vireo waits for nothing (a wait for a rebind that never happens
+/// would time out the resize). The same for the revert. (vireo plugs no remote-managed port:
+/// its cells, none as well, are checked by the prediction table's tests.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn same_host_resize_and_revert_wait_for_no_pci_event() {
+    use vireo_actors::vif::VnicType;
+    let c = spec(&["h1"]).start().await;
+    let h1 = c.host("h1");
+    let net = c.network.clone();
+    let vf = sriov_port(net.as_ref(), VnicType::Direct, "0000:81:00.1").await;
+    let pf = sriov_port(net.as_ref(), VnicType::DirectPhysical, "0000:82:00.0").await;
+    let id = uuid();
+    h1.driver
+        .spawn(id, spawn_args("vm-pci", vec![on(NET_HYBRID), vf, pf]))
+        .await
+        .unwrap_or_else(|e| panic!("{}", chain(&e)));
+    let all = ports(&h1.driver.show(id).await.unwrap());
+    let (hy, vf, pf) = (all[0], all[1], all[2]);
+    for step in ["resize", "revert"] {
+        let t0 = Instant::now();
+        let r = if step == "resize" {
+            h1.driver.resize(id, resize_to("h1", "h1", 2)).await
+        } else {
+            h1.driver.revert_resize(id).await
+        }
+        .unwrap_or_else(|e| panic!("{step}: {}", chain(&e)));
+        let t1 = Instant::now();
+        // No bind-time wait at all. The resize keeps every device wired (nothing reports);
+        // the revert unplugs and re-plugs the agent-served ones (the hybrid port and the
+        // VF report at plug time); the PF is never waited for and never reported.
+        assert!(waited(&r, Timing::BindTime).is_empty(), "{step}: {r:#?}");
+        let want: BTreeSet<PortId> = if step == "resize" {
+            BTreeSet::new()
+        } else {
+            [hy, vf].into()
+        };
+        let plug: BTreeSet<PortId> = waited(&r, Timing::PlugTime).into_iter().collect();
+        assert_eq!(plug, want, "{step}: {r:#?}");
+        for w in &r.waits {
+            assert!(w.complete, "{step}: {w:?}");
+        }
+        let sent: BTreeSet<PortId> = c.sink.plugged(id, t0, t1).into_iter().collect();
+        assert_eq!(sent, want, "{step}: the service sent other events");
+        assert!(!sent.contains(&pf));
+    }
+    assert_eq!(
+        h1.driver.show(id).await.unwrap().state,
+        InstanceState::Running
+    );
+    c.destroy_and_assert_clean(&[id], &[vf, pf]).await;
 }
