@@ -354,6 +354,10 @@ pub struct InstancesSection {
     /// Seconds a graceful power off may take before the domain is destroyed. Default 60.
     #[serde(default = "default_power_off_timeout")]
     pub power_off_timeout: u64,
+    /// Seconds a soft reboot waits for the guest to shut down before it reboots hard (Nova's
+    /// `[libvirt] wait_soft_reboot_seconds`). Default 120.
+    #[serde(default = "default_soft_reboot_timeout")]
+    pub soft_reboot_timeout: u64,
     /// Seconds a cached base image (`<state_dir>/_base/<image id>`) no instance uses is kept
     /// after its last use (Nova's `remove_unused_original_minimum_age_seconds`). Default 86400.
     #[serde(default = "default_remove_unused_base_after")]
@@ -459,6 +463,9 @@ fn default_domain_type() -> DomainTypeName {
 fn default_power_off_timeout() -> u64 {
     60
 }
+fn default_soft_reboot_timeout() -> u64 {
+    120
+}
 fn default_log_level() -> String {
     "info".to_owned()
 }
@@ -532,6 +539,7 @@ impl Default for InstancesSection {
             domain_type: default_domain_type(),
             machine: None,
             power_off_timeout: default_power_off_timeout(),
+            soft_reboot_timeout: default_soft_reboot_timeout(),
             remove_unused_base_after: default_remove_unused_base_after(),
             image_read_timeout: default_image_read_timeout(),
             image_cache_interval: default_image_cache_interval(),
@@ -758,6 +766,15 @@ impl AgentConfig {
             return bad(
                 "plugging",
                 "is only used with a real hypervisor (libvirt.uri is a test: URI)".to_owned(),
+            );
+        }
+        if self.instances.soft_reboot_timeout == 0 || self.instances.soft_reboot_timeout > 3_600 {
+            return bad(
+                "instances.soft_reboot_timeout",
+                format!(
+                    "{} is not in 1..=3600 seconds",
+                    self.instances.soft_reboot_timeout
+                ),
             );
         }
         if self.instances.power_off_timeout == 0 || self.instances.power_off_timeout > 3_600 {
@@ -1008,6 +1025,7 @@ impl AgentConfig {
             ovs_native_form: self.instances.ovs_native_form.domain_form(),
             wait: self.wait_policy(),
             power_off_timeout: Duration::from_secs(self.instances.power_off_timeout),
+            soft_reboot_timeout: Duration::from_secs(self.instances.soft_reboot_timeout),
             migration: MigrationPolicy {
                 completion_timeout_per_gib: Some(self.libvirt.live_migration_completion_timeout)
                     .filter(|s| *s > 0)

@@ -67,6 +67,9 @@ pub struct HostOptions {
     pub console_dir: Option<String>,
     /// Graceful power-off time.
     pub power_off_timeout: Duration,
+    /// A soft reboot's wait for the guest to shut down (the diskless guests have no OS and
+    /// ignore ACPI: they are rebooted hard after it).
+    pub soft_reboot_timeout: Duration,
     /// Where other hosts migrate to.
     pub migration_uri: Option<String>,
     /// How live migrations from this host are run and watched.
@@ -89,6 +92,7 @@ impl HostOptions {
             wait_timeout: Duration::from_secs(60),
             console_dir: None,
             power_off_timeout: Duration::from_secs(2),
+            soft_reboot_timeout: Duration::from_secs(2),
             migration_uri: None,
             migration: vireo_actors::instance::MigrationPolicy::default(),
             state_dir: std::env::temp_dir().join(format!("vireo-it-{}-{name}", std::process::id())),
@@ -217,6 +221,7 @@ impl Host {
                     fatal: true,
                 },
                 power_off_timeout: opts.power_off_timeout,
+                soft_reboot_timeout: opts.soft_reboot_timeout,
                 migration: opts.migration.clone(),
                 ..InstanceConfig::default()
             },

@@ -138,6 +138,7 @@ pub fn expect(op: Op, point: Point) -> Place {
         (Op::ResizeSameHost, _) => vec![("h1", S::ResizeTarget)],
         (
             Op::HardReboot
+            | Op::SoftReboot
             | Op::PowerOn
             | Op::Attach
             | Op::LiveMigration

@@ -578,6 +578,12 @@ impl Handler<DomainEvent> for InstanceActor {
                     act.reconcile(ctx)
                 });
             }
+            // Nothing to read: the event says what this actor knows already (typically the
+            // late echo of an operation's own start or resume; a pause or stop in between
+            // would have come as its own event and been read).
+            LifecycleEvent::Started | LifecycleEvent::Resumed
+                if self.power == PowerState::Running => {}
+            LifecycleEvent::Defined if self.power != PowerState::NoDomain => {}
             _ => self.reconcile(ctx),
         }
     }
@@ -642,15 +648,16 @@ impl Handler<RecoverInterrupted> for InstanceActor {
                 }
                 // The source bringing a reverted instance back: do it again.
                 InFlight::FinishRevertResize(_) if source => Some(Operation::FinishRevertResize {}),
-                // A start that did not finish: start again, waiting for what the model predicts.
-                InFlight::PowerOn | InFlight::RebootHard => Some(Operation::RebootHard {}),
+                // A start that did not finish (a soft reboot's too, which shuts the guest
+                // down and starts it): start again, waiting for what the model predicts.
+                InFlight::PowerOn | InFlight::RebootHard | InFlight::RebootSoft => {
+                    Some(Operation::RebootHard {})
+                }
                 // Everything else (a live migration the guest never left for, a resize handed
-                // over or not, an interface half attached or detached, a soft reboot): see
-                // ops::recover.
+                // over or not, an interface half attached or detached): see ops::recover.
                 InFlight::FinishResize(_)
                 | InFlight::RevertResize(_)
                 | InFlight::FinishRevertResize(_)
-                | InFlight::RebootSoft
                 | InFlight::Resize(_)
                 | InFlight::LiveMigrate(_)
                 | InFlight::AttachInterface(_)

@@ -100,6 +100,9 @@ pub struct InstanceConfig {
     pub power_off_timeout: Duration,
     /// How often a graceful power off polls the domain state.
     pub power_off_poll: Duration,
+    /// How long a soft reboot waits for the guest to shut down before it reboots hard
+    /// (Nova's `[libvirt] wait_soft_reboot_seconds`).
+    pub soft_reboot_timeout: Duration,
     /// How long a libvirt "stopped" event waits before the power state is reconciled (a
     /// STOPPED followed quickly by STARTED is a reboot, not a stop).
     pub lifecycle_debounce: Duration,
@@ -158,6 +161,7 @@ impl Default for InstanceConfig {
             profile_wait: Duration::from_secs(10),
             power_off_timeout: Duration::from_secs(60),
             power_off_poll: Duration::from_millis(250),
+            soft_reboot_timeout: Duration::from_secs(120),
             lifecycle_debounce: Duration::from_secs(2),
             set_migrating_to: true,
             migration: MigrationPolicy::default(),

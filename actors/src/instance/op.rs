@@ -483,31 +483,40 @@ impl OpCtx {
 
     /// Graceful shutdown within `timeout`, then hard.
     pub async fn shutdown_domain(&mut self, timeout: Duration) -> Result<(), InstanceError> {
+        if !self.shut_down_gracefully(timeout).await? {
+            info!(instance = %self.uuid, ?timeout, "guest did not shut down in time; destroying");
+            self.destroy_domain().await?;
+        }
+        Ok(())
+    }
+
+    /// Ask the guest to shut down (ACPI) and wait up to `timeout` for the domain to be off:
+    /// whether it is (true when it was off already; false when the guest ignored the request
+    /// or the driver could not make it).
+    pub async fn shut_down_gracefully(&mut self, timeout: Duration) -> Result<bool, InstanceError> {
         match self.power().await? {
-            PowerState::NoDomain | PowerState::Shutoff => return Ok(()),
+            PowerState::NoDomain | PowerState::Shutoff => return Ok(true),
             _ => {}
         }
         let lv = self.deps.libvirt.clone();
-        let graceful = self.lv("shutdown", lv.shutdown(self.uuid)).await;
-        if graceful.is_ok() {
-            let deadline = tokio::time::Instant::now() + timeout;
-            let poll = self.deps.config.power_off_poll;
-            loop {
-                if matches!(
-                    self.power().await?,
-                    PowerState::Shutoff | PowerState::NoDomain
-                ) {
-                    self.detached().await;
-                    return Ok(());
-                }
-                if tokio::time::Instant::now() >= deadline {
-                    info!(instance = %self.uuid, ?timeout, "guest did not shut down in time; destroying");
-                    break;
-                }
-                tokio::time::sleep(poll).await;
-            }
+        if self.lv("shutdown", lv.shutdown(self.uuid)).await.is_err() {
+            return Ok(false);
         }
-        self.destroy_domain().await
+        let deadline = tokio::time::Instant::now() + timeout;
+        let poll = self.deps.config.power_off_poll;
+        loop {
+            if matches!(
+                self.power().await?,
+                PowerState::Shutoff | PowerState::NoDomain
+            ) {
+                self.detached().await;
+                return Ok(true);
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Ok(false);
+            }
+            tokio::time::sleep(poll).await;
+        }
     }
 
     // ------------------------------------------------------------------------------------

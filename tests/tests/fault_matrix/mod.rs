@@ -130,6 +130,7 @@ impl Op {
         match self {
             Op::Spawn => Some(("h1", "spawn")),
             Op::HardReboot => Some(("h1", "reboot-hard")),
+            Op::SoftReboot => Some(("h1", "reboot-soft")),
             Op::PowerOn => Some(("h1", "power-on")),
             Op::Resize => Some(("h2", "finish-resize")),
             Op::ResizeSameHost => Some(("h1", "resize")),
@@ -960,7 +961,9 @@ pub fn plug_calls(op: Op) -> Vec<PlugCall> {
     match op {
         Op::Spawn => calls("h1", Plug, true, &all),
         // Plugging is idempotent: a re-plug of devices that are there changes nothing.
-        Op::HardReboot | Op::PowerOn | Op::ResizeSameHost => calls("h1", Plug, false, &all),
+        Op::HardReboot | Op::SoftReboot | Op::PowerOn | Op::ResizeSameHost => {
+            calls("h1", Plug, false, &all)
+        }
         Op::Resize | Op::LiveMigration => calls("h2", Plug, true, &all),
         Op::Confirm | Op::Destroy => calls("h1", Unplug, true, &all),
         Op::Revert => {
@@ -978,7 +981,7 @@ pub fn plug_calls(op: Op) -> Vec<PlugCall> {
         Op::Reschedule => calls("h1", Unplug, false, &all),
         Op::Attach => calls("h1", Plug, true, &[3]),
         Op::Detach => calls("h1", Unplug, true, &[2]),
-        Op::SoftReboot | Op::PowerOff => Vec::new(),
+        Op::PowerOff => Vec::new(),
     }
 }
 
@@ -1021,7 +1024,7 @@ pub fn plug_expect(op: Op, call: &PlugCall) -> Expect {
     match (op, call.op) {
         (Op::Spawn, _) => rb(&[]),
         // The guest was down already: left down, devices plugged.
-        (Op::HardReboot, _) => err(&[("h1", S::Error)]),
+        (Op::HardReboot | Op::SoftReboot, _) => err(&[("h1", S::Error)]),
         (Op::PowerOn, _) => rb(&[("h1", S::Stopped)]),
         (Op::Resize | Op::LiveMigration | Op::ResizeSameHost | Op::Attach, _) => {
             rb(&[("h1", S::Running)])
@@ -1036,7 +1039,7 @@ pub fn plug_expect(op: Op, call: &PlugCall) -> Expect {
         // The device went from the guest; its host side and the record stay.
         (Op::Detach, _) => err(&[("h1", S::Running)]),
         (Op::Destroy | Op::Reschedule, _) => err(&[("h1", S::Error)]),
-        (Op::SoftReboot | Op::PowerOff, _) => clean(op),
+        (Op::PowerOff, _) => clean(op),
     }
 }
 
@@ -1197,7 +1200,7 @@ pub fn wait_failed(op: Op) -> Expect {
     match op {
         Op::Spawn => rb(&[]),
         // The guest was down already: left down, flagged, recoverable by another boot.
-        Op::HardReboot => err(&[("h1", S::Error)]),
+        Op::HardReboot | Op::SoftReboot => err(&[("h1", S::Error)]),
         Op::PowerOn => rb(&[("h1", S::Stopped)]),
         // The destination gives up; the source brings the instance back as a revert does,
         // which waits for events too: it cannot either.
@@ -1249,7 +1252,7 @@ pub enum BeforeWait {
 pub fn before_wait(op: Op) -> Option<BeforeWait> {
     match op {
         Op::Spawn | Op::Revert | Op::Attach => Some(BeforeWait::GetPort("h1")),
-        Op::HardReboot | Op::PowerOn | Op::ResizeSameHost | Op::RevertSameHost => {
+        Op::HardReboot | Op::SoftReboot | Op::PowerOn | Op::ResizeSameHost | Op::RevertSameHost => {
             Some(BeforeWait::Libvirt("h1"))
         }
         Op::Resize => Some(BeforeWait::Libvirt("h2")),

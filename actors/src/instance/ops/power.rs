@@ -120,15 +120,52 @@ pub(crate) async fn reboot_hard(op: &mut OpCtx, record: InstanceRecord) -> Finis
     }
 }
 
-/// ACPI reboot; falls back to a hard reboot when the guest or driver cannot.
+/// Nova's soft reboot: the guest is asked to shut down (ACPI) and given
+/// `soft_reboot_timeout` to do so, then booted again with its devices (the domain is
+/// recreated: the waits of a hard reboot). A guest that ignores the request, or a driver that
+/// cannot make it, is rebooted hard after that time, and the report says so (a step
+/// "soft reboot: ..., rebooted hard"). `virDomainReboot` is not used: it returns as soon as
+/// the request is sent, and a guest that ignores ACPI would never be noticed.
 pub(crate) async fn reboot_soft(op: &mut OpCtx, record: InstanceRecord) -> Finished {
-    let lv = op.deps.libvirt.clone();
-    match op.lv("reboot", lv.reboot(op.uuid)).await {
+    let done = with_rollback(
+        op,
+        async |op| {
+            let in_flight = op.in_flight("reboot", InFlight::reboot(op.request));
+            op.save(&record, Some(in_flight)).await?;
+            op.phase("shutdown");
+            let timeout = op.deps.config.soft_reboot_timeout;
+            let start = std::time::Instant::now();
+            if !op.shut_down_gracefully(timeout).await? {
+                info!(instance = %op.uuid, ?timeout, "guest did not shut down for a soft reboot; rebooting hard");
+                op.step(
+                    format!(
+                        "soft reboot: the guest did not shut down in {} s, rebooted hard",
+                        timeout.as_secs_f64()
+                    ),
+                    crate::instance::types::StepKind::Libvirt,
+                    start,
+                    false,
+                );
+                op.phase("destroy");
+                op.destroy_domain().await?;
+            }
+            boot_with_events(op, &record, EventOp::HardReboot, true).await?;
+            let mut done = record.clone();
+            done.state = InstanceState::Running;
+            op.save(&done, None).await
+        },
+        async |op, cause| {
+            // As a failed hard reboot: the guest stays down, devices plugged, recoverable by
+            // another reboot or a power on.
+            let _ = op.destroy_domain().await;
+            let _ = op.save(&record, None).await;
+            Finished::err(InstanceState::Error, Some(record.clone()), cause)
+        },
+    )
+    .await;
+    match done {
         Ok(()) => Finished::ok(InstanceState::Running, Some(record)),
-        Err(e) => {
-            info!(instance = %op.uuid, error = %e, "soft reboot failed; rebooting hard");
-            reboot_hard(op, record).await
-        }
+        Err(rolled_back) => rolled_back,
     }
 }
 
