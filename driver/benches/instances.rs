@@ -86,6 +86,59 @@ async fn cloud(dir: &std::path::Path) -> LocalCloud {
     .unwrap()
 }
 
+fn spawn_args(i: usize) -> SpawnArgs {
+    SpawnArgs {
+        name: format!("bench-{i}"),
+        flavor: flavor(),
+        boot: BootSource::None,
+        storage: Default::default(),
+        network: NetworkRequest::Allocate(vec![
+            PortRequest::Network {
+                network_id: NET_A.into(),
+            },
+            PortRequest::Network {
+                network_id: NET_B.into(),
+            },
+        ]),
+        power_on: true,
+    }
+}
+
+/// What vireo defines for one instance of the run: its domain XML (without its uuid, named
+/// `{name}`) and its metadata element, so that the plain loop makes the same calls with the
+/// same payloads (libvirt's test driver spends its time parsing them).
+async fn vireo_payload() -> (String, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let c = cloud(dir.path()).await;
+    let d = c.hosts[0].driver.clone();
+    let id = Uuid::new_v4();
+    d.spawn(id, spawn_args(0)).await.unwrap();
+    let xml = d.libvirt().xml_desc(id, true).await.unwrap();
+    let meta = d
+        .libvirt()
+        .get_metadata(
+            id,
+            vireo_xml::metadata::NAMESPACE_URI,
+            vireo_actors::libvirt::Affect::Config,
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    d.destroy(
+        id,
+        DestroyArgs {
+            deallocate_network: true,
+        },
+    )
+    .await
+    .unwrap();
+    c.shutdown(Duration::from_secs(5)).await;
+    let (start, end) = (xml.find("<uuid>").unwrap(), xml.find("</uuid>").unwrap());
+    let xml = format!("{}{}", &xml[..start], &xml[end + "</uuid>".len()..])
+        .replace("<name>bench-0</name>", "<name>{name}</name>");
+    (xml, meta)
+}
+
 async fn vireo_run(n: usize) -> Duration {
     let dir = tempfile::tempdir().unwrap();
     let c = cloud(dir.path()).await;
@@ -96,26 +149,7 @@ async fn vireo_run(n: usize) -> Duration {
     for (i, id) in ids.iter().copied().enumerate() {
         let d = d.clone();
         tasks.push(tokio::spawn(async move {
-            d.spawn(
-                id,
-                SpawnArgs {
-                    name: format!("bench-{i}"),
-                    flavor: flavor(),
-                    boot: BootSource::None,
-                    storage: Default::default(),
-                    network: NetworkRequest::Allocate(vec![
-                        PortRequest::Network {
-                            network_id: NET_A.into(),
-                        },
-                        PortRequest::Network {
-                            network_id: NET_B.into(),
-                        },
-                    ]),
-                    power_on: true,
-                },
-            )
-            .await
-            .unwrap();
+            d.spawn(id, spawn_args(i)).await.unwrap();
             d.reboot(id, RebootKind::Hard).await.unwrap();
             d.destroy(
                 id,
@@ -136,7 +170,7 @@ async fn vireo_run(n: usize) -> Duration {
 }
 
 /// The libvirt calls vireo makes for spawn + hard reboot + destroy of one instance, made
-/// directly: define, start (START_PAUSED refused by the test driver), start, suspend, resume,
+/// directly with vireo's domain XML and metadata ([`vireo_payload`]): define, start (START_PAUSED refused by the test driver), start, suspend, resume,
 /// is-active, set-metadata (spawn); is-active, set-metadata, info, destroy, start, start,
 /// suspend, resume, is-active, set-metadata (hard reboot); info, destroy, undefine (destroy).
 fn plain_lifecycle(conn: &virt::connect::Connect, xml: &str, meta: &str) {
@@ -174,13 +208,14 @@ fn plain_lifecycle(conn: &virt::connect::Connect, xml: &str, meta: &str) {
     d.undefine().unwrap();
 }
 
-fn plain_run(n: usize, threads: usize) -> Duration {
+fn plain_run(n: usize, threads: usize, payload: &(String, String)) -> Duration {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("plain.xml");
     std::fs::write(&file, "<node/>\n").unwrap();
     let uri = format!("test://{}", file.display());
     let conn = Arc::new(virt::connect::Connect::open(Some(&uri)).unwrap());
-    let meta = "<instance><uuid>00000000-0000-4000-8000-000000000000</uuid></instance>";
+    let (template, meta) = payload;
+    let meta = meta.as_str();
     let start = Instant::now();
     let per = n.div_ceil(threads);
     std::thread::scope(|s| {
@@ -188,19 +223,7 @@ fn plain_run(n: usize, threads: usize) -> Duration {
             let conn = conn.clone();
             s.spawn(move || {
                 for i in (t * per)..((t + 1) * per).min(n) {
-                    let xml = format!(
-                        "<domain type='kvm'><name>plain-{i}</name><memory unit='MiB'>256</memory>\
-                         <vcpu>1</vcpu><os><type arch='x86_64'>hvm</type></os><devices>\
-                         <interface type='bridge'><mac address='fa:16:3e:00:{:02x}:{:02x}'/>\
-                         <source bridge='qbr{i:08}'/><target dev='tap{i:08}a'/><model type='virtio'/></interface>\
-                         <interface type='bridge'><mac address='fa:16:3e:01:{:02x}:{:02x}'/>\
-                         <source bridge='br-int'/><virtualport type='openvswitch'/>\
-                         <target dev='tap{i:08}b'/><model type='virtio'/></interface></devices></domain>",
-                        i / 256,
-                        i % 256,
-                        i / 256,
-                        i % 256
-                    );
+                    let xml = template.replace("{name}", &format!("plain-{i}"));
                     plain_lifecycle(&conn, &xml, meta);
                 }
             });
@@ -293,15 +316,16 @@ fn main() {
         .build()
         .unwrap();
     vireo_actors::libvirt::init_event_loop().unwrap();
+    let payload = rt.block_on(vireo_payload());
     // Warm up both paths once.
     rt.block_on(vireo_run(4));
-    plain_run(4, 4);
+    plain_run(4, 4, &payload);
     let mut ratios = Vec::new();
     // Five rounds, vireo and the plain loop alternating, so that drift in the machine's speed
     // hits both alike; the median is the figure.
     for round in 0..5 {
         let v = rt.block_on(vireo_run(n));
-        let p = plain_run(n, 4);
+        let p = plain_run(n, 4, &payload);
         let vireo_rate = n as f64 / v.as_secs_f64();
         let plain_rate = n as f64 / p.as_secs_f64();
         ratios.push(vireo_rate / plain_rate);
