@@ -1375,6 +1375,64 @@ async fn two_host_live_migration_timeout(run: &Run, b: &HostBAgent) -> R {
     finish_two_hosts(s, b).await
 }
 
+/// A two-host disk scenario's start: host A on `state` (B its peer) and one instance spawned
+/// stopped from a fresh 16 MiB raw image `image_id` ("VIREODSK" at 0): a root disk of
+/// `root_gb`, 8 MiB of swap and a config drive. Stopped, so that the test writes the guest's
+/// data into the disk itself.
+struct DiskScene<'a> {
+    s: Scene<'a>,
+    id: Uuid,
+    image: std::path::PathBuf,
+    sum: String,
+    _images: tempfile::TempDir,
+}
+
+async fn disk_scene<'a>(
+    run: &'a Run,
+    b: &HostBAgent,
+    title: &str,
+    state: &std::path::Path,
+    image_id: &str,
+    root_gb: u64,
+) -> Result<DiskScene<'a>, HarnessError> {
+    let mut s = Scene::new(run, title);
+    s.peers.insert(b.peer()?);
+    let images = open_dir("vireo-it-images-")?;
+    let mut opts = s.system_host();
+    opts.state_dir = state.to_owned();
+    s.host(opts).await?;
+    let image = images.path().join("disk.raw");
+    let mut bytes = vec![0u8; 16 << 20];
+    bytes[..8].copy_from_slice(b"VIREODSK");
+    std::fs::write(&image, &bytes).unwrap();
+    let sum = sha256_file(&image);
+    let id = s.instance();
+    let mut args = s.spawn_args(NetworkRequest::Allocated(NetworkInfo::default()));
+    args.flavor.root_gb = root_gb;
+    args.flavor.swap_mb = 8;
+    args.power_on = false;
+    args.storage = SpawnStorage {
+        image: Some(ImageRef {
+            id: ImageId::new(image_id).unwrap(),
+            source: image.display().to_string(),
+            checksum: Some(Checksum::Sha256(sum.clone())),
+            format: ImageFormat::Raw,
+        }),
+        image_token: None,
+        config_drive: Some(ConfigDrive::default()),
+    };
+    let h = s.a();
+    s.ok(h, "spawn (disks, stopped)", id, h.driver.spawn(id, args))
+        .await;
+    Ok(DiskScene {
+        s,
+        id,
+        image,
+        sum,
+        _images: images,
+    })
+}
+
 /// A cross-host resize of an instance with disks, A → B, then revert, then again and confirm:
 /// B copies the disks from A's libvirtd (the connection migrations use) into its own state
 /// directory, rebases the root disk on its own base and grows it; the data written before is
@@ -1392,38 +1450,15 @@ async fn two_host_resize_with_disks(
     } else {
         TWO_HOSTS[2]
     };
-    let mut s = Scene::new(run, title);
-    s.peers.insert(b.peer()?);
     let own = open_dir("vireo-it-state-")?;
     let state = shared.map_or_else(|| own.path().to_owned(), |p| p.to_owned());
-    let images = open_dir("vireo-it-images-")?;
-    let mut opts = s.system_host();
-    opts.state_dir = state.clone();
-    s.host(opts).await?;
-    let image = images.path().join("disk.raw");
-    let mut bytes = vec![0u8; 16 << 20];
-    bytes[..8].copy_from_slice(b"VIREODSK");
-    std::fs::write(&image, &bytes).unwrap();
-    let sum = sha256_file(&image);
-    let id = s.instance();
-    let mut args = s.spawn_args(NetworkRequest::Allocated(NetworkInfo::default()));
-    args.flavor.root_gb = 1;
-    args.flavor.swap_mb = 8;
-    // Defined, not started: the test writes the guest's data into the disk itself.
-    args.power_on = false;
-    args.storage = SpawnStorage {
-        image: Some(ImageRef {
-            id: ImageId::new("it-resize").unwrap(),
-            source: image.display().to_string(),
-            checksum: Some(Checksum::Sha256(sum.clone())),
-            format: ImageFormat::Raw,
-        }),
-        image_token: None,
-        config_drive: Some(ConfigDrive::default()),
-    };
-    let h = s.a();
-    s.ok(h, "spawn (disks, stopped)", id, h.driver.spawn(id, args))
-        .await;
+    let DiskScene {
+        s,
+        id,
+        image: _,
+        sum,
+        _images,
+    } = disk_scene(run, b, title, &state, "it-resize", 1).await?;
     let a_dir = state.join(format!("instances/{id}"));
     let b_dir = match shared {
         Some(_) => a_dir.clone(),
@@ -1557,38 +1592,16 @@ async fn two_host_live_migration_with_disks(
     } else {
         TWO_HOSTS[4]
     };
-    let mut s = Scene::new(run, title);
-    s.peers.insert(b.peer()?);
     let own = open_dir("vireo-it-state-")?;
     let state = shared.map_or_else(|| own.path().to_owned(), |p| p.to_owned());
-    let images = open_dir("vireo-it-images-")?;
-    let mut opts = s.system_host();
-    opts.state_dir = state.clone();
-    s.host(opts).await?;
-    let image = images.path().join("disk.raw");
-    let mut bytes = vec![0u8; 16 << 20];
-    bytes[..8].copy_from_slice(b"VIREODSK");
-    std::fs::write(&image, &bytes).unwrap();
-    let sum = sha256_file(&image);
-    let id = s.instance();
-    let mut args = s.spawn_args(NetworkRequest::Allocated(NetworkInfo::default()));
-    args.flavor.root_gb = 2;
-    args.flavor.swap_mb = 8;
-    // Defined, not started: the test writes the guest's data into the disk itself.
-    args.power_on = false;
-    args.storage = SpawnStorage {
-        image: Some(ImageRef {
-            id: ImageId::new("it-block-lm").unwrap(),
-            source: image.display().to_string(),
-            checksum: Some(Checksum::Sha256(sum.clone())),
-            format: ImageFormat::Raw,
-        }),
-        image_token: None,
-        config_drive: Some(ConfigDrive::default()),
-    };
+    let DiskScene {
+        s,
+        id,
+        image,
+        sum,
+        _images,
+    } = disk_scene(run, b, title, &state, "it-block-lm", 2).await?;
     let h = s.a();
-    s.ok(h, "spawn (disks, stopped)", id, h.driver.spawn(id, args))
-        .await;
     let a_dir = state.join(format!("instances/{id}"));
     let b_dir = match shared {
         Some(_) => a_dir.clone(),

@@ -485,22 +485,7 @@ impl HostStorage {
             match (d.role, image) {
                 (DiskRole::Root, Some(image)) if d.image.is_some() => {
                     let base = self.base(image, None).await?;
-                    run(
-                        "qemu-img",
-                        &[
-                            "create",
-                            "-q",
-                            "-f",
-                            "qcow2",
-                            "-F",
-                            image.format.as_str(),
-                            "-b",
-                            path_str(&base)?,
-                            path_str(&path)?,
-                            &size,
-                        ],
-                    )
-                    .await?;
+                    create_overlay(&base, image.format, &path, d.virtual_size).await?;
                 }
                 (DiskRole::ConfigDrive, _) => {
                     let (uri, from, local) = (source_uri.to_owned(), d.path.clone(), path.clone());
@@ -777,23 +762,7 @@ async fn root_disk(
         });
     }
     let size = image_size.max(wanted);
-    let size_arg = size.to_string();
-    run(
-        "qemu-img",
-        &[
-            "create",
-            "-q",
-            "-f",
-            "qcow2",
-            "-F",
-            image.format.as_str(),
-            "-b",
-            path_str(base)?,
-            path_str(path)?,
-            &size_arg,
-        ],
-    )
-    .await?;
+    create_overlay(base, image.format, path, size).await?;
     Ok(InstanceDisk {
         role: DiskRole::Root,
         path: path.to_owned(),
@@ -802,6 +771,34 @@ async fn root_disk(
         image: Some(image.id.clone()),
         cache: None,
     })
+}
+
+/// A qcow2 overlay at `path` of `size` bytes whose backing file is `base` (its format given,
+/// never probed).
+async fn create_overlay(
+    base: &Path,
+    format: ImageFormat,
+    path: &Path,
+    size: u64,
+) -> Result<(), StorageError> {
+    let size = size.to_string();
+    run(
+        "qemu-img",
+        &[
+            "create",
+            "-q",
+            "-f",
+            "qcow2",
+            "-F",
+            format.as_str(),
+            "-b",
+            path_str(base)?,
+            path_str(path)?,
+            &size,
+        ],
+    )
+    .await?;
+    Ok(())
 }
 
 /// The size in bytes a root disk gets for a flavor's `root_gb` (0: it keeps its size); a

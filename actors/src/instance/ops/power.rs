@@ -93,31 +93,7 @@ pub(crate) async fn power_on(
 
 /// Destroy and recreate the domain; wait only for the events the model predicts.
 pub(crate) async fn reboot_hard(op: &mut OpCtx, record: InstanceRecord) -> Finished {
-    let done = with_rollback(
-        op,
-        async |op| {
-            let in_flight = op.in_flight("reboot", InFlight::reboot(op.request));
-            op.save(&record, Some(in_flight)).await?;
-            op.phase("destroy");
-            op.destroy_domain().await?;
-            boot_with_events(op, &record, EventOp::HardReboot, true).await?;
-            let mut done = record.clone();
-            done.state = InstanceState::Running;
-            op.save(&done, None).await
-        },
-        async |op, cause| {
-            // The guest was down already; leave it down, devices plugged, recoverable by
-            // another hard reboot or power on.
-            let _ = op.destroy_domain().await;
-            let _ = op.save(&record, None).await;
-            Finished::err(InstanceState::Error, Some(record.clone()), cause)
-        },
-    )
-    .await;
-    match done {
-        Ok(()) => Finished::ok(InstanceState::Running, Some(record)),
-        Err(rolled_back) => rolled_back,
-    }
+    reboot(op, record, None).await
 }
 
 /// Nova's soft reboot: the guest is asked to shut down (ACPI) and given
@@ -127,36 +103,48 @@ pub(crate) async fn reboot_hard(op: &mut OpCtx, record: InstanceRecord) -> Finis
 /// "soft reboot: ..., rebooted hard"). `virDomainReboot` is not used: it returns as soon as
 /// the request is sent, and a guest that ignores ACPI would never be noticed.
 pub(crate) async fn reboot_soft(op: &mut OpCtx, record: InstanceRecord) -> Finished {
+    let timeout = op.deps.config.soft_reboot_timeout;
+    reboot(op, record, Some(timeout)).await
+}
+
+/// A reboot: with `graceful`, the guest first gets that long to shut down itself; then the
+/// domain is destroyed (when still running) and booted again with the hard reboot's waits.
+async fn reboot(
+    op: &mut OpCtx,
+    record: InstanceRecord,
+    graceful: Option<std::time::Duration>,
+) -> Finished {
     let done = with_rollback(
         op,
         async |op| {
             let in_flight = op.in_flight("reboot", InFlight::reboot(op.request));
             op.save(&record, Some(in_flight)).await?;
-            op.phase("shutdown");
-            let timeout = op.deps.config.soft_reboot_timeout;
-            let start = std::time::Instant::now();
-            if !op.shut_down_gracefully(timeout).await? {
-                info!(instance = %op.uuid, ?timeout, "guest did not shut down for a soft reboot; rebooting hard");
-                op.step(
-                    format!(
-                        "soft reboot: the guest did not shut down in {} s, rebooted hard",
-                        timeout.as_secs_f64()
-                    ),
-                    crate::instance::types::StepKind::Libvirt,
-                    start,
-                    false,
-                );
-                op.phase("destroy");
-                op.destroy_domain().await?;
+            if let Some(timeout) = graceful {
+                op.phase("shutdown");
+                let start = std::time::Instant::now();
+                if !op.shut_down_gracefully(timeout).await? {
+                    info!(instance = %op.uuid, ?timeout, "guest did not shut down for a soft reboot; rebooting hard");
+                    op.step(
+                        format!(
+                            "soft reboot: the guest did not shut down in {} s, rebooted hard",
+                            timeout.as_secs_f64()
+                        ),
+                        crate::instance::types::StepKind::Libvirt,
+                        start,
+                        false,
+                    );
+                }
             }
+            op.phase("destroy");
+            op.destroy_domain().await?;
             boot_with_events(op, &record, EventOp::HardReboot, true).await?;
             let mut done = record.clone();
             done.state = InstanceState::Running;
             op.save(&done, None).await
         },
         async |op, cause| {
-            // As a failed hard reboot: the guest stays down, devices plugged, recoverable by
-            // another reboot or a power on.
+            // The guest was down already; leave it down, devices plugged, recoverable by
+            // another reboot or power on.
             let _ = op.destroy_domain().await;
             let _ = op.save(&record, None).await;
             Finished::err(InstanceState::Error, Some(record.clone()), cause)
