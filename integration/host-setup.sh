@@ -41,8 +41,10 @@ PY=/usr/bin/python3 # Debian's python: the one the neutron packages install into
 BPO_PKGS=(qemu-system-x86 qemu-utils libvirt-daemon-system libvirt-dev libvirt-clients)
 BASE_PKGS=(pkg-config libxml2-utils openvswitch-switch iproute2 cpio busybox-static
   linux-image-amd64 kmod xz-utils zstd jq curl procps iptables genisoimage e2fsprogs util-linux)
+# The OpenStack tier: Neutron and its services, and Nova's libraries for the Nova driver's tests
+# (driver/nova/tests load Nova's own ComputeManager in-process and start their own glance-api).
 NEUTRON_PKGS=(neutron-server neutron-openvswitch-agent rabbitmq-server mariadb-server
-  python3-pymysql sudo ipset conntrack)
+  python3-pymysql sudo ipset conntrack python3-nova python3-pytest python3-flake8 glance-api)
 
 export DEBIAN_FRONTEND=noninteractive
 

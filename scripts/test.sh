@@ -34,6 +34,11 @@ if nm -C target/debug/vireo | grep -E 'RecordingPlugger|FaultPlan|plug::testing'
   exit 1
 fi
 
+section "nova driver (pytest: Nova's own ComputeManager, the agent binary on the test driver)"
+# Debian's interpreter: the python3 first on PATH may be another build without Debian's packages.
+(cd driver/nova && /usr/bin/python3 -m flake8 .)
+VIREO_BIN=target/debug/vireo /usr/bin/python3 -m pytest -q -p no:cacheprovider driver/nova/tests
+
 if [[ -x scripts/fuzz.sh ]]; then
   section "fuzz (bounded)"
   bash scripts/fuzz.sh

@@ -1,0 +1,134 @@
+"""A small client of the vireo agent's HTTP API (docs/AGENT.md), safe under eventlet.
+
+nova-compute monkey-patches the standard library before it loads a driver, so ``requests``
+sockets are green: a request or a poll never blocks the hub.  Sleeps between polls are
+``eventlet.sleep``.  Errors keep the agent's stable code (``busy``, ``illegal-state``,
+``not-found``, ``build-failed``, ...) so the driver can map each to Nova's exception.
+"""
+
+import time
+
+import eventlet
+import requests
+
+from nova import exception
+from nova.i18n import _
+
+
+class AgentError(exception.NovaException):
+    """The agent refused a request or an operation it ran failed."""
+
+    msg_fmt = _('vireo agent: %(code)s: %(reason)s')
+
+    def __init__(self, code, reason, status=None):
+        self.code = code
+        self.reason = reason
+        self.status = status
+        super().__init__(code=code, reason=reason)
+
+
+class AgentUnavailable(AgentError):
+    """The agent could not be reached, or answered 503."""
+
+
+class OperationTimeout(AgentError):
+    """An operation did not finish within ``[vireo] operation_timeout``."""
+
+
+def read_token(path):
+    """The agent's API token, held to the agent's own file rules (a 0600 regular file)."""
+    import os
+    import stat
+
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        raise AgentError('token-file', 'cannot read %s: %s' % (path, e.strerror))
+    if not stat.S_ISREG(st.st_mode):
+        raise AgentError('token-file', '%s is not a regular file' % path)
+    if st.st_mode & 0o077:
+        raise AgentError('token-file', '%s: mode %o lets group/others read the token; '
+                         'chmod 600 it' % (path, stat.S_IMODE(st.st_mode)))
+    with open(path, encoding='ascii') as f:
+        token = f.read().strip()
+    if len(token) < 16:
+        raise AgentError('token-file', '%s holds no token of at least 16 characters' % path)
+    return token
+
+
+class AgentClient(object):
+    """One agent: ``url`` is its API, ``token`` its API token."""
+
+    def __init__(self, url, token, request_timeout=30.0, operation_timeout=3600,
+                 poll_interval=0.2, session=None):
+        self.url = url.rstrip('/')
+        self._timeout = request_timeout
+        self._operation_timeout = operation_timeout
+        self._poll = poll_interval
+        self._session = session or requests.Session()
+        self._session.headers.update({'X-Auth-Token': token,
+                                      'Content-Type': 'application/json'})
+
+    # -- plain requests -------------------------------------------------------------------
+
+    def request(self, method, path, body=None, params=None):
+        try:
+            resp = self._session.request(method, self.url + path, json=body, params=params,
+                                         timeout=self._timeout)
+        except requests.RequestException as e:
+            raise AgentUnavailable('unavailable', '%s %s: %s' % (method, path, e))
+        if resp.status_code >= 400:
+            code, message = 'http-%d' % resp.status_code, resp.text[:500]
+            try:
+                err = resp.json().get('error') or {}
+                code = err.get('code', code)
+                message = err.get('message', message)
+            except ValueError:
+                pass
+            cls = AgentUnavailable if resp.status_code == 503 else AgentError
+            raise cls(code, message, status=resp.status_code)
+        if not resp.content:
+            return None
+        return resp.json()
+
+    def health(self):
+        return self.request('GET', '/healthz')
+
+    def instances(self):
+        return self.request('GET', '/v1/instances')['instances']
+
+    def instance(self, uuid):
+        return self.request('GET', '/v1/instances/%s' % uuid)
+
+    def post_events(self, events):
+        """Post Nova-shaped external events; the per-event answers come back."""
+        return self.request('POST', '/os-server-external-events', {'events': events})
+
+    # -- operations -----------------------------------------------------------------------
+
+    def create(self, body):
+        return self._run('POST', '/v1/instances', body)
+
+    def action(self, uuid, body):
+        return self._run('POST', '/v1/instances/%s/action' % uuid, body)
+
+    def delete(self, uuid, deallocate_network=False):
+        params = {'deallocate_network': 'true' if deallocate_network else 'false'}
+        return self._run('DELETE', '/v1/instances/%s' % uuid, params=params)
+
+    def _run(self, method, path, body=None, params=None):
+        """Start an operation and wait for it: its report, or AgentError with its code."""
+        op = self.request(method, path, body, params)['operation']
+        deadline = time.monotonic() + self._operation_timeout
+        while op['state'] == 'running':
+            if time.monotonic() > deadline:
+                raise OperationTimeout(
+                    'operation-timeout', 'operation %s (%s of %s) still running after %d s'
+                    % (op['id'], op['kind'], op['instance'], self._operation_timeout))
+            eventlet.sleep(self._poll)
+            op = self.request('GET', '/v1/operations/%s' % op['id'])
+        if op['state'] != 'succeeded':
+            err = op.get('error') or {}
+            raise AgentError(err.get('code', 'failed'),
+                             err.get('message', 'operation %s failed' % op['id']))
+        return op.get('report')

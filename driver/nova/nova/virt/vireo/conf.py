@@ -1,0 +1,33 @@
+"""The ``[vireo]`` section of nova.conf: how the driver reaches this host's vireo agent."""
+
+from oslo_config import cfg
+
+vireo_group = cfg.OptGroup('vireo', title='vireo agent',
+                           help='The vireo agent this nova-compute drives (one per host).')
+
+vireo_opts = [
+    cfg.URIOpt('agent_url', default='http://127.0.0.1:8774', schemes=['http', 'https'],
+               help="The agent's HTTP API (its `listen`). nova-api also defaults to port 8774: "
+                    'on a host that runs both, move the agent.'),
+    cfg.StrOpt('token_file', default='/etc/vireo/api-token',
+               help="A file holding the agent's API token (mode 0600, as the agent wants)."),
+    cfg.FloatOpt('request_timeout', default=30.0, min=1.0,
+                 help='Seconds one HTTP request to the agent may take.'),
+    cfg.IntOpt('operation_timeout', default=3600, min=1,
+               help='Seconds the driver waits for one agent operation (a spawn, a resize '
+                    'step, a migration) to finish before it gives up on it.'),
+    cfg.FloatOpt('poll_interval', default=0.2, min=0.01,
+                 help="Seconds between two reads of a running operation's state."),
+    cfg.IntOpt('kept_events_per_instance', default=32, min=1,
+               help='Network events kept per instance that arrived before Nova waited for '
+                    'them (oldest dropped first).'),
+]
+
+
+def register_opts(conf):
+    conf.register_group(vireo_group)
+    conf.register_opts(vireo_opts, group=vireo_group)
+
+
+def list_opts():
+    return {vireo_group: vireo_opts}

@@ -1,0 +1,201 @@
+"""Each driver method Nova calls maps to the right agent call, answer and error."""
+
+import uuid
+
+import pytest
+
+from nova.compute import power_state
+from nova import exception
+from nova.virt.vireo import client as vclient
+from nova.virt.vireo import driver as vdriver
+
+from conftest import HOST
+from conftest import make_instance
+
+
+@pytest.fixture
+def driver(manager):
+    manager.driver.init_host(HOST)
+    return manager.driver
+
+
+def _power(driver, instance):
+    return driver.get_info(instance).state
+
+
+def test_init_host_reads_the_agents_host_name(driver):
+    assert driver.get_available_nodes() == [HOST]
+    assert driver.get_host_ip_addr() == '192.0.2.10'
+
+
+def test_init_host_without_an_agent_is_a_hypervisor_unavailable(nova_conf, tmp_path):
+    token = tmp_path / 'token'
+    token.write_text('x' * 20)
+    token.chmod(0o600)
+    dead = vclient.AgentClient('http://127.0.0.1:9', 'x' * 20, request_timeout=2)
+    d = vdriver.VireoDriver(virtapi=None, agent=dead)
+    with pytest.raises(exception.HypervisorUnavailable):
+        d.init_host(HOST)
+
+
+def test_a_token_file_others_can_read_is_refused(tmp_path):
+    token = tmp_path / 'token'
+    token.write_text('x' * 20)
+    token.chmod(0o644)
+    with pytest.raises(vclient.AgentError, match='chmod 600'):
+        vclient.read_token(str(token))
+
+
+def test_instances_the_agent_holds_are_listed_and_described(driver, agent):
+    held = agent.create()
+    assert held in driver.list_instance_uuids()
+    assert 'instance-%s' % held[:8] in driver.list_instances()
+    info = driver.get_info(make_instance(uuid_=held))
+    assert info.state == power_state.RUNNING
+    assert info.internal_id == 'instance-%s' % held[:8]
+    assert driver.instance_exists(make_instance(uuid_=held))
+
+
+def test_an_instance_the_agent_does_not_hold_is_not_found(driver):
+    stranger = make_instance()
+    with pytest.raises(exception.InstanceNotFound):
+        driver.get_info(stranger)
+    assert not driver.instance_exists(stranger)
+    with pytest.raises(exception.InstanceNotFound):
+        driver.power_on(None, stranger, [])
+
+
+def test_power_pause_suspend_and_reboot_follow_the_agent(driver, agent):
+    instance = make_instance(uuid_=agent.create())
+    driver.power_off(instance, timeout=0)
+    assert _power(driver, instance) == power_state.SHUTDOWN
+    driver.power_on(None, instance, [])
+    assert _power(driver, instance) == power_state.RUNNING
+    driver.pause(instance)
+    assert _power(driver, instance) == power_state.PAUSED
+    driver.unpause(instance)
+    assert _power(driver, instance) == power_state.RUNNING
+    driver.suspend(None, instance)
+    assert _power(driver, instance) == power_state.SUSPENDED
+    driver.resume(None, instance, [])
+    assert _power(driver, instance) == power_state.RUNNING
+    driver.reboot(None, instance, [], 'SOFT')
+    driver.reboot(None, instance, [], 'HARD')
+    assert _power(driver, instance) == power_state.RUNNING
+    ops = agent.get('/v1/operations?instance=%s' % instance.uuid).json()['operations']
+    kinds = [op['kind'] for op in reversed(ops)]
+    assert kinds == ['create', 'power-off', 'power-on', 'pause', 'unpause', 'suspend',
+                     'resume', 'reboot-soft', 'reboot-hard']
+
+
+def test_an_action_the_instance_state_forbids_is_invalid_state(driver, agent):
+    instance = make_instance(uuid_=agent.create())
+    with pytest.raises(exception.InstanceInvalidState):
+        driver.unpause(instance)
+    assert _power(driver, instance) == power_state.RUNNING
+
+
+def test_destroy_removes_the_instance_and_is_idempotent(driver, agent):
+    instance = make_instance(uuid_=agent.create())
+    driver.destroy(None, instance, [])
+    assert instance.uuid not in driver.list_instance_uuids()
+    assert agent.get('/v1/instances/%s' % instance.uuid).status_code == 404
+    driver.destroy(None, instance, [])
+    driver.cleanup(None, instance, [])
+
+
+def test_detaching_a_port_the_instance_does_not_have_is_not_found(driver, agent):
+    instance = make_instance(uuid_=agent.create())
+    with pytest.raises(exception.NotFound):
+        driver.detach_interface(None, instance, {'id': str(uuid.uuid4())})
+
+
+def test_capabilities_claim_only_what_is_forwarded(driver):
+    caps = driver.capabilities
+    assert caps['supports_attach_interface']
+    assert not caps['supports_migrate_to_same_host']
+    assert not caps['has_imagecache']
+
+
+# -- spawn from Glance ----------------------------------------------------------------------
+
+IMAGE = b'\0' * (1 << 20)
+
+
+def _build(image, root_gb=1, **extra):
+    from nova import objects
+
+    flavor = objects.Flavor(name='m1.test', vcpus=1, memory_mb=64, root_gb=root_gb,
+                            ephemeral_gb=0, swap=0, extra_specs={})
+    fields = dict(uuid=str(uuid.uuid4()), id=int(uuid.uuid4().int % 10**6), flavor=flavor,
+                  image_ref=image['id'], config_drive='', launched_at=None,
+                  user_data=None, key_name=None, key_data=None, hostname='vm-test',
+                  metadata={}, availability_zone=None, system_metadata={},
+                  task_state='spawning', vm_state='building', host=HOST)
+    fields.update(extra)
+    return objects.Instance(**fields)
+
+
+def _image_meta(image, **override):
+    from nova import objects
+
+    meta = {k: image[k] for k in ('id', 'name', 'checksum', 'disk_format',
+                                  'container_format', 'size')}
+    meta.update(override)
+    return objects.ImageMeta.from_dict(meta)
+
+
+def _instance_dir(agent, instance):
+    return agent.root / 'state' / 'instances' / instance.uuid
+
+
+def test_spawn_boots_a_glance_image_on_its_own_overlay(driver, agent, glance_api, context):
+    image = glance_api.upload(IMAGE)
+    instance = _build(image)
+    driver.spawn(context, instance, _image_meta(image), [], None, {})
+    assert _power(driver, instance) == power_state.RUNNING
+    assert instance.name in driver.list_instances()
+    # The image was fetched once into the agent's cache; the instance has its own disk.
+    base = agent.root / 'state' / '_base' / image['id']
+    assert base.read_bytes() == IMAGE
+    assert (_instance_dir(agent, instance) / 'disk').is_file()
+    assert not (_instance_dir(agent, instance) / 'disk.config').exists()
+    driver.destroy(context, instance, [])
+    assert not _instance_dir(agent, instance).exists()
+
+
+def test_spawn_with_a_config_drive_gives_it_user_data(driver, agent, glance_api, context):
+    import base64
+
+    image = glance_api.upload(IMAGE)
+    instance = _build(image, config_drive='True',
+                      user_data=base64.b64encode(b'#cloud-config\n').decode())
+    driver.spawn(context, instance, _image_meta(image), [], None, {})
+    drive = _instance_dir(agent, instance) / 'disk.config'
+    assert b'#cloud-config' in drive.read_bytes()
+    driver.destroy(context, instance, [])
+
+
+def test_a_wrong_checksum_fails_the_build_and_leaves_nothing(
+        driver, agent, glance_api, context):
+    image = glance_api.upload(IMAGE)
+    instance = _build(image)
+    with pytest.raises(vclient.AgentError) as e:
+        driver.spawn(context, instance, _image_meta(image, checksum='0' * 32), [], None, {})
+    assert e.value.code == 'build-failed'
+    assert 'want md5:%s' % ('0' * 32) in e.value.reason
+    assert instance.uuid not in driver.list_instance_uuids()
+    assert not _instance_dir(agent, instance).exists()
+
+
+def test_images_vireo_cannot_boot_are_refused_before_the_agent_is_asked(
+        driver, glance_api, context):
+    image = glance_api.upload(IMAGE, disk_format='iso')
+    instance = _build(image)
+    with pytest.raises(exception.ImageUnacceptable):
+        driver.spawn(context, instance, _image_meta(image), [], None, {})
+    bdi = {'block_device_mapping': [{'connection_info': {}, 'mount_device': '/dev/vdb'}]}
+    with pytest.raises(exception.InvalidBDM):
+        driver.spawn(context, _build(image), _image_meta(image, disk_format='raw'), [], None,
+                     {}, block_device_info=bdi)
+    assert instance.uuid not in driver.list_instance_uuids()
