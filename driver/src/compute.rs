@@ -69,6 +69,10 @@ pub trait ComputeDriver: Send + Sync + std::fmt::Debug {
     /// configured age (`remove_unused_base_after`); returns the images removed.
     async fn evict_unused_images(&self) -> Result<Vec<ImageId>, DriverError>;
 
+    /// What this host offers instances: hypervisor, CPUs, memory and the instances
+    /// directory's filesystem (what a compute agent's resource tracker reports).
+    async fn host_resources(&self) -> Result<HostResources, HostError>;
+
     /// Hand over external events (one POST's worth, in order). Never blocks.
     fn external_events(&self, events: Vec<ExternalEvent>);
 
@@ -233,6 +237,84 @@ pub enum DriverError {
     /// The actor system stopped while the driver was being built.
     #[error("the actor system stopped during start-up")]
     StartUp,
+}
+
+/// What a host offers instances, read from libvirt and the instances directory's filesystem
+/// (`GET /v1/host`; the Nova driver's `get_available_resource` and `update_provider_tree`).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct HostResources {
+    /// This host's name (as ports are bound to it).
+    pub host: String,
+    /// libvirt's hypervisor type (`QEMU`, `TEST`).
+    pub hypervisor_type: String,
+    /// The hypervisor version (major * 1,000,000 + minor * 1,000 + release).
+    pub hypervisor_version: u64,
+    /// The host name libvirt reports.
+    pub hypervisor_hostname: String,
+    /// CPU model, frequency (MHz) and topology.
+    pub cpu: HostCpu,
+    /// Logical CPUs.
+    pub vcpus: u32,
+    /// Memory, MiB.
+    pub memory_mb: u64,
+    /// Size of the filesystem holding the instances directory, GiB (rounded down).
+    pub disk_gb: u64,
+    /// Space on it an unprivileged user can still use, GiB (rounded down).
+    pub disk_free_gb: u64,
+    /// The instances directory.
+    pub instances_path: std::path::PathBuf,
+}
+
+/// A host's CPU as libvirt describes it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct HostCpu {
+    /// Model (`x86_64`, ...).
+    pub model: String,
+    /// MHz.
+    pub mhz: u32,
+    /// NUMA nodes.
+    pub nodes: u32,
+    /// Sockets per node.
+    pub sockets: u32,
+    /// Cores per socket.
+    pub cores: u32,
+    /// Threads per core.
+    pub threads: u32,
+}
+
+/// Why the host's resources could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum HostError {
+    /// libvirt did not describe the host.
+    #[error("read the host from libvirt")]
+    Libvirt(#[source] LibvirtError),
+    /// The instances directory's filesystem could not be read.
+    #[error("read the filesystem of {}", path.display())]
+    Filesystem {
+        /// The instances directory.
+        path: std::path::PathBuf,
+        /// Why.
+        #[source]
+        source: nix::Error,
+    },
+    /// The blocking task ended without an answer.
+    #[error("{0}: the task was lost")]
+    TaskLost(&'static str),
+}
+
+const GIB: u64 = 1 << 30;
+
+/// `statvfs` of `path`: (size, space available to unprivileged users), bytes.
+fn filesystem_size(path: &std::path::Path) -> Result<(u64, u64), HostError> {
+    let fs = nix::sys::statvfs::statvfs(path).map_err(|source| HostError::Filesystem {
+        path: path.to_owned(),
+        source,
+    })?;
+    let unit = fs.fragment_size();
+    Ok((
+        fs.blocks().saturating_mul(unit),
+        fs.blocks_available().saturating_mul(unit),
+    ))
 }
 
 /// How VIFs are plugged.
@@ -573,6 +655,39 @@ impl ComputeDriver for LibvirtDriver {
             info!(host = %self.host(), removed = ?removed, "unused base images removed");
         }
         Ok(removed)
+    }
+
+    async fn host_resources(&self) -> Result<HostResources, HostError> {
+        let node = self
+            .libvirt
+            .node_facts()
+            .await
+            .map_err(HostError::Libvirt)?;
+        let path = self.storage.instances_dir().to_owned();
+        let at = path.clone();
+        let (size, free) = tokio::task::spawn_blocking(move || filesystem_size(&at))
+            .await
+            .map_err(|_| HostError::TaskLost("read the instances filesystem"))??;
+        let [nodes, sockets, cores, threads] = node.topology;
+        Ok(HostResources {
+            host: self.host().to_owned(),
+            hypervisor_type: node.hypervisor_type,
+            hypervisor_version: node.hypervisor_version,
+            hypervisor_hostname: node.hostname,
+            cpu: HostCpu {
+                model: node.cpu_model,
+                mhz: node.cpu_mhz,
+                nodes,
+                sockets,
+                cores,
+                threads,
+            },
+            vcpus: node.cpus,
+            memory_mb: node.memory_kib / 1024,
+            disk_gb: size / GIB,
+            disk_free_gb: free / GIB,
+            instances_path: path,
+        })
     }
 
     fn external_events(&self, events: Vec<ExternalEvent>) {

@@ -711,10 +711,51 @@ async fn bad_bodies_are_refused_before_the_driver() {
 }
 
 #[actix_rt::test]
+async fn the_host_is_described_as_libvirt_and_its_filesystem_see_it() {
+    let mut agent = TestAgent::start().await;
+    let c = http();
+    let (status, host) = get(&c, &agent, "/v1/host").await;
+    assert_eq!(status, 200, "{host}");
+    // Read independently: a connection of our own to the same test-driver node, and statvfs.
+    let uri = agent.driver.libvirt().config().uri.clone();
+    let conn = virt::connect::Connect::open(Some(&uri)).unwrap();
+    let node = conn.node_info().unwrap();
+    assert_eq!(host["host"], HOST);
+    assert_eq!(host["hypervisor_type"], conn.driver_type().unwrap());
+    assert_eq!(
+        host["hypervisor_version"],
+        u64::from(conn.hyp_version().unwrap())
+    );
+    assert_eq!(host["vcpus"], node.cpus);
+    assert_eq!(host["memory_mb"], node.memory / 1024);
+    assert_eq!(host["cpu"]["model"], node.model.as_str());
+    assert_eq!(host["cpu"]["sockets"], node.sockets);
+    let instances = agent
+        .dir
+        .path()
+        .canonicalize()
+        .unwrap()
+        .join("state/instances");
+    assert_eq!(host["instances_path"], instances.to_str().unwrap());
+    let fs = nix::sys::statvfs::statvfs(&instances).unwrap();
+    let gib = |blocks: u64| blocks * fs.fragment_size() / (1 << 30);
+    assert_eq!(host["disk_gb"], gib(fs.blocks()));
+    let free = host["disk_free_gb"].as_u64().unwrap();
+    let free_now = gib(fs.blocks_available());
+    assert!(
+        free.abs_diff(free_now) <= 1,
+        "{free} GiB free, statvfs says {free_now}"
+    );
+    assert!(free <= host["disk_gb"].as_u64().unwrap());
+    drop(conn);
+    agent.stop().await.unwrap();
+}
+
+#[actix_rt::test]
 async fn the_api_needs_the_token() {
     let mut agent = TestAgent::start().await;
     let anon = anonymous();
-    for path in ["/v1/instances", "/v1/operations", "/metrics"] {
+    for path in ["/v1/instances", "/v1/operations", "/v1/host", "/metrics"] {
         let r = anon.get(agent.url(path)).send().await.unwrap();
         assert_eq!(r.status(), 401, "{path}");
         assert_eq!(r.headers()["www-authenticate"], "Bearer");
@@ -751,7 +792,7 @@ async fn the_api_needs_the_token() {
         h,
         json!({"status": "ok", "host": HOST, "driver": "libvirt"})
     );
-    assert_eq!(agent.svc.metrics().auth_failures.get(&["api"]), 5);
+    assert_eq!(agent.svc.metrics().auth_failures.get(&["api"]), 6);
     assert!(agent.driver.list().await.is_empty());
     agent.stop().await.unwrap();
 }

@@ -239,6 +239,16 @@ impl ComputeDriver for Router {
         }
         Ok(removed)
     }
+    async fn host_resources(
+        &self,
+    ) -> Result<vireo::compute::HostResources, vireo::compute::HostError> {
+        match self.last() {
+            Ok(d) => d.host_resources().await,
+            Err(_) => Err(vireo::compute::HostError::TaskLost(
+                "no driver behind the endpoint",
+            )),
+        }
+    }
     fn external_events(&self, events: Vec<ExternalEvent>) {
         self.log.record(Source::Neutron, &events);
         let targets = self.targets().events.clone();

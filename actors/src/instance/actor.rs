@@ -397,6 +397,10 @@ impl InstanceActor {
             state: self.state,
             power: self.power,
             flavor: self.record.as_ref().map(|r| r.flavor.name.clone()),
+            size: self
+                .record
+                .as_ref()
+                .map(|r| (r.flavor.vcpus, r.flavor.memory_mb)),
             vifs,
             disks: self
                 .record

@@ -306,6 +306,8 @@ pub struct InstanceView {
     pub power: PowerState,
     /// Flavor name.
     pub flavor: Option<String>,
+    /// The flavor's vCPUs and memory (MiB): what the instance takes of the host.
+    pub size: Option<(u32, u64)>,
     /// VIFs.
     pub vifs: Vec<VifView>,
     /// Disks on this host, in device order.

@@ -12,7 +12,7 @@ use super::error::{class_of, Class, LibvirtError};
 use super::ffi;
 use super::handle::LibvirtHandle;
 use super::types::{
-    Affect, DomainId, DomainInfo, DomainState, DomainSummary, JobProgress, Metadata,
+    Affect, DomainId, DomainInfo, DomainState, DomainSummary, JobProgress, Metadata, NodeFacts,
 };
 
 /// `VIR_DOMAIN_METADATA_ELEMENT`.
@@ -289,6 +289,25 @@ impl LibvirtHandle {
     pub async fn migratable_xml(&self, uuid: Uuid) -> Result<String, LibvirtError> {
         self.call("xml_desc", move |conn| {
             lookup(conn, uuid)?.xml_desc(sys::VIR_DOMAIN_XML_MIGRATABLE)
+        })
+        .await
+    }
+
+    /// The host: hypervisor, CPUs, memory (what Nova's resource tracker asks a driver).
+    #[instrument(level = "debug", skip(self))]
+    pub async fn node_facts(&self) -> Result<NodeFacts, LibvirtError> {
+        self.call("node_info", |conn| {
+            let node = conn.node_info()?;
+            Ok(NodeFacts {
+                hypervisor_type: conn.driver_type()?,
+                hypervisor_version: u64::from(conn.hyp_version()?),
+                hostname: conn.hostname()?,
+                cpu_model: node.model,
+                cpu_mhz: node.mhz,
+                cpus: node.cpus,
+                topology: [node.nodes, node.sockets, node.cores, node.threads],
+                memory_kib: node.memory,
+            })
         })
         .await
     }

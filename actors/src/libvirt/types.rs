@@ -117,6 +117,29 @@ impl From<virt::domain::DomainInfo> for DomainInfo {
     }
 }
 
+/// The host as its libvirt driver describes it (`virNodeGetInfo`, `virConnectGetType`,
+/// `virConnectGetVersion`, `virConnectGetHostname`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeFacts {
+    /// The driver's hypervisor type (`QEMU`, `TEST`, ...).
+    pub hypervisor_type: String,
+    /// The hypervisor's version, libvirt's encoding (major * 1,000,000 + minor * 1,000 +
+    /// release), as Nova reports it.
+    pub hypervisor_version: u64,
+    /// The host name libvirt reports.
+    pub hostname: String,
+    /// CPU model (`x86_64`, ...).
+    pub cpu_model: String,
+    /// CPU frequency, MHz.
+    pub cpu_mhz: u32,
+    /// Active logical CPUs.
+    pub cpus: u32,
+    /// NUMA nodes, sockets per node, cores per socket, threads per core.
+    pub topology: [u32; 4],
+    /// Memory, KiB.
+    pub memory_kib: u64,
+}
+
 /// One domain in a listing.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DomainSummary {

@@ -199,3 +199,39 @@ def test_images_vireo_cannot_boot_are_refused_before_the_agent_is_asked(
         driver.spawn(context, _build(image), _image_meta(image, disk_format='raw'), [], None,
                      {}, block_device_info=bdi)
     assert instance.uuid not in driver.list_instance_uuids()
+
+
+# -- resources ------------------------------------------------------------------------------
+
+def test_available_resources_are_the_agents_host_and_instances(driver, agent):
+    agent.create()
+    host = agent.get('/v1/host').json()
+    held = agent.get('/v1/instances').json()['instances']
+    res = driver.get_available_resource(HOST)
+    assert res['vcpus'] == host['vcpus'] > 0
+    assert res['memory_mb'] == host['memory_mb'] > 0
+    assert res['local_gb'] == host['disk_gb']
+    assert res['local_gb_used'] == host['disk_gb'] - host['disk_free_gb']
+    assert res['vcpus_used'] == sum(i['vcpus'] for i in held) >= 1
+    assert res['memory_mb_used'] == sum(i['memory_mb'] for i in held) >= 64
+    assert res['hypervisor_type'] == host['hypervisor_type']
+    assert res['hypervisor_hostname'] == HOST
+    # libvirt's test driver says its CPU is an i686.
+    assert res['supported_instances'] == [(host['cpu']['model'], 'test', 'hvm')] == [
+        ('i686', 'test', 'hvm')]
+
+
+def test_the_provider_tree_gets_the_hosts_inventory(driver, agent):
+    from nova.compute import provider_tree
+
+    host = agent.get('/v1/host').json()
+    tree = provider_tree.ProviderTree()
+    tree.new_root(HOST, str(uuid.uuid4()))
+    driver.update_provider_tree(tree, HOST)
+    inv = tree.data(HOST).inventory
+    assert inv['VCPU']['total'] == host['vcpus']
+    assert inv['VCPU']['allocation_ratio'] == 16.0  # Nova's initial_cpu_allocation_ratio
+    assert inv['MEMORY_MB']['total'] == host['memory_mb']
+    assert inv['MEMORY_MB']['reserved'] == 512  # Nova's reserved_host_memory_mb
+    assert inv['DISK_GB']['total'] == host['disk_gb']
+    assert inv['DISK_GB']['max_unit'] == host['disk_gb']

@@ -82,6 +82,9 @@ pub enum ApiError {
     /// The driver refused or failed a synchronous call.
     #[error("{}", vireo_actors::instance::error_chain(.0))]
     Driver(InstanceError),
+    /// The host's resources could not be read.
+    #[error("{}", vireo_actors::instance::error_chain(.0))]
+    Host(crate::compute::HostError),
 }
 
 impl ApiError {
@@ -105,6 +108,8 @@ impl ApiError {
             ApiError::PeerTimeout { .. } => "timed-out",
             ApiError::Refused(e) => e.code(),
             ApiError::Driver(e) => e.code(),
+            ApiError::Host(crate::compute::HostError::Libvirt(_)) => "libvirt",
+            ApiError::Host(_) => "internal",
         }
     }
 
@@ -188,6 +193,11 @@ impl ResponseError for ApiError {
             ApiError::PeerTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
             ApiError::Refused(e) => status_for_admission(e),
             ApiError::Driver(e) => status_for_driver(e),
+            // The hypervisor cannot be read (libvirtd down, reconnecting): unavailable.
+            ApiError::Host(crate::compute::HostError::Libvirt(_)) => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+            ApiError::Host(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 

@@ -318,6 +318,12 @@ pub struct Instance {
     /// Flavor name.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub flavor: Option<String>,
+    /// The flavor's vCPUs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vcpus: Option<u32>,
+    /// The flavor's memory, MiB.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_mb: Option<u64>,
     /// VIFs.
     pub vifs: Vec<InstanceVif>,
     /// Disks, in device order: `role` (root, ephemeral, swap, config-drive), `path`,

@@ -5,6 +5,7 @@
 //! | method | path | answer |
 //! |---|---|---|
 //! | GET | `/healthz` | 200 `{"status": "ok", "host", "driver"}` (no token) |
+//! | GET | `/v1/host` | 200 the host's resources (hypervisor, CPUs, memory, disk) |
 //! | GET | `/metrics` | 200 Prometheus text |
 //! | POST | `/v2.1/os-server-external-events`, `/os-server-external-events` | 200 / 207 / 404 |
 //! | GET | `/v1/instances` | 200 `{"instances": [...]}` |
@@ -145,6 +146,11 @@ async fn external_events(
         .await?;
     let status = StatusCode::from_u16(status).unwrap_or(StatusCode::MULTI_STATUS);
     Ok(HttpResponse::build(status).json(answer))
+}
+
+async fn show_host(req: HttpRequest, svc: Svc) -> Result<HttpResponse, ApiError> {
+    api(&req, &svc)?;
+    Ok(HttpResponse::Ok().json(svc.host_resources().await?))
 }
 
 async fn list_instances(req: HttpRequest, svc: Svc) -> Result<HttpResponse, ApiError> {
@@ -311,6 +317,7 @@ pub async fn serve(
             )
             .service(
                 web::scope("/v1")
+                    .route("/host", web::get().to(show_host))
                     .route("/instances", web::get().to(list_instances))
                     .route("/instances", web::post().to(create_instance))
                     .route("/instances/{uuid}", web::get().to(show_instance))

@@ -601,6 +601,11 @@ impl AgentService {
         Ok(view::instance(&v, op.as_ref()))
     }
 
+    /// `GET /v1/host`.
+    pub async fn host_resources(&self) -> Result<crate::compute::HostResources, ApiError> {
+        self.driver.host_resources().await.map_err(ApiError::Host)
+    }
+
     /// `GET /v1/instances`.
     pub async fn list(&self) -> Vec<Instance> {
         let mut all: Vec<Instance> = self

@@ -69,6 +69,8 @@ pub fn instance(v: &InstanceView, op: Option<&OpStatus>) -> Instance {
         state: v.state.as_str().to_owned(),
         power_state: power_state(v.power).to_owned(),
         flavor: v.flavor.clone(),
+        vcpus: v.size.map(|(vcpus, _)| vcpus),
+        memory_mb: v.size.map(|(_, memory_mb)| memory_mb),
         vifs: v
             .vifs
             .iter()

@@ -424,6 +424,8 @@ mod tests {
             state: "building".into(),
             power_state: "paused".into(),
             flavor: Some("m1.tiny".into()),
+            vcpus: Some(1),
+            memory_mb: Some(64),
             disks: vec![],
             vifs: vec![InstanceVif {
                 port: "p1".into(),

@@ -176,6 +176,11 @@ impl HostStorage {
         &self.cache
     }
 
+    /// The instances directory (`<state_dir>/instances`, or `[instances] instances_path`).
+    pub fn instances_dir(&self) -> &Path {
+        &self.instances_dir
+    }
+
     /// Instance `uuid`'s directory.
     pub fn instance_dir(&self, uuid: Uuid) -> PathBuf {
         self.instances_dir.join(uuid.to_string())

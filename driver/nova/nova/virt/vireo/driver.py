@@ -6,9 +6,9 @@ vireo agent on the same host (docs/NOVA.md), which owns the domains, disks, VIF 
 the event waits.  Every call is an HTTP request on green sockets; a long operation is polled
 until it ends, with ``eventlet.sleep`` between polls.
 
-What is here so far: loading, the kept-events registry (events.py), host queries, spawn from
-a Glance image (the agent fetches it into its image cache), the lifecycle of an instance
-(power, reboot, pause, suspend, destroy) and interface attach/detach.  Resources and the move
+What is here so far: loading, the kept-events registry (events.py), host queries and
+resources, spawn from a Glance image (the agent fetches it into its image cache), the lifecycle
+of an instance (power, reboot, pause, suspend, destroy) and interface attach/detach.  The move
 operations are not yet forwarded: the base class raises NotImplementedError for them, and
 ``capabilities`` claims nothing that is not here.
 """
@@ -16,11 +16,13 @@ operations are not yet forwarded: the base class raises NotImplementedError for 
 import base64
 import binascii
 
+import os_resource_classes as orc
 from oslo_log import log as logging
 from oslo_serialization import jsonutils
 
 import nova.conf
 from nova.compute import power_state
+from nova.objects import fields
 from nova import exception
 from nova.image import glance
 from nova import utils
@@ -133,6 +135,53 @@ class VireoDriver(driver.ComputeDriver):
 
     def get_host_ip_addr(self):
         return CONF.my_ip
+
+    # -- resources ------------------------------------------------------------------------
+
+    def get_available_resource(self, nodename):
+        """The host as the agent reads it from libvirt and the instances filesystem."""
+        host = self.agent.request('GET', '/v1/host')
+        instances = self.agent.instances()
+        arch = fields.Architecture.canonicalize(host['cpu']['model'])
+        hv_type = host['hypervisor_type'].lower()
+        supported = []
+        if hv_type in fields.HVType.ALL:
+            supported = [(arch, hv_type, fields.VMMode.HVM)]
+        return {
+            'vcpus': host['vcpus'],
+            'memory_mb': host['memory_mb'],
+            'local_gb': host['disk_gb'],
+            'vcpus_used': sum(i.get('vcpus', 0) for i in instances),
+            'memory_mb_used': sum(i.get('memory_mb', 0) for i in instances),
+            'local_gb_used': host['disk_gb'] - host['disk_free_gb'],
+            'hypervisor_type': host['hypervisor_type'],
+            'hypervisor_version': host['hypervisor_version'],
+            'hypervisor_hostname': self._nodename or host['host'],
+            'cpu_info': jsonutils.dumps({
+                'arch': arch, 'model': host['cpu']['model'], 'vendor': None,
+                'topology': {k: host['cpu'][k] for k in ('sockets', 'cores', 'threads')},
+                'features': []}),
+            'disk_available_least': host['disk_free_gb'],
+            'supported_instances': supported,
+            'pci_passthrough_devices': '[]',  # JSON: the PCI tracker parses it
+            'numa_topology': None,
+        }
+
+    def update_provider_tree(self, provider_tree, nodename, allocations=None):
+        host = self.agent.request('GET', '/v1/host')
+        ratios = self._get_allocation_ratios(provider_tree.data(nodename).inventory)
+
+        def inventory(total, ratio, reserved):
+            return {'total': total, 'min_unit': 1, 'max_unit': total, 'step_size': 1,
+                    'allocation_ratio': ratio, 'reserved': reserved}
+
+        provider_tree.update_inventory(nodename, {
+            orc.VCPU: inventory(host['vcpus'], ratios[orc.VCPU], CONF.reserved_host_cpus),
+            orc.MEMORY_MB: inventory(host['memory_mb'], ratios[orc.MEMORY_MB],
+                                     CONF.reserved_host_memory_mb),
+            orc.DISK_GB: inventory(host['disk_gb'], ratios[orc.DISK_GB],
+                                   self._get_reserved_host_disk_gb_from_config()),
+        })
 
     def get_info(self, instance, use_cache=True):
         try:
