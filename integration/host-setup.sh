@@ -8,6 +8,10 @@
 #   host-setup.sh neutron-firewall iptables_hybrid|openvswitch
 #   host-setup.sh env    (prints the VIREO_* variables of a running Neutron set-up)
 #   host-setup.sh build-deps (only what building vireo and its test:/// main job need)
+#   host-setup.sh nova-up   (after `up --with-neutron`: placement, glance, nova-api, -conductor,
+#                            -scheduler, a vireo agent and nova-compute with vireo.VireoDriver;
+#                            Neutron then posts its events to nova-api)
+#   host-setup.sh nova-down (stops them; Neutron posts to vireo's agents again)
 #
 # Runs as root on Debian 12 (bookworm) without systemd as PID 1. Idempotent: `up` on a host where
 # everything already runs only checks it. See integration/README.md.
@@ -26,6 +30,12 @@ ENV_FILE=$STATE_DIR/neutron.env
 HOST=${VIREO_NEUTRON_HOST:-$(hostname)}
 SECOND_HOST=${VIREO_SECOND_HOST:-h2}
 NOVA_PORT=${VIREO_NOVA_PORT:-8774}
+NOVA_AUTH=none # how Neutron authenticates to NOVA_PORT: none (vireo's agents), admin_token (nova-api)
+NOVA_API_PORT=${VIREO_NOVA_API_PORT:-18774}
+PLACEMENT_PORT=8778
+GLANCE_PORT=9292
+AGENT_PORT=${VIREO_NOVA_AGENT_PORT:-8775}
+OS_TOKEN=admin:admin # noauth2: the user before the colon is the admin
 NEUTRON_PORT=${VIREO_NEUTRON_PORT:-9696}
 FIREWALL=${VIREO_FIREWALL:-iptables_hybrid}
 SEND_EVENTS_INTERVAL=${VIREO_SEND_EVENTS_INTERVAL:-2}
@@ -44,7 +54,8 @@ BASE_PKGS=(pkg-config libxml2-utils openvswitch-switch iproute2 cpio busybox-sta
 # The OpenStack tier: Neutron and its services, and Nova's libraries for the Nova driver's tests
 # (driver/nova/tests load Nova's own ComputeManager in-process and start their own glance-api).
 NEUTRON_PKGS=(neutron-server neutron-openvswitch-agent rabbitmq-server mariadb-server
-  python3-pymysql sudo ipset conntrack python3-nova python3-pytest python3-flake8 glance-api)
+  python3-pymysql sudo ipset conntrack python3-nova python3-pytest python3-flake8 glance-api
+  python3-placement placement-api python3-openstackclient)
 
 export DEBIAN_FRONTEND=noninteractive
 
@@ -168,6 +179,13 @@ render() { # render TEMPLATE OUT
     -e "s|@LOG_DIR@|$LOG_DIR|g" \
     -e "s|@FIREWALL_DRIVER@|$FIREWALL|g" \
     -e "s|@SEND_EVENTS_INTERVAL@|$SEND_EVENTS_INTERVAL|g" \
+    -e "s|@NOVA_AUTH@|$NOVA_AUTH|g" \
+    -e "s|@NOVA_API_PORT@|$NOVA_API_PORT|g" \
+    -e "s|@PLACEMENT_PORT@|$PLACEMENT_PORT|g" \
+    -e "s|@GLANCE_PORT@|$GLANCE_PORT|g" \
+    -e "s|@AGENT_PORT@|$AGENT_PORT|g" \
+    -e "s|@ETC_DIR@|$ETC_DIR|g" \
+    -e "s|@DOMAIN_TYPE@|${DOMAIN_TYPE:-kvm}|g" \
     "$SETUP_DIR/$1" >"$2.tmp"
   if cmp -s "$2.tmp" "$2"; then
     rm -f "$2.tmp"
@@ -175,6 +193,20 @@ render() { # render TEMPLATE OUT
     [[ -e $2 ]] && CHANGED+=("$(basename "$2")")
     mv "$2.tmp" "$2"
   fi
+}
+# stamp NAME FILE...: remembers the configuration the process NAME starts with; stale NAME
+# FILE... is true when a running NAME started with other content than the files hold now (a
+# run that rewrote a file and failed before restarting NAME is caught by the next run).
+conf_sum() { (cd "$ETC_DIR" && cat "$@" 2>/dev/null | sha256sum | cut -d' ' -f1); }
+stamp() {
+  local name=$1
+  shift
+  conf_sum "$@" >"$RUN_DIR/$name.conf-sum"
+}
+stale() {
+  local name=$1
+  shift
+  [[ $(cat "$RUN_DIR/$name.conf-sum" 2>/dev/null) != "$(conf_sum "$@")" ]]
 }
 CHANGED=()
 changed() { # changed FILE...: was one of these configs rewritten with new content?
@@ -485,7 +517,7 @@ write_neutron_config() {
 }
 
 start_neutron_server() {
-  if alive neutron-server && changed neutron.conf ml2_conf.ini; then
+  if alive neutron-server && stale neutron-server neutron.conf ml2_conf.ini; then
     log "configuration changed: restarting neutron-server"
     stop_bg neutron-server 30
   fi
@@ -503,6 +535,7 @@ start_neutron_server() {
   s=$(now)
   start_bg neutron-server neutron-server --config-file "$ETC_DIR/neutron.conf" \
     --config-file "$ETC_DIR/ml2_conf.ini" --log-file "$LOG_DIR/neutron-server.log"
+  stamp neutron-server neutron.conf ml2_conf.ini
   wait_alive neutron-server 90 "neutron-server API" neutron_answers || {
     tail -30 "$LOG_DIR/neutron-server.log" >&2
     die "neutron-server did not answer"
@@ -696,6 +729,221 @@ stop_neutron() {
     "$ETC_DIR/mariadb.cnf"
   rm -rf "$STATE_DIR/mysql" "$STATE_DIR/rabbitmq" "$STATE_DIR/neutron" "$ENV_FILE" \
     "$STATE_DIR/firewall" "$STATE_DIR/second_host" "$STATE_DIR/second_host.args"
+}
+
+# ---------------------------------------------------------------------------------------------
+# a small OpenStack: placement, glance, Nova with vireo as this host's compute driver
+
+NOVA_CONF=$ETC_DIR/nova.conf
+REPO_DIR=$(cd "$SCRIPT_DIR/.." && pwd)
+VIREO_BIN=${VIREO_BIN:-$REPO_DIR/target/debug/vireo}
+
+# Debian's python3-nova ships the nova.cmd modules but not their console scripts (those come
+# with nova-api, nova-compute, ... and their systemd units), and the modules have no __main__.
+nova_cmd() { # nova_cmd MODULE ARGS...: runs nova.cmd.MODULE's main() as its console script
+  local module=$1
+  shift
+  "$PY" -c "import sys; from nova.cmd.$module import main; sys.exit(main())" "$@"
+}
+nova_manage() { nova_cmd manage --config-file "$NOVA_CONF" "$@"; }
+os_api() { # os_api URL: GET with the noauth2 admin token
+  curl -sS -f --max-time 10 -H "X-Auth-Token: $OS_TOKEN" "$1"
+}
+placement_answers() { curl -sS -f --max-time 5 "http://127.0.0.1:$PLACEMENT_PORT/"; }
+glance_answers() { curl -sS -f --max-time 5 "http://127.0.0.1:$GLANCE_PORT/v2/images"; }
+nova_api_answers() { os_api "http://127.0.0.1:$NOVA_API_PORT/v2.1/"; }
+vireo_agent_answers() { curl -sS -f --max-time 5 "http://127.0.0.1:$AGENT_PORT/healthz"; }
+compute_registered() { # the hypervisor shows up once nova-compute reported and was discovered
+  os_api "http://127.0.0.1:$NOVA_API_PORT/v2.1/os-hypervisors/detail" |
+    jq -e --arg h "$HOST" '.hypervisors[] | select(.hypervisor_hostname == $h and .state == "up")'
+}
+
+create_nova_dbs() {
+  mysql_cli <<EOF
+CREATE DATABASE IF NOT EXISTS nova_api CHARACTER SET utf8mb4;
+CREATE DATABASE IF NOT EXISTS nova CHARACTER SET utf8mb4;
+CREATE DATABASE IF NOT EXISTS nova_cell0 CHARACTER SET utf8mb4;
+CREATE DATABASE IF NOT EXISTS placement CHARACTER SET utf8mb4;
+CREATE USER IF NOT EXISTS 'nova'@'127.0.0.1' IDENTIFIED BY '$DB_PASSWORD';
+GRANT ALL PRIVILEGES ON nova_api.* TO 'nova'@'127.0.0.1';
+GRANT ALL PRIVILEGES ON nova.* TO 'nova'@'127.0.0.1';
+GRANT ALL PRIVILEGES ON nova_cell0.* TO 'nova'@'127.0.0.1';
+GRANT ALL PRIVILEGES ON placement.* TO 'nova'@'127.0.0.1';
+FLUSH PRIVILEGES;
+EOF
+}
+
+write_nova_config() {
+  mkdir -p "$ETC_DIR/placement" "$STATE_DIR/nova/lock" "$STATE_DIR/nova/instances" \
+    "$STATE_DIR/glance/images" "$STATE_DIR/glance/tasks" "$STATE_DIR/glance/staging" \
+    "$STATE_DIR/vireo-agent/images"
+  if [[ -e /dev/kvm ]]; then DOMAIN_TYPE=kvm; else DOMAIN_TYPE=qemu; fi
+  render nova.conf.in "$NOVA_CONF"
+  cp "$SETUP_DIR/nova-api-paste.ini" "$ETC_DIR/nova-api-paste.ini"
+  render placement.conf.in "$ETC_DIR/placement/placement.conf"
+  render glance-api.conf.in "$ETC_DIR/glance-api.conf"
+  render vireo-agent.toml.in "$ETC_DIR/vireo-agent.toml"
+  if [[ ! -s $ETC_DIR/vireo-agent-token ]]; then
+    (umask 077 && head -c 24 /dev/urandom | base64 >"$ETC_DIR/vireo-agent-token")
+  fi
+  cat >"$ETC_DIR/clouds.yaml" <<EOF
+# The integration tier's OpenStack, no Keystone:
+#   OS_CLIENT_CONFIG_FILE=$ETC_DIR/clouds.yaml openstack --os-cloud vireo server list
+clouds:
+  vireo:
+    auth_type: admin_token
+    auth:
+      token: $OS_TOKEN
+      endpoint: http://127.0.0.1:$NOVA_API_PORT/v2.1
+    # The root, not /v2.1: discovery is unauthenticated and noauth2 answers it with 204.
+    compute_endpoint_override: http://127.0.0.1:$NOVA_API_PORT/
+    image_endpoint_override: http://127.0.0.1:$GLANCE_PORT
+    network_endpoint_override: http://127.0.0.1:$NEUTRON_PORT
+    placement_endpoint_override: http://127.0.0.1:$PLACEMENT_PORT
+EOF
+}
+
+start_placement() {
+  alive placement && placement_answers >/dev/null 2>&1 && return
+  placement-manage --config-file "$ETC_DIR/placement/placement.conf" db sync \
+    >"$LOG_DIR/placement-manage.log" 2>&1 || {
+    tail -20 "$LOG_DIR/placement-manage.log" >&2
+    die "placement-manage db sync failed"
+  }
+  start_bg placement env OS_PLACEMENT_CONFIG_DIR="$ETC_DIR/placement" \
+    placement-api --host 127.0.0.1 --port "$PLACEMENT_PORT"
+  wait_alive placement 60 "placement-api" placement_answers || {
+    tail -20 "$LOG_DIR/placement.log" >&2
+    die "placement-api did not answer"
+  }
+}
+
+start_glance() {
+  alive glance-api && glance_answers >/dev/null 2>&1 && return
+  glance-manage --config-file "$ETC_DIR/glance-api.conf" db_sync \
+    >"$LOG_DIR/glance-manage.log" 2>&1 || {
+    tail -20 "$LOG_DIR/glance-manage.log" >&2
+    die "glance-manage db_sync failed"
+  }
+  start_bg glance-api glance-api --config-file "$ETC_DIR/glance-api.conf"
+  wait_alive glance-api 90 "glance-api" glance_answers || {
+    tail -20 "$LOG_DIR/glance-api.log" >&2
+    die "glance-api did not answer"
+  }
+}
+
+setup_nova_dbs() {
+  nova_manage api_db sync >"$LOG_DIR/nova-manage.log" 2>&1 &&
+    nova_manage cell_v2 map_cell0 --database_connection \
+      "mysql+pymysql://nova:$DB_PASSWORD@127.0.0.1:$DB_PORT/nova_cell0" \
+      >>"$LOG_DIR/nova-manage.log" 2>&1 || {
+    tail -20 "$LOG_DIR/nova-manage.log" >&2
+    die "nova-manage api_db sync / map_cell0 failed"
+  }
+  if ! nova_manage cell_v2 list_cells 2>/dev/null | grep -q ' cell1 '; then
+    nova_manage cell_v2 create_cell --name cell1 >>"$LOG_DIR/nova-manage.log" 2>&1 || {
+      tail -20 "$LOG_DIR/nova-manage.log" >&2
+      die "nova-manage cell_v2 create_cell failed"
+    }
+  fi
+  nova_manage db sync >>"$LOG_DIR/nova-manage.log" 2>&1 || {
+    tail -20 "$LOG_DIR/nova-manage.log" >&2
+    die "nova-manage db sync failed"
+  }
+}
+
+start_nova_service() { # start_nova_service NAME MODULE [FILE...]: FILEs also restart it
+  local name=$1 module=$2
+  shift 2
+  local files=(nova.conf nova-api-paste.ini "$@")
+  if alive "$name" && stale "$name" "${files[@]}"; then stop_bg "$name" 30; fi
+  alive "$name" && return
+  # PYTHONPATH: nova-api's paste pipeline loads setup/nova_context_token.py.
+  start_bg "$name" env PYTHONPATH="$SETUP_DIR" \
+    "$PY" -c "import sys; from nova.cmd.$module import main; sys.exit(main())" \
+    --config-file "$NOVA_CONF"
+  stamp "$name" "${files[@]}"
+}
+
+start_vireo_agent() {
+  [[ -x $VIREO_BIN ]] || die "no vireo binary at $VIREO_BIN (cargo build -p vireo, or set VIREO_BIN)"
+  if alive vireo-agent && stale vireo-agent vireo-agent.toml; then stop_bg vireo-agent 30; fi
+  alive vireo-agent && vireo_agent_answers >/dev/null 2>&1 && return
+  start_bg vireo-agent "$VIREO_BIN" agent --config "$ETC_DIR/vireo-agent.toml"
+  stamp vireo-agent vireo-agent.toml
+  wait_alive vireo-agent 60 "the vireo agent" vireo_agent_answers || {
+    tail -20 "$LOG_DIR/vireo-agent.log" >&2
+    die "the vireo agent did not answer"
+  }
+}
+
+cmd_nova_up() {
+  local start s
+  start=$(now)
+  mkdir -p "$RUN_DIR" "$LOG_DIR" "$ETC_DIR" "$MARK_DIR"
+  [[ -s $ENV_FILE ]] || die "nova-up needs the Neutron set-up: host-setup.sh up --with-neutron first"
+  [[ $FIREWALL_SET == 1 || ! -s $STATE_DIR/firewall ]] || FIREWALL=$(cat "$STATE_DIR/firewall")
+  timed install install_packages 1
+  # Neutron posts its events to nova-api from now on (as admin: noauth2 refuses "notused").
+  NOVA_PORT=$NOVA_API_PORT
+  NOVA_AUTH=admin_token
+  write_neutron_config
+  timed start-mariadb start_mariadb
+  timed start-rabbitmq start_rabbitmq
+  create_nova_dbs
+  write_nova_config
+  timed start-placement start_placement
+  timed start-glance start_glance
+  timed nova-db setup_nova_dbs
+  s=$(now)
+  start_nova_service nova-api api
+  start_nova_service nova-conductor conductor
+  start_nova_service nova-scheduler scheduler
+  wait_alive nova-api 90 "nova-api" nova_api_answers || {
+    tail -20 "$LOG_DIR/nova-api.log" >&2
+    die "nova-api did not answer"
+  }
+  record start-nova-api "$s"
+  timed restart-neutron-server start_neutron_server
+  timed start-vireo-agent start_vireo_agent
+  bash "$REPO_DIR/driver/nova/install.sh" >"$LOG_DIR/nova-driver-install.log" 2>&1 || {
+    cat "$LOG_DIR/nova-driver-install.log" >&2
+    die "installing the vireo Nova driver failed"
+  }
+  s=$(now)
+  # A new driver (this checkout's) restarts nova-compute.
+  start_nova_service nova-compute compute "$REPO_DIR"/driver/nova/nova/virt/vireo/*.py
+  wait_alive nova-compute 120 "nova-compute's hypervisor in nova-api" compute_registered || {
+    tail -30 "$LOG_DIR/nova-compute.log" >&2
+    die "nova-compute did not register"
+  }
+  record start-nova-compute "$s"
+  echo "nova-api: http://127.0.0.1:$NOVA_API_PORT/v2.1 (token $OS_TOKEN)"
+  echo "clouds.yaml: OS_CLIENT_CONFIG_FILE=$ETC_DIR/clouds.yaml openstack --os-cloud vireo ..."
+  echo "vireo agent: http://127.0.0.1:$AGENT_PORT (token file $ETC_DIR/vireo-agent-token)"
+  record total "$start"
+  print_timings
+}
+
+cmd_nova_down() {
+  mkdir -p "$RUN_DIR"
+  local n
+  for n in nova-compute vireo-agent nova-scheduler nova-conductor nova-api glance-api placement; do
+    stop_bg "$n" 30
+  done
+  rm -rf "$STATE_DIR/nova" "$STATE_DIR/glance"
+  if [[ -s $ENV_FILE ]]; then
+    # Neutron posts to vireo's agents again.
+    [[ $FIREWALL_SET == 1 || ! -s $STATE_DIR/firewall ]] || FIREWALL=$(cat "$STATE_DIR/firewall")
+    write_neutron_config
+    start_neutron_server
+    mysql_cli <<EOF
+DROP DATABASE IF EXISTS nova_api;
+DROP DATABASE IF EXISTS nova;
+DROP DATABASE IF EXISTS nova_cell0;
+DROP DATABASE IF EXISTS placement;
+EOF
+  fi
 }
 
 # ---------------------------------------------------------------------------------------------
@@ -899,6 +1147,8 @@ build-deps)
   ;;
 up) cmd_up ;;
 down) cmd_down ;;
+nova-up) cmd_nova_up ;;
+nova-down) cmd_nova_down ;;
 status) cmd_status ;;
 neutron-firewall)
   [[ ${#POS[@]} == 1 ]] || die "usage: host-setup.sh neutron-firewall iptables_hybrid|openvswitch"

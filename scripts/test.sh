@@ -2,7 +2,8 @@
 # The test job. On a fresh Debian 12 machine, as root: installs and starts everything the tests
 # need — libvirt/QEMU from bookworm-backports, libvirtd, Open vSwitch, a real Neutron (MariaDB,
 # RabbitMQ, ML2/OVS), a second libvirt host in its own namespaces — then runs the format and
-# lint checks, every test tier of the workspace, and the bounded fuzz runs. Safe to run again.
+# lint checks, every test tier of the workspace, the Nova driver's tests, the Nova tier (a small
+# OpenStack with vireo as nova-compute's driver) and the bounded fuzz runs. Safe to run again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -38,6 +39,14 @@ section "nova driver (pytest: Nova's own ComputeManager, the agent binary on the
 # Debian's interpreter: the python3 first on PATH may be another build without Debian's packages.
 (cd driver/nova && /usr/bin/python3 -m flake8 .)
 VIREO_BIN=target/debug/vireo /usr/bin/python3 -m pytest -q -p no:cacheprovider driver/nova/tests
+
+section "nova tier (placement, glance, Nova services, nova-compute with vireo.VireoDriver)"
+# Neutron posts its events to nova-api while this tier is up; nova-down gives them back to
+# vireo's own agents.
+bash integration/host-setup.sh nova-up
+/usr/bin/python3 -m flake8 --max-line-length 99 integration/nova integration/setup/*.py
+/usr/bin/python3 -m pytest -q -p no:cacheprovider integration/nova
+bash integration/host-setup.sh nova-down
 
 if [[ -x scripts/fuzz.sh ]]; then
   section "fuzz (bounded)"

@@ -142,8 +142,9 @@ class KeepingInstanceEvents(manager.InstanceEvents):
         if waiter is not None:
             return waiter
         if kept:
-            LOG.info('Keeping event %(event)s that arrived before its wait (task %(task)s)',
-                     {'event': event.key, 'task': instance.task_state}, instance=instance)
+            # Debug: under vireo most network events are awaited by the agent, not by Nova.
+            LOG.debug('Keeping event %(event)s that no waiter took (task %(task)s)',
+                      {'event': event.key, 'task': instance.task_state}, instance=instance)
             # Handled: the manager fires this throwaway instead of logging the event as
             # unexpected; the kept copy goes to the task's later waiter.
             return eventlet.event.Event()

@@ -1,0 +1,161 @@
+"""The integration tier's small OpenStack, driven through the `openstack` CLI.
+
+Needs ``integration/host-setup.sh up --with-neutron`` and ``host-setup.sh nova-up`` (placement,
+glance, nova-api, -conductor, -scheduler, nova-compute with ``vireo.VireoDriver`` and its vireo
+agent on ``qemu:///system``, Neutron posting its events to nova-api).  Every scenario ends with
+vireo's leak check on this host and a Neutron check.
+"""
+
+import json
+import os
+import pathlib
+import subprocess
+import time
+import uuid
+
+import pytest
+import requests
+
+STATE_DIR = pathlib.Path(os.environ.get('VIREO_STATE_DIR', '/var/lib/vireo-integration'))
+ETC = STATE_DIR / 'etc'
+LOG = STATE_DIR / 'log'
+AGENT_URL = 'http://127.0.0.1:%s' % os.environ.get('VIREO_NOVA_AGENT_PORT', '8775')
+NEUTRON_URL = 'http://127.0.0.1:9696'
+
+
+def _env_file():
+    values = {}
+    for line in (STATE_DIR / 'neutron.env').read_text().splitlines():
+        key, _, value = line.partition('=')
+        values[key] = value
+    return values
+
+
+class Cloud(object):
+    """The `openstack` CLI on the tier's clouds.yaml, the agent and Neutron's API."""
+
+    def __init__(self):
+        if not (ETC / 'clouds.yaml').is_file():
+            pytest.fail('no Nova tier here: run integration/host-setup.sh nova-up first')
+        env = _env_file()
+        self.network = env['VIREO_NEUTRON_NETWORK_ID']
+        self.host = env['VIREO_NEUTRON_HOST']
+        self.env = dict(os.environ, OS_CLIENT_CONFIG_FILE=str(ETC / 'clouds.yaml'),
+                        OS_CLOUD='vireo')
+        self.agent = requests.Session()
+        self.agent.headers['X-Auth-Token'] = (ETC / 'vireo-agent-token').read_text().strip()
+
+    def cli(self, *args, check=True):
+        """`openstack ARGS -f json`'s answer (or None for commands that print nothing)."""
+        run = subprocess.run(['openstack', *args], env=self.env, capture_output=True,
+                             text=True, timeout=600)
+        if check and run.returncode != 0:
+            raise AssertionError('openstack %s: %s' % (' '.join(args), run.stderr.strip()))
+        out = run.stdout.strip()
+        return json.loads(out) if out.startswith(('{', '[')) else out
+
+    def server(self, name):
+        return self.cli('server', 'show', name, '-f', 'json')
+
+    def wait_status(self, name, status, timeout=120):
+        deadline = time.monotonic() + timeout
+        while True:
+            server = self.server(name)
+            if server['status'] == status:
+                return server
+            assert server['status'] != 'ERROR', server.get('fault')
+            assert time.monotonic() < deadline, 'server %s is %s, not %s after %d s' % (
+                name, server['status'], status, timeout)
+            time.sleep(1)
+
+    def agent_instances(self):
+        r = self.agent.get(AGENT_URL + '/v1/instances', timeout=10)
+        r.raise_for_status()
+        return r.json()['instances']
+
+    def agent_instance(self, server_id):
+        r = self.agent.get(AGENT_URL + '/v1/instances/' + server_id, timeout=10)
+        r.raise_for_status()
+        return r.json()
+
+    def neutron_port_create(self, name):
+        """A port made by the user (project `admin`, noauth2's project) before the server."""
+        r = requests.post(NEUTRON_URL + '/v2.0/ports', timeout=10,
+                          headers={'X-Project-Id': 'admin', 'X-Roles': 'admin'},
+                          json={'port': {'network_id': self.network, 'name': name,
+                                         'tenant_id': 'admin'}})
+        r.raise_for_status()
+        return r.json()['port']
+
+    def neutron_port_delete(self, port_id):
+        requests.delete(NEUTRON_URL + '/v2.0/ports/' + port_id, timeout=10,
+                        headers={'X-Project-Id': 'admin', 'X-Roles': 'admin'})
+
+    def neutron_ports(self, **query):
+        r = requests.get(NEUTRON_URL + '/v2.0/ports', params=query, timeout=10,
+                         headers={'X-Project-Id': 'vireo', 'X-Roles': 'admin'})
+        r.raise_for_status()
+        return r.json()['ports']
+
+
+def compute_log_offset():
+    path = LOG / 'nova-compute.log'
+    return path.stat().st_size if path.exists() else 0
+
+
+def compute_log_since(offset):
+    with open(LOG / 'nova-compute.log', 'rb') as f:
+        f.seek(offset)
+        return f.read().decode('utf-8', 'replace')
+
+
+def leaks(cloud, server_id, ports):
+    """What this host still holds of a deleted server: domains, devices, disks, bindings."""
+    found = []
+    domains = subprocess.run(['virsh', '-c', 'qemu:///system', 'list', '--all', '--uuid'],
+                             capture_output=True, text=True, check=True).stdout.split()
+    if server_id in domains:
+        found.append('domain %s' % server_id)
+    if any(i['uuid'] == server_id for i in cloud.agent_instances()):
+        found.append('agent instance %s' % server_id)
+    instance_dir = STATE_DIR / 'vireo-agent' / 'instances' / server_id
+    if instance_dir.exists():
+        found.append('instance directory %s' % instance_dir)
+    links = subprocess.run(['ip', '-o', 'link'], capture_output=True, text=True,
+                           check=True).stdout
+    ovs = subprocess.run(['ovs-vsctl', 'list-ports', 'br-int'], capture_output=True,
+                         text=True, check=True).stdout.split()
+    for port in ports:
+        short = port[:11]
+        for prefix in ('tap', 'qbr', 'qvb', 'qvo'):
+            if ' %s%s' % (prefix, short) in links or '%s%s' % (prefix, short) in ovs:
+                found.append('device %s%s' % (prefix, short))
+    for port in cloud.neutron_ports(device_id=server_id):
+        found.append('port %s still on the server (%s)' % (port['id'], port['status']))
+    return found
+
+
+@pytest.fixture(scope='session')
+def cloud():
+    return Cloud()
+
+
+@pytest.fixture(scope='session')
+def image(cloud):
+    """A raw image of zeros: domains start and VIFs plug; no guest needs to boot for Nova."""
+    path = STATE_DIR / 'nova-test-image.raw'
+    path.write_bytes(b'\0' * (1 << 20))
+    name = 'vireo-test-%s' % uuid.uuid4().hex[:8]
+    img = cloud.cli('image', 'create', '--disk-format', 'raw', '--container-format', 'bare',
+                    '--file', str(path), name, '-f', 'json')
+    yield img['id']
+    cloud.cli('image', 'delete', img['id'], check=False)
+
+
+@pytest.fixture(scope='session')
+def flavor(cloud):
+    name = 'vireo-test-%s' % uuid.uuid4().hex[:8]
+    cloud.cli('flavor', 'create', '--vcpus', '1', '--ram', '128', '--disk', '1', name, '-f',
+              'json')
+    yield name
+    cloud.cli('flavor', 'delete', name, check=False)

@@ -1,0 +1,95 @@
+"""Servers through `openstack` on nova-compute with vireo.VireoDriver: what an operator does."""
+
+import re
+import uuid
+
+from conftest import compute_log_offset
+from conftest import compute_log_since
+from conftest import leaks
+
+# What must never be in nova-compute's log for vireo's instances (seed bug 3's symptoms).
+BAD = re.compile(r'Timeout waiting for|Received unexpected event network-vif-plugged')
+
+
+def _boot(cloud, flavor, image, name):
+    server = cloud.cli('server', 'create', '--flavor', flavor, '--image', image, '--network',
+                       cloud.network, '--wait', name, '-f', 'json')
+    assert server['status'] == 'ACTIVE', server.get('fault')
+    assert server['OS-EXT-SRV-ATTR:host'] == cloud.host
+    return server
+
+
+def _ports(cloud, server_id):
+    return [p['id'] for p in cloud.neutron_ports(device_id=server_id)]
+
+
+def test_a_server_lives_and_dies_on_vireo(cloud, flavor, image):
+    offset = compute_log_offset()
+    name = 'vireo-%s' % uuid.uuid4().hex[:8]
+    server = _boot(cloud, flavor, image, name)
+    sid = server['id']
+    ports = _ports(cloud, sid)
+    assert len(ports) == 1
+    port = cloud.neutron_ports(id=ports[0])[0]
+    assert port['binding:host_id'] == cloud.host
+    assert port['status'] == 'ACTIVE'
+
+    # The agent built it and waited for the plug-time event Neutron sent through nova-api.
+    held = cloud.agent_instance(sid)
+    assert held['power_state'] == 'running'
+    waits = held['last_operation']['waits']
+    plugged = [w for w in waits if w['expected']]
+    assert plugged and all(w['complete'] for w in plugged), waits
+    assert {e['tag'] for w in plugged for e in w['expected']} == set(ports)
+
+    cloud.cli('server', 'reboot', '--hard', '--wait', name)
+    assert cloud.server(name)['status'] == 'ACTIVE'
+    assert cloud.agent_instance(sid)['power_state'] == 'running'
+
+    cloud.cli('server', 'reboot', '--wait', name)
+    assert cloud.agent_instance(sid)['power_state'] == 'running'
+
+    cloud.cli('server', 'stop', name)
+    cloud.wait_status(name, 'SHUTOFF')
+    assert cloud.agent_instance(sid)['power_state'] == 'shutoff'
+    cloud.cli('server', 'start', name)
+    cloud.wait_status(name, 'ACTIVE')
+    assert cloud.agent_instance(sid)['power_state'] == 'running'
+
+    cloud.cli('server', 'pause', name)
+    cloud.wait_status(name, 'PAUSED')
+    assert cloud.agent_instance(sid)['power_state'] == 'paused'
+    cloud.cli('server', 'unpause', name)
+    cloud.wait_status(name, 'ACTIVE')
+
+    cloud.cli('server', 'suspend', name)
+    cloud.wait_status(name, 'SUSPENDED')
+    assert cloud.agent_instance(sid)['power_state'] == 'suspended'
+    cloud.cli('server', 'resume', name)
+    cloud.wait_status(name, 'ACTIVE')
+    assert cloud.agent_instance(sid)['power_state'] == 'running'
+
+    cloud.cli('server', 'delete', '--wait', name)
+    assert leaks(cloud, sid, ports) == []
+    # Nova created the port for the server, so Nova deleted it.
+    assert cloud.neutron_ports(id=ports[0]) == []
+    log = compute_log_since(offset)
+    assert not BAD.search(log), BAD.search(log).group(0)
+
+
+def test_a_users_port_is_unbound_not_deleted(cloud, flavor, image):
+    port = cloud.neutron_port_create('vireo-user-%s' % uuid.uuid4().hex[:8])
+    name = 'vireo-%s' % uuid.uuid4().hex[:8]
+    try:
+        server = cloud.cli('server', 'create', '--flavor', flavor, '--image', image, '--nic',
+                           'port-id=%s' % port['id'], '--wait', name, '-f', 'json')
+        assert server['status'] == 'ACTIVE', server.get('fault')
+        assert cloud.neutron_ports(id=port['id'])[0]['status'] == 'ACTIVE'
+        cloud.cli('server', 'delete', '--wait', name)
+        assert leaks(cloud, server['id'], [port['id']]) == []
+        kept = cloud.neutron_ports(id=port['id'])
+        assert len(kept) == 1 and kept[0]['device_id'] == ''
+        assert kept[0]['binding:host_id'] == ''
+    finally:
+        cloud.cli('server', 'delete', '--wait', name, check=False)
+        cloud.neutron_port_delete(port['id'])
