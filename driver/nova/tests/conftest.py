@@ -46,6 +46,17 @@ def _free_port():
         return s.getsockname()[1]
 
 
+def stop_process(proc, log):
+    """TERM, KILL after 30 s; the log file closed."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    log.close()
+
+
 class Agent(object):
     """A running ``vireo agent`` process."""
 
@@ -107,13 +118,7 @@ class Agent(object):
         return self.session.get(self.url + path, timeout=10)
 
     def stop(self):
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self.log.close()
+        stop_process(self.proc, self.log)
 
 
 @pytest.fixture(scope='session')
@@ -168,13 +173,7 @@ class Glance(object):
         return requests.get(self.url + '/v2/images/%s' % image['id'], timeout=30).json()
 
     def stop(self):
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self.log.close()
+        stop_process(self.proc, self.log)
 
 
 @pytest.fixture(scope='session')
