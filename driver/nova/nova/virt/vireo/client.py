@@ -6,6 +6,8 @@ sockets are green: a request or a poll never blocks the hub.  Sleeps between pol
 ``not-found``, ``build-failed``, ...) so the driver can map each to Nova's exception.
 """
 
+import os
+import stat
 import time
 
 import eventlet
@@ -37,9 +39,6 @@ class OperationTimeout(AgentError):
 
 def read_token(path):
     """The agent's API token, held to the agent's own file rules (a 0600 regular file)."""
-    import os
-    import stat
-
     try:
         st = os.stat(path)
     except OSError as e:
