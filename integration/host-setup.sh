@@ -931,7 +931,7 @@ cmd_nova_down() {
   for n in nova-compute vireo-agent nova-scheduler nova-conductor nova-api glance-api placement; do
     stop_bg "$n" 30
   done
-  rm -rf "$STATE_DIR/nova" "$STATE_DIR/glance"
+  rm -rf "$STATE_DIR/nova" "$STATE_DIR/glance" "$STATE_DIR/vireo-agent"
   if [[ -s $ENV_FILE ]]; then
     # Neutron posts to vireo's agents again.
     [[ $FIREWALL_SET == 1 || ! -s $STATE_DIR/firewall ]] || FIREWALL=$(cat "$STATE_DIR/firewall")

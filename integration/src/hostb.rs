@@ -291,6 +291,20 @@ timeout = 600
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             if agent.client.health().await.is_ok() {
+                // Ours only if it takes this run's token: an agent left behind by an aborted
+                // run (its test process killed before it could stop it) answers the health
+                // check at the same address while ours cannot bind.
+                if let Err(e) = agent.client.list_instances().await {
+                    let log = agent.log_tail();
+                    agent.stop_blocking();
+                    return Err(setup(format!(
+                        "an agent answers at host B's address but not to this run's token \
+                         ({}): one left by an aborted run? (ip netns exec {} ss -ltnp) \
+                         this run's agent:\n{log}",
+                        crate::chain(&e),
+                        agent.env.netns,
+                    )));
+                }
                 return Ok(agent);
             }
             let exited = agent

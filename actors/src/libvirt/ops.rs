@@ -444,11 +444,18 @@ impl LibvirtHandle {
         .await
     }
 
-    /// The domain's current job's progress (`virDomainGetJobStats`).
+    /// The domain's current job's progress (`virDomainGetJobInfo`).
+    ///
+    /// Not `virDomainGetJobStats` through `virt` 0.5: its `Domain::job_stats` makes a `Vec`
+    /// of libvirt's parameter array with `Vec::from_raw_parts`, which is undefined behaviour
+    /// when libvirt returns no parameters (a null array: a job that just ended or was aborted)
+    /// and aborted the process in a debug build (CI, a live migration aborted by its timeout).
+    /// The job info holds every figure vireo shows: data, memory and disk (file) totals and
+    /// what remains.
     #[instrument(level = "debug", skip(self), fields(%uuid))]
     pub async fn job_progress(&self, uuid: Uuid) -> Result<JobProgress, LibvirtError> {
-        self.call("job_stats", move |conn| {
-            let s = lookup(conn, uuid)?.job_stats(0)?;
+        self.call("job_info", move |conn| {
+            let s = lookup(conn, uuid)?.job_info()?;
             Ok(JobProgress {
                 active: s.r#type != sys::VIR_DOMAIN_JOB_NONE as i32,
                 data_total: s.data_total,

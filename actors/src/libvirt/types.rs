@@ -70,7 +70,7 @@ impl DomainState {
     }
 }
 
-/// How far the domain's current job (a migration) is, from `virDomainGetJobStats`; a figure
+/// How far the domain's current job (a migration) is, from `virDomainGetJobInfo`; a figure
 /// the hypervisor does not report is None. Bytes.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct JobProgress {
