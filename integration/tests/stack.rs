@@ -1379,31 +1379,40 @@ async fn two_host_live_migration_timeout(run: &Run, b: &HostBAgent) -> R {
     finish_two_hosts(s, b).await
 }
 
-/// A two-host disk scenario's start: host A on `state` (B its peer) and one instance spawned
-/// stopped from a fresh 16 MiB raw image `image_id` ("VIREODSK" at 0): a root disk of
-/// `root_gb`, 8 MiB of swap and a config drive. Stopped, so that the test writes the guest's
-/// data into the disk itself.
+/// A two-host disk scenario's start: host A (B its peer) on the `shared` instances directory
+/// or on a state directory of its own, and one instance spawned stopped from a fresh 16 MiB
+/// raw image `image_id` ("VIREODSK" at 0): a root disk of `root_gb`, 8 MiB of swap and a
+/// config drive. Stopped, so that the test writes the guest's data into the disk itself.
 struct DiskScene<'a> {
     s: Scene<'a>,
     id: Uuid,
     image: std::path::PathBuf,
     sum: String,
+    /// Host A's state directory.
+    state: std::path::PathBuf,
+    /// The instance's directory on A, and where B keeps its disks (the same on a shared one).
+    a_dir: std::path::PathBuf,
+    b_dir: std::path::PathBuf,
     _images: tempfile::TempDir,
+    // Last: removed after the scene's hosts are gone.
+    _own: tempfile::TempDir,
 }
 
 async fn disk_scene<'a>(
     run: &'a Run,
     b: &HostBAgent,
     title: &str,
-    state: &std::path::Path,
+    shared: Option<&std::path::Path>,
     image_id: &str,
     root_gb: u64,
 ) -> Result<DiskScene<'a>, HarnessError> {
+    let own = open_dir("vireo-it-state-")?;
+    let state = shared.map_or_else(|| own.path().to_owned(), |p| p.to_owned());
     let mut s = Scene::new(run, title);
     s.peers.insert(b.peer()?);
     let images = open_dir("vireo-it-images-")?;
     let mut opts = s.system_host();
-    opts.state_dir = state.to_owned();
+    opts.state_dir = state.clone();
     s.host(opts).await?;
     let image = images.path().join("disk.raw");
     let mut bytes = vec![0u8; 16 << 20];
@@ -1428,12 +1437,21 @@ async fn disk_scene<'a>(
     let h = s.a();
     s.ok(h, "spawn (disks, stopped)", id, h.driver.spawn(id, args))
         .await;
+    let a_dir = state.join(format!("instances/{id}"));
+    let b_dir = match shared {
+        Some(_) => a_dir.clone(),
+        None => b.state_dir.join(format!("instances/{id}")),
+    };
     Ok(DiskScene {
         s,
         id,
         image,
         sum,
+        state,
+        a_dir,
+        b_dir,
         _images: images,
+        _own: own,
     })
 }
 
@@ -1454,20 +1472,17 @@ async fn two_host_resize_with_disks(
     } else {
         TWO_HOSTS[2]
     };
-    let own = open_dir("vireo-it-state-")?;
-    let state = shared.map_or_else(|| own.path().to_owned(), |p| p.to_owned());
     let DiskScene {
         s,
         id,
         image: _,
         sum,
+        state,
+        a_dir,
+        b_dir,
         _images,
-    } = disk_scene(run, b, title, &state, "it-resize", 1).await?;
-    let a_dir = state.join(format!("instances/{id}"));
-    let b_dir = match shared {
-        Some(_) => a_dir.clone(),
-        None => b.state_dir.join(format!("instances/{id}")),
-    };
+        _own,
+    } = disk_scene(run, b, title, shared, "it-resize", 1).await?;
     let kept = state.join(format!("instances/{id}_resize"));
     let out = Command::new("qemu-io")
         .args(["-f", "qcow2", "-c", "write -P 0x58 1M 1M"])
@@ -1596,21 +1611,18 @@ async fn two_host_live_migration_with_disks(
     } else {
         TWO_HOSTS[4]
     };
-    let own = open_dir("vireo-it-state-")?;
-    let state = shared.map_or_else(|| own.path().to_owned(), |p| p.to_owned());
     let DiskScene {
         s,
         id,
         image,
         sum,
+        state,
+        a_dir,
+        b_dir,
         _images,
-    } = disk_scene(run, b, title, &state, "it-block-lm", 2).await?;
+        _own,
+    } = disk_scene(run, b, title, shared, "it-block-lm", 2).await?;
     let h = s.a();
-    let a_dir = state.join(format!("instances/{id}"));
-    let b_dir = match shared {
-        Some(_) => a_dir.clone(),
-        None => b.state_dir.join(format!("instances/{id}")),
-    };
     let mut writes = vec!["write -P 0x58 1M 1M".to_owned()];
     if shared.is_none() {
         writes.push(format!("write -P 0x59 64M {BLOCK_MIGRATION_BYTES}"));
