@@ -50,7 +50,8 @@ PY=/usr/bin/python3 # Debian's python: the one the neutron packages install into
 
 BPO_PKGS=(qemu-system-x86 qemu-utils libvirt-daemon-system libvirt-dev libvirt-clients)
 BASE_PKGS=(pkg-config libxml2-utils openvswitch-switch iproute2 cpio busybox-static
-  linux-image-amd64 kmod xz-utils zstd jq curl procps iptables genisoimage e2fsprogs util-linux)
+  linux-image-amd64 kmod xz-utils zstd jq curl procps iptables genisoimage e2fsprogs util-linux
+  tini)
 # The OpenStack tier: Neutron and its services, and Nova's libraries for the Nova driver's tests
 # (driver/nova/tests load Nova's own ComputeManager in-process and start their own glance-api).
 NEUTRON_PKGS=(neutron-server neutron-openvswitch-agent rabbitmq-server mariadb-server
@@ -355,15 +356,62 @@ install_build_deps() {
 
 libvirt_answers() { virsh -c qemu:///system version; }
 
+# The pid of this host's libvirtd (its pid file in /run; `pgrep` would also find the libvirtd
+# of integration/two-host.sh's host B).
+libvirtd_pid() {
+  local pid
+  [[ -s /run/libvirtd.pid ]] || return 1
+  pid=$(cat /run/libvirtd.pid)
+  [[ $(ps -o comm= -p "$pid") == libvirtd ]] && echo "$pid"
+}
+
+# Does libvirtd run under tini, the subreaper it is started with here?
+libvirtd_reaped() {
+  local pid ppid
+  pid=$(libvirtd_pid) || return 1
+  ppid=$(ps -o ppid= -p "$pid" | tr -d ' ')
+  [[ $(ps -o comm= -p "$ppid") == tini ]]
+}
+
+# libvirtd in the foreground under `tini -s`, a child subreaper. QEMU daemonizes, so its parent
+# is the nearest subreaper, else PID 1; when a QEMU process exits, libvirtd waits until that
+# parent has reaped it. On a host whose PID 1 is systemd that is at once; on machines whose
+# PID 1 is a sandbox's init (this CI's) it took 1.2-1.4 s, added to every destroy, shut-down
+# and live migration (measured with `virsh destroy` of a bare TCG domain: 1.25 s, against 0.01 s
+# for the same QEMU killed by hand). Under tini every QEMU is reaped when it exits, as under
+# systemd.
+start_libvirtd() {
+  setsid tini -s -- libvirtd >>"$LOG_DIR/libvirtd-stdio.log" 2>&1 </dev/null &
+}
+
+# stop_marked NAME: stop a daemon `up` started (its pid file in /run), and forget it.
+stop_marked() {
+  local d=$1 pid i
+  if [[ -s /run/$d.pid ]]; then
+    pid=$(cat "/run/$d.pid")
+    log "stopping $d (pid $pid)"
+    kill -TERM "$pid" 2>/dev/null || true
+    for ((i = 0; i < 40; i++)); do
+      kill -0 "$pid" 2>/dev/null || break
+      sleep 0.5
+    done
+  fi
+  rm -f "$MARK_DIR/$d"
+}
+
 start_libvirt() {
   if ! pgrep -x virtlogd >/dev/null; then
     timed start-virtlogd virtlogd -d
     mark virtlogd
   fi
-  if ! pgrep -x libvirtd >/dev/null; then
+  if marked libvirtd && libvirtd_pid >/dev/null && ! libvirtd_reaped; then
+    log "libvirtd was started here without tini: restarting it under tini"
+    stop_marked libvirtd
+  fi
+  if ! libvirtd_pid >/dev/null; then
     local s
     s=$(now)
-    libvirtd -d
+    start_libvirtd
     mark libvirtd
     wait_for 60 "libvirtd to answer" libvirt_answers || die "libvirtd does not answer"
     record start-libvirtd "$s"
@@ -986,18 +1034,7 @@ cmd_down() {
   local d
   for d in libvirtd virtlogd; do
     if marked "$d"; then
-      if [[ -s /run/$d.pid ]]; then
-        local pid
-        pid=$(cat "/run/$d.pid")
-        log "stopping $d (pid $pid)"
-        kill -TERM "$pid" 2>/dev/null || true
-        local i
-        for ((i = 0; i < 40; i++)); do
-          kill -0 "$pid" 2>/dev/null || break
-          sleep 0.5
-        done
-      fi
-      rm -f "$MARK_DIR/$d"
+      stop_marked "$d"
     fi
   done
 }

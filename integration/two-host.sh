@@ -320,10 +320,22 @@ write_configs() {
 
 libvirt_b_answers() { virsh -c "$HB_URI" version; }
 
+# Does host B's libvirtd run under tini? It is started as a child of `tini -s`, a subreaper,
+# so that B's QEMU processes are reaped when they exit (see host-setup.sh, start_libvirtd).
+libvirtd_b_reaped() {
+  local pid
+  pid=$(pid_of libvirtd) || return 1
+  [[ $(ps -o comm= -p "$(ps -o ppid= -p "$pid" | tr -d ' ')") == tini ]]
+}
+
 start_libvirt_b() {
   local s
   if alive_b libvirtd && changed libvirtd.conf qemu.conf; then
     log "configuration changed: restarting host B's libvirtd"
+    stop_pid libvirtd 30 alive_b
+  fi
+  if alive_b libvirtd && ! libvirtd_b_reaped; then
+    log "host B's libvirtd runs without tini: restarting it under tini"
     stop_pid libvirtd 30 alive_b
   fi
   if ! alive_b virtlogd; then
@@ -334,7 +346,8 @@ start_libvirt_b() {
   fi
   if ! alive_b libvirtd; then
     s=$(now)
-    in_b libvirtd -d -l -p "$RUN/libvirtd.pid" -f /etc/libvirt/libvirtd.conf >>"$LOG/libvirtd.log" 2>&1
+    in_b setsid tini -s -- libvirtd -l -p "$RUN/libvirtd.pid" -f /etc/libvirt/libvirtd.conf \
+      >>"$LOG/libvirtd.log" 2>&1 </dev/null &
     wait_for 60 "host B's libvirtd" libvirt_b_answers || {
       tail -20 "$LV/log/libvirtd.log" >&2 || true
       die "host B's libvirtd does not answer on $HB_URI"
@@ -504,7 +517,7 @@ check_host_a() {
       DEBIAN_FRONTEND=noninteractive apt-get -y -q install --no-install-recommends socat >/dev/null
     } || die "could not install socat"
   fi
-  for c in ip nsenter unshare mountpoint socat virsh libvirtd virtlogd ovsdb-server \
+  for c in ip nsenter unshare mountpoint socat virsh libvirtd virtlogd tini ovsdb-server \
     ovs-vswitchd ovs-vsctl ovsdb-tool jq curl; do
     command -v "$c" >/dev/null || die "missing $c (run integration/host-setup.sh up; apt-get install socat)"
   done
