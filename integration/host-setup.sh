@@ -979,6 +979,19 @@ cmd_nova_down() {
   for n in nova-compute vireo-agent nova-scheduler nova-conductor nova-api glance-api placement; do
     stop_bg "$n" 30
   done
+  # Guests a failed test left behind go with the agent's state: the next nova-up's Nova starts
+  # numbering instances (instance-00000001, ...) again and would meet their domains' names.
+  local dir uuid
+  for dir in "$STATE_DIR"/vireo-agent/instances/*/; do
+    uuid=$(basename "$dir")
+    [[ $uuid =~ ^[0-9a-f-]{36}$ ]] || continue
+    if virsh -c qemu:///system domuuid "$uuid" >/dev/null 2>&1; then
+      log "removing guest $uuid left by the Nova tier"
+      virsh -c qemu:///system destroy "$uuid" >/dev/null 2>&1 || true
+      virsh -c qemu:///system undefine --nvram "$uuid" >/dev/null 2>&1 ||
+        virsh -c qemu:///system undefine "$uuid" >/dev/null 2>&1 || true
+    fi
+  done
   rm -rf "$STATE_DIR/nova" "$STATE_DIR/glance" "$STATE_DIR/vireo-agent"
   if [[ -s $ENV_FILE ]]; then
     # Neutron posts to vireo's agents again.

@@ -152,10 +152,24 @@ def image(cloud):
     cloud.cli('image', 'delete', img['id'], check=False)
 
 
+def _flavor(cloud, vcpus, ram, disk):
+    name = 'vireo-test-%s' % uuid.uuid4().hex[:8]
+    cloud.cli('flavor', 'create', '--vcpus', str(vcpus), '--ram', str(ram), '--disk', str(disk),
+              name, '-f', 'json')
+    return name
+
+
 @pytest.fixture(scope='session')
 def flavor(cloud):
-    name = 'vireo-test-%s' % uuid.uuid4().hex[:8]
-    cloud.cli('flavor', 'create', '--vcpus', '1', '--ram', '128', '--disk', '1', name, '-f',
-              'json')
+    name = _flavor(cloud, 1, 128, 1)
     yield name
     cloud.cli('flavor', 'delete', name, check=False)
+
+
+@pytest.fixture(scope='session')
+def larger_flavors(cloud):
+    """Two flavors to resize to: more of everything, and another with the same disk."""
+    names = [_flavor(cloud, 2, 192, 2), _flavor(cloud, 1, 160, 2)]
+    yield names
+    for name in names:
+        cloud.cli('flavor', 'delete', name, check=False)

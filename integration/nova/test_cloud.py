@@ -93,3 +93,50 @@ def test_a_users_port_is_unbound_not_deleted(cloud, flavor, image):
     finally:
         cloud.cli('server', 'delete', '--wait', name, check=False)
         cloud.neutron_port_delete(port['id'])
+
+
+def test_a_resize_on_this_host_is_confirmed_and_reverted(cloud, flavor, larger_flavors, image):
+    """Same-host resize through Nova (allow_resize_to_same_host): seed bug 3's revert.
+
+    Nova's revert moves no binding on one host, so Neutron sends no bind-time event; the
+    agent's revert re-plugs the VIFs and waits for their plug-time events, which reach it
+    through nova-api, nova-compute and the driver's event registry.
+    """
+    larger, other = larger_flavors
+    offset = compute_log_offset()
+    name = 'vireo-%s' % uuid.uuid4().hex[:8]
+    sid = _boot(cloud, flavor, image, name)['id']
+    ports = _ports(cloud, sid)
+    try:
+        cloud.cli('server', 'resize', '--flavor', larger, '--wait', name)
+        server = cloud.server(name)
+        assert server['status'] == 'VERIFY_RESIZE', server.get('fault')
+        assert server['OS-EXT-SRV-ATTR:host'] == cloud.host
+        held = cloud.agent_instance(sid)
+        assert (held['vcpus'], held['memory_mb']) == (2, 192)
+        assert held['power_state'] == 'running'
+        cloud.cli('server', 'resize', 'confirm', name)
+        cloud.wait_status(name, 'ACTIVE')
+        held = cloud.agent_instance(sid)
+        assert (held['vcpus'], held['memory_mb'], held['power_state']) == (2, 192, 'running')
+
+        cloud.cli('server', 'resize', '--flavor', other, '--wait', name)
+        assert cloud.server(name)['status'] == 'VERIFY_RESIZE'
+        assert cloud.agent_instance(sid)['memory_mb'] == 160
+        cloud.cli('server', 'resize', 'revert', name)
+        cloud.wait_status(name, 'ACTIVE')
+        server = cloud.server(name)
+        assert larger in str(server['flavor']), server['flavor']
+        held = cloud.agent_instance(sid)
+        assert (held['vcpus'], held['memory_mb'], held['power_state']) == (2, 192, 'running')
+        # The revert waited for exactly the events that came, and got them.
+        assert held['last_operation']['request'] == 'revert-resize', held['last_operation']
+        waits = held['last_operation']['waits']
+        assert all(w['complete'] for w in waits), waits
+        for port in cloud.neutron_ports(device_id=sid):
+            assert port['status'] == 'ACTIVE' and port['binding:host_id'] == cloud.host
+    finally:
+        cloud.cli('server', 'delete', '--wait', name, check=False)
+    assert leaks(cloud, sid, ports) == []
+    log = compute_log_since(offset)
+    assert not BAD.search(log), BAD.search(log).group(0)

@@ -5,7 +5,9 @@ import uuid
 import pytest
 
 from nova.compute import power_state
+from nova.compute import task_states
 from nova import exception
+from nova import objects
 from nova.virt.vireo import client as vclient
 from nova.virt.vireo import driver as vdriver
 
@@ -182,7 +184,7 @@ def test_a_wrong_checksum_fails_the_build_and_leaves_nothing(
     instance = _build(image)
     with pytest.raises(vclient.AgentError) as e:
         driver.spawn(context, instance, _image_meta(image, checksum='0' * 32), [], None, {})
-    assert e.value.code == 'build-failed'
+    assert e.value.agent_code == 'build-failed'
     assert 'want md5:%s' % ('0' * 32) in e.value.reason
     assert instance.uuid not in driver.list_instance_uuids()
     assert not _instance_dir(agent, instance).exists()
@@ -235,3 +237,81 @@ def test_the_provider_tree_gets_the_hosts_inventory(driver, agent):
     assert inv['MEMORY_MB']['reserved'] == 512  # Nova's reserved_host_memory_mb
     assert inv['DISK_GB']['total'] == host['disk_gb']
     assert inv['DISK_GB']['max_unit'] == host['disk_gb']
+
+
+# -- resize on this host -------------------------------------------------------------------
+
+def _flavor(vcpus, memory_mb, name):
+    return objects.Flavor(name=name, vcpus=vcpus, memory_mb=memory_mb, root_gb=0,
+                          ephemeral_gb=0, swap=0, extra_specs={})
+
+
+def _here(instance, monkeypatch):
+    """A same-host migration of `instance`, as Nova's database would give it back."""
+    migration = objects.Migration(id=7, uuid=str(uuid.uuid4()), source_compute=HOST,
+                                  dest_compute=HOST, instance_uuid=instance.uuid)
+    instance.migration_context = objects.MigrationContext(
+        instance_uuid=instance.uuid, migration_id=migration.id)
+    monkeypatch.setattr(objects.Migration, 'get_by_id_and_instance',
+                        lambda context, id_, uuid_: migration)
+    return migration
+
+
+def _held(agent, instance):
+    held = agent.get('/v1/instances/%s' % instance.uuid).json()
+    return held['vcpus'], held['memory_mb'], held['power_state']
+
+
+def test_a_resize_here_is_the_agents_resize_then_its_confirm(driver, agent, monkeypatch):
+    instance = make_instance(uuid_=agent.create())
+    migration = _here(instance, monkeypatch)
+    assert driver.migrate_disk_and_power_off(
+        None, instance, '192.0.2.10', _flavor(2, 96, 'm1.more'), []) == ''
+    assert _held(agent, instance) == (1, 64, 'running')
+    instance.flavor = _flavor(2, 96, 'm1.more')
+    driver.finish_migration(None, migration, instance, '', [], None, True, {}, power_on=True)
+    assert _held(agent, instance) == (2, 96, 'running')
+    driver.confirm_migration(None, migration, instance, [])
+    ops = agent.get('/v1/operations?instance=%s' % instance.uuid).json()['operations']
+    assert [op['kind'] for op in reversed(ops)] == ['create', 'resize', 'confirm-resize']
+    assert all(op['state'] == 'succeeded' for op in ops), ops
+
+
+def test_a_revert_here_keeps_the_original_through_novas_destroy(driver, agent, monkeypatch):
+    instance = make_instance(uuid_=agent.create())
+    migration = _here(instance, monkeypatch)
+    instance.flavor = _flavor(2, 96, 'm1.more')
+    driver.finish_migration(None, migration, instance, '', [], None, True, {}, power_on=True)
+    # Nova's revert_resize destroys "the destination's" guest first: here, that is the one
+    # instance, which the revert must bring back as it was.
+    instance.task_state = task_states.RESIZE_REVERTING
+    driver.destroy(None, instance, [])
+    assert _held(agent, instance) == (2, 96, 'running')
+    driver.finish_revert_migration(None, instance, [], migration, power_on=True)
+    assert _held(agent, instance) == (1, 64, 'running')
+    # Outside a revert, destroy removes it.
+    instance.task_state = None
+    driver.destroy(None, instance, [])
+    assert agent.get('/v1/instances/%s' % instance.uuid).status_code == 404
+
+
+def test_a_revert_of_a_stopped_instance_leaves_it_stopped(driver, agent, monkeypatch):
+    instance = make_instance(uuid_=agent.create(power_on=False))
+    migration = _here(instance, monkeypatch)
+    instance.flavor = _flavor(2, 96, 'm1.more')
+    driver.finish_migration(None, migration, instance, '', [], None, True, {}, power_on=False)
+    assert _held(agent, instance) == (2, 96, 'shutoff')
+    driver.finish_revert_migration(None, instance, [], migration, power_on=False)
+    assert _held(agent, instance) == (1, 64, 'shutoff')
+
+
+def test_a_resize_to_another_host_is_refused_before_anything_moves(driver, agent):
+    instance = make_instance(uuid_=agent.create())
+    with pytest.raises(exception.InstanceFaultRollback):
+        driver.migrate_disk_and_power_off(None, instance, '192.0.2.99',
+                                          _flavor(2, 96, 'm1.more'), [])
+    assert _held(agent, instance) == (1, 64, 'running')
+    elsewhere = objects.Migration(id=8, uuid=str(uuid.uuid4()), source_compute='other',
+                                  dest_compute=HOST, instance_uuid=instance.uuid)
+    with pytest.raises(exception.ResizeError):
+        driver.finish_migration(None, elsewhere, instance, '', [], None, True, {})

@@ -20,7 +20,7 @@
 use std::future::Future;
 use std::net::TcpListener;
 use std::sync::Arc;
-use std::time::Instant as StdInstant;
+use std::time::{Duration, Instant as StdInstant};
 
 use actix_web::body::MessageBody;
 use actix_web::dev::{Service, ServiceResponse};
@@ -278,6 +278,15 @@ fn record<B: MessageBody>(svc: &AgentService, res: &ServiceResponse<B>, started:
            us = took.as_micros() as u64, "request");
 }
 
+/// How long an idle keep-alive connection stays open: Nova's API server default
+/// (`[wsgi] client_socket_timeout`, 900 s). A client may send its next request on a pooled
+/// connection just as the server closes it for idleness and see the connection closed
+/// without an answer; with actix's default of 5 s nova-compute met that between two
+/// operations a few seconds apart (a `DELETE` after a revert). Long enough that nova-compute's
+/// periodic calls (every 60 s) keep their connections; the driver also retries an idempotent
+/// request once on a connection closed before any answer.
+const KEEP_ALIVE: Duration = Duration::from_secs(900);
+
 /// Run the API on `listener` until `shutdown` resolves, then stop accepting, let in-flight
 /// requests finish and run [`AgentService::shutdown`]; everything within the service's
 /// `shutdown_timeout`.
@@ -330,6 +339,7 @@ pub async fn serve(
             .default_service(web::to(no_route))
     })
     .workers(settings.http_workers)
+    .keep_alive(KEEP_ALIVE)
     .disable_signals()
     .shutdown_timeout(settings.shutdown_timeout.as_secs().max(1))
     .listen(listener)

@@ -2,8 +2,9 @@
 
 nova-compute monkey-patches the standard library before it loads a driver, so ``requests``
 sockets are green: a request or a poll never blocks the hub.  Sleeps between polls are
-``eventlet.sleep``.  Errors keep the agent's stable code (``busy``, ``illegal-state``,
-``not-found``, ``build-failed``, ...) so the driver can map each to Nova's exception.
+``eventlet.sleep``.  Errors keep the agent's stable code (``agent_code``: ``busy``,
+``illegal-state``, ``not-found``, ``build-failed``, ...) so the driver can map each to Nova's
+exception.
 """
 
 import os
@@ -12,21 +13,28 @@ import time
 
 import eventlet
 import requests
+from requests import adapters
+from urllib3.util import retry
 
 from nova import exception
 from nova.i18n import _
 
 
 class AgentError(exception.NovaException):
-    """The agent refused a request or an operation it ran failed."""
+    """The agent refused a request or an operation it ran failed.
 
-    msg_fmt = _('vireo agent: %(code)s: %(reason)s')
+    ``agent_code`` is the agent's stable error code; ``code`` stays an HTTP status as Nova
+    expects of its exceptions (an instance fault stores it as an integer): the agent's answer,
+    else 500.
+    """
 
-    def __init__(self, code, reason, status=None):
-        self.code = code
+    msg_fmt = _('vireo agent: %(agent_code)s: %(reason)s')
+
+    def __init__(self, agent_code, reason, status=None):
+        self.agent_code = agent_code
         self.reason = reason
         self.status = status
-        super().__init__(code=code, reason=reason)
+        super().__init__(agent_code=agent_code, reason=reason, code=status or 500)
 
 
 class AgentUnavailable(AgentError):
@@ -64,9 +72,23 @@ class AgentClient(object):
         self._timeout = request_timeout
         self._operation_timeout = operation_timeout
         self._poll = poll_interval
-        self._session = session or requests.Session()
+        self._session = session or self._new_session()
         self._session.headers.update({'X-Auth-Token': token,
                                       'Content-Type': 'application/json'})
+
+    @staticmethod
+    def _new_session():
+        """A session that sends an idempotent request (GET, DELETE) once more when its
+        connection was closed before any answer: a pooled keep-alive connection the agent
+        closed for idleness just as the request went out.  A POST (an operation, events) is
+        never resent: the agent may have taken it."""
+        session = requests.Session()
+        again = retry.Retry(total=1, connect=1, read=1, redirect=0, status=0, other=0,
+                            allowed_methods=frozenset(['GET', 'HEAD', 'DELETE']),
+                            raise_on_status=False)
+        session.mount('http://', adapters.HTTPAdapter(max_retries=again))
+        session.mount('https://', adapters.HTTPAdapter(max_retries=again))
+        return session
 
     # -- plain requests -------------------------------------------------------------------
 

@@ -8,9 +8,11 @@ until it ends, with ``eventlet.sleep`` between polls.
 
 What is here so far: loading, the kept-events registry (events.py), host queries and
 resources, spawn from a Glance image (the agent fetches it into its image cache), the lifecycle
-of an instance (power, reboot, pause, suspend, destroy) and interface attach/detach.  The move
-operations are not yet forwarded: the base class raises NotImplementedError for them, and
-``capabilities`` claims nothing that is not here.
+of an instance (power, reboot, pause, suspend, destroy), interface attach/detach and a resize on
+this host with its confirm and revert.  A resize to another host is refused before anything is
+touched (``InstanceFaultRollback``: the instance stays as it was); live migration is not yet
+forwarded (the base class raises NotImplementedError), and ``capabilities`` claims nothing that
+is not here.
 """
 
 import base64
@@ -22,8 +24,10 @@ from oslo_serialization import jsonutils
 
 import nova.conf
 from nova.compute import power_state
+from nova.compute import task_states
 from nova.objects import fields
 from nova import exception
+from nova import objects
 from nova.image import glance
 from nova import utils
 from nova.virt import configdrive
@@ -105,9 +109,9 @@ class VireoDriver(driver.ComputeDriver):
             raise self._nova_error(instance, action, e)
 
     def _nova_error(self, instance, method, e):
-        if e.code == 'not-found':
+        if e.agent_code == 'not-found':
             return exception.InstanceNotFound(instance_id=instance.uuid)
-        if e.code == 'illegal-state':
+        if e.agent_code == 'illegal-state':
             return exception.InstanceInvalidState(
                 instance_uuid=instance.uuid, attr='vireo state', state=e.reason,
                 method=method)
@@ -198,7 +202,7 @@ class VireoDriver(driver.ComputeDriver):
         try:
             self.agent.instance(instance.uuid)
         except vclient.AgentError as e:
-            if e.code == 'not-found':
+            if e.agent_code == 'not-found':
                 return False
             raise
         return True
@@ -293,11 +297,19 @@ class VireoDriver(driver.ComputeDriver):
     def cleanup(self, context, instance, network_info, block_device_info=None,
                 destroy_disks=True, migrate_data=None, destroy_vifs=True,
                 destroy_secrets=True):
+        if self._reverting_here(context, instance):
+            # Nova's revert_resize destroys "the new instance on the destination" before it
+            # asks the source to finish the revert; on one host both are this agent's one
+            # instance, whose `revert-resize` (finish_revert_migration) removes the resized
+            # guest and brings the original back. Deleting it here would lose the original.
+            LOG.debug('Same-host revert: the resized guest goes in finish_revert_migration',
+                      instance=instance)
+            return
         # Nova owns the ports: the agent unplugs this host's devices and leaves Neutron alone.
         try:
             self.agent.delete(instance.uuid, deallocate_network=False)
         except vclient.AgentError as e:
-            if e.code != 'not-found':
+            if e.agent_code != 'not-found':
                 raise
             LOG.debug('The vireo agent has no instance to clean up', instance=instance)
 
@@ -325,6 +337,66 @@ class VireoDriver(driver.ComputeDriver):
     def resume(self, context, instance, network_info, block_device_info=None):
         self._act(instance, 'resume')
 
+    # -- resize (on this host) --------------------------------------------------------------
+
+    @staticmethod
+    def _same_host(migration):
+        return migration.source_compute == migration.dest_compute
+
+    def _reverting_here(self, context, instance):
+        """Is this Nova's revert_resize of a resize whose source and destination are here?"""
+        if instance.task_state != task_states.RESIZE_REVERTING:
+            return False
+        moving = instance.migration_context
+        if moving is None:
+            return False
+        migration = objects.Migration.get_by_id_and_instance(
+            context, moving.migration_id, instance.uuid)
+        return self._same_host(migration)
+
+    def migrate_disk_and_power_off(self, context, instance, dest, flavor, network_info,
+                                   block_device_info=None, timeout=0, retry_interval=0):
+        # `dest` is the destination's [DEFAULT] my_ip (Nova's migration.dest_host).
+        if dest != CONF.my_ip:
+            raise exception.InstanceFaultRollback(exception.ResizeError(
+                reason='vireo resizes on the same host only (allow_resize_to_same_host); '
+                       'a move to %s is not forwarded yet' % dest))
+        # On one host the agent's `resize` (finish_migration) powers the guest off, copies
+        # and grows its disks and boots the new definition: nothing to move here.
+        return ''
+
+    def finish_migration(self, context, migration, instance, disk_info, network_info,
+                         image_meta, resize_instance, allocations, block_device_info=None,
+                         power_on=True):
+        if not self._same_host(migration):
+            raise exception.ResizeError(
+                reason='vireo finishes a resize on its source host only')
+        # instance.flavor is the new flavor by now; the agent keeps the old definition and
+        # disks until confirm or revert, and boots the guest again only if it ran.
+        self._act(instance, 'resize', flavor=self._flavor(instance.flavor),
+                  migration_id=migration.uuid)
+        if power_on and self.get_info(instance).state != power_state.RUNNING:
+            self._act(instance, 'power-on')
+
+    def confirm_migration(self, context, migration, instance, network_info):
+        if not self._same_host(migration):
+            raise exception.ResizeError(reason='vireo confirms same-host resizes only')
+        self._act(instance, 'confirm-resize')
+
+    def finish_revert_migration(self, context, instance, network_info, migration,
+                                block_device_info=None, power_on=True):
+        if not self._same_host(migration):
+            raise exception.ResizeError(reason='vireo reverts same-host resizes only')
+        # Removes the resized guest, restores the kept disks and definition and boots it if
+        # it ran; the agent's waits cover the plug-time events of the re-plugged VIFs (on
+        # one host Neutron sends no bind-time event).
+        self._act(instance, 'revert-resize')
+        running = self.get_info(instance).state == power_state.RUNNING
+        if power_on and not running:
+            self._act(instance, 'power-on')
+        elif not power_on and running:
+            self._act(instance, 'power-off')
+
     # -- interfaces -----------------------------------------------------------------------
 
     def attach_interface(self, context, instance, image_meta, vif):
@@ -337,6 +409,6 @@ class VireoDriver(driver.ComputeDriver):
         try:
             self._act(instance, 'detach-interface', port_id=vif['id'])
         except vclient.AgentError as e:
-            if e.code == 'invalid':
+            if e.agent_code == 'invalid':
                 raise exception.NotFound(str(e)) from e
             raise exception.InterfaceDetachFailed(instance_uuid=instance.uuid) from e
