@@ -393,6 +393,16 @@ impl fmt::Display for Failure {
 /// Why a network-service operation failed.
 #[derive(Debug, thiserror::Error)]
 pub enum NetworkError {
+    /// Nova owns the ports of this host's instances (Nova network mode): vireo reads them but
+    /// never changes them.
+    #[error(
+        "Nova owns this host's ports ([network.neutron] ports_owner = \"nova\"): vireo does not \
+         {operation}; Nova moves ports and bindings between hosts"
+    )]
+    OwnedByNova {
+        /// What was asked (`create a port`, `create a binding`, ...).
+        operation: &'static str,
+    },
     /// The port does not exist (404).
     #[error("port {port} not found")]
     PortNotFound {

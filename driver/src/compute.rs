@@ -29,6 +29,7 @@ use vireo_actors::vif::{PortId, Vif};
 
 use crate::network::embedded::{EmbeddedConfig, EmbeddedNetwork};
 use crate::network::neutron::{NeutronClient, NeutronConfig};
+use crate::network::nova_owned::{NovaOwnedPorts, PortsOwner};
 use crate::plug::{HostPlugger, PlugConfig};
 use crate::storage::{HostStorage, ImageId, StorageConfig};
 
@@ -467,9 +468,16 @@ impl DriverBuilder {
                 attach(&system, &n, &config.host, &plugger).await?;
                 n
             }
-            (None, NetworkConfig::Neutron(cfg)) => Arc::new(
-                NeutronClient::new(cfg.clone()).map_err(|e| DriverError::Network(e.to_string()))?,
-            ),
+            (None, NetworkConfig::Neutron(cfg)) => {
+                let neutron: Arc<dyn NetworkApi> = Arc::new(
+                    NeutronClient::new(cfg.clone())
+                        .map_err(|e| DriverError::Network(e.to_string()))?,
+                );
+                match cfg.ports_owner {
+                    PortsOwner::Vireo => neutron,
+                    PortsOwner::Nova => Arc::new(NovaOwnedPorts::new(neutron)),
+                }
+            }
         };
         let libvirt = Libvirt::open(config.libvirt.clone())
             .await

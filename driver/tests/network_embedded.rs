@@ -15,6 +15,7 @@ use uuid::Uuid;
 use vireo::network::embedded::{
     EmbeddedConfig, EmbeddedError, EmbeddedNetwork, EmbeddedNetworkDef, Mechanism,
 };
+use vireo::network::nova_owned::NovaOwnedPorts;
 use vireo_actors::external::{EventSink, EventStatus, ExternalEvent};
 use vireo_actors::network::{
     BindingStatus, Failure, HostSetupChange, MigrationHosts, NetworkApi, NetworkError, NewBinding,
@@ -1131,4 +1132,72 @@ async fn setup_and_teardown_around_a_live_migration() {
         .unwrap();
     assert!(torn.is_empty(), "{torn:?}");
     assert_eq!(w.net.get_port(b).await.unwrap().host_id, "h2");
+}
+
+/// Nova network mode over the same service: reads pass, a release is Nova's (nothing
+/// changes), and every write is refused with an error that names Nova.
+#[tokio::test(start_paused = true)]
+async fn nova_owned_ports_are_read_never_changed() {
+    let w = world();
+    let ni = w
+        .net
+        .allocate_for_instance(
+            w.vm,
+            "h1",
+            &[PortRequest::Network {
+                network_id: NET.into(),
+            }],
+        )
+        .await
+        .unwrap();
+    let port = ni.vifs[0].id;
+    w.rec.take(w.vm);
+    let nova = NovaOwnedPorts::new(w.net.clone());
+
+    assert_eq!(nova.get_port(port).await.unwrap().host_id, "h1");
+    assert_eq!(nova.list_instance_ports(w.vm).await.unwrap().len(), 1);
+    assert_eq!(nova.get_network(NET).await.unwrap().id, NET);
+    assert_eq!(nova.show_bindings(port).await.unwrap().len(), 1);
+
+    let released = nova.deallocate_for_instance(w.vm, &ni).await.unwrap();
+    assert_eq!(released, Default::default());
+    let kept = w.net.get_port(port).await.unwrap();
+    assert_eq!(
+        (kept.host_id.as_str(), kept.device_id),
+        ("h1", w.vm.to_string())
+    );
+
+    let owned = |e: NetworkError| {
+        assert!(matches!(e, NetworkError::OwnedByNova { .. }), "{e:?}");
+        assert!(e.to_string().contains("Nova owns"), "{e}");
+    };
+    owned(nova.create_port(NET).await.unwrap_err());
+    owned(
+        nova.update_port(port, &bind_to("h2", w.vm))
+            .await
+            .unwrap_err(),
+    );
+    owned(nova.delete_port(port).await.unwrap_err());
+    let binding = NewBinding {
+        host: "h2".into(),
+        ..NewBinding::default()
+    };
+    owned(nova.create_binding(port, &binding).await.unwrap_err());
+    owned(nova.activate_binding(port, "h2").await.unwrap_err());
+    owned(nova.delete_binding(port, "h2").await.unwrap_err());
+    owned(
+        nova.allocate_for_instance(Uuid::new_v4(), "h1", &[])
+            .await
+            .unwrap_err(),
+    );
+    owned(
+        nova.setup_networks_on_host(w.vm, "h1", false, None)
+            .await
+            .unwrap_err(),
+    );
+    // Nothing moved: the port is as Nova left it, and no event was sent.
+    let after = w.net.get_port(port).await.unwrap();
+    assert_eq!(after.host_id, "h1");
+    assert_eq!(w.net.list_instance_ports(w.vm).await.unwrap().len(), 1);
+    assert!(w.rec.take(w.vm).is_empty());
 }

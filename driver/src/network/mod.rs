@@ -5,6 +5,8 @@
 //!   timeouts, bounded retries of idempotent requests, typed errors).
 //! - [`embedded`]: an in-process port store following Neutron's port-status rules and
 //!   emitting Nova external events, for hosts without a Neutron (the default).
+//! - [`nova_owned`]: Nova network mode over the Neutron client (under nova-compute): reads
+//!   only, Nova owns the ports.
 //!
 //! This module owns what both share: building Nova `network_info` VIF dicts from ports
 //! ([`vif_dict`]) and the client-side flows built from the primitive operations
@@ -14,6 +16,7 @@
 pub mod embedded;
 mod flows;
 pub mod neutron;
+pub mod nova_owned;
 
 use serde_json::{json, Map, Value};
 use vireo_actors::network::{NetworkSummary, Port, PortStatus};

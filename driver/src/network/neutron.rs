@@ -122,6 +122,11 @@ pub struct NeutronConfig {
     /// `device_owner` of instance ports: `compute:<availability zone>`.
     #[serde(default = "default_device_owner")]
     pub device_owner: String,
+    /// Who owns the instances' ports: `vireo` (default: the agent allocates, binds, moves
+    /// and releases them) or `nova` (under nova-compute: vireo only reads them; see
+    /// [`super::nova_owned`]).
+    #[serde(default)]
+    pub ports_owner: super::nova_owned::PortsOwner,
 }
 
 fn default_connect_timeout_ms() -> u64 {
@@ -155,6 +160,7 @@ impl NeutronConfig {
             retry_backoff_ms: default_retry_backoff_ms(),
             max_backoff_ms: default_max_backoff_ms(),
             device_owner: default_device_owner(),
+            ports_owner: super::nova_owned::PortsOwner::Vireo,
         }
     }
 }
