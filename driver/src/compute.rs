@@ -74,6 +74,10 @@ pub trait ComputeDriver: Send + Sync + std::fmt::Debug {
     /// directory's filesystem (what a compute agent's resource tracker reports).
     async fn host_resources(&self) -> Result<HostResources, HostError>;
 
+    /// The last `max_bytes` of the instance's serial console log (lossy UTF-8; empty when
+    /// the guest has written nothing yet).
+    async fn console_output(&self, uuid: Uuid, max_bytes: u64) -> Result<String, ConsoleError>;
+
     /// Hand over external events (one POST's worth, in order). Never blocks.
     fn external_events(&self, events: Vec<ExternalEvent>);
 
@@ -303,6 +307,49 @@ pub enum HostError {
     TaskLost(&'static str),
 }
 
+/// Why an instance's console output could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum ConsoleError {
+    /// The instance is not on this host (or could not be asked).
+    #[error("look up the instance")]
+    Instance(#[source] InstanceError),
+    /// This host writes no serial console logs (no `console_dir`).
+    #[error("this host writes no serial console logs")]
+    NoConsoleLog,
+    /// The log could not be read.
+    #[error("read {}", path.display())]
+    Read {
+        /// The console log.
+        path: std::path::PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The blocking task ended without an answer.
+    #[error("{0}: the task was lost")]
+    TaskLost(&'static str),
+}
+
+/// The last `max_bytes` of the file at `path` as text (a missing file: nothing yet).
+fn read_tail(path: &std::path::Path, max_bytes: u64) -> Result<String, ConsoleError> {
+    use std::io::{Read, Seek, SeekFrom};
+    let read = |source| ConsoleError::Read {
+        path: path.to_owned(),
+        source,
+    };
+    let mut file = match std::fs::File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(String::new()),
+        Err(e) => return Err(read(e)),
+    };
+    let len = file.metadata().map_err(read)?.len();
+    file.seek(SeekFrom::Start(len.saturating_sub(max_bytes)))
+        .map_err(read)?;
+    let mut bytes = Vec::new();
+    file.take(max_bytes).read_to_end(&mut bytes).map_err(read)?;
+    Ok(String::from_utf8_lossy(&bytes).into_owned())
+}
+
 const GIB: u64 = 1 << 30;
 
 /// `statvfs` of `path`: (size, space available to unprivileged users), bytes.
@@ -512,6 +559,12 @@ impl DriverBuilder {
             system,
             owns_system,
             owns_events,
+            console_dir: config
+                .instances
+                .domain
+                .console_dir
+                .as_ref()
+                .map(std::path::PathBuf::from),
         })
     }
 }
@@ -555,6 +608,8 @@ pub struct LibvirtDriver {
     system: Arc<ActorSystem>,
     owns_system: bool,
     owns_events: bool,
+    /// Where serial console logs are (`<dir>/<uuid>/console.log`); None: none are written.
+    console_dir: Option<std::path::PathBuf>,
 }
 
 impl LibvirtDriver {
@@ -663,6 +718,18 @@ impl ComputeDriver for LibvirtDriver {
             info!(host = %self.host(), removed = ?removed, "unused base images removed");
         }
         Ok(removed)
+    }
+
+    async fn console_output(&self, uuid: Uuid, max_bytes: u64) -> Result<String, ConsoleError> {
+        self.host.show(uuid).await.map_err(ConsoleError::Instance)?;
+        let dir = self
+            .console_dir
+            .as_ref()
+            .ok_or(ConsoleError::NoConsoleLog)?;
+        let path = dir.join(uuid.to_string()).join("console.log");
+        tokio::task::spawn_blocking(move || read_tail(&path, max_bytes))
+            .await
+            .map_err(|_| ConsoleError::TaskLost("read the console log"))?
     }
 
     async fn host_resources(&self) -> Result<HostResources, HostError> {

@@ -851,3 +851,52 @@ async fn metrics_report_operations_events_and_requests() {
     ));
     agent.stop().await.unwrap();
 }
+
+#[actix_rt::test]
+async fn console_output_is_the_tail_of_the_serial_log() {
+    let mut agent = TestAgent::start().await;
+    let c = http();
+    let uuid = Uuid::new_v4();
+    agent.spawn_direct(uuid).await;
+    let console = |q: &str| format!("/v1/instances/{uuid}/console{q}");
+    // Nothing written yet (the test driver runs no QEMU): empty, not an error.
+    let (s, out) = get(&c, &agent, &console("")).await;
+    assert_eq!(s, 200, "{out}");
+    assert_eq!(out["output"], "");
+    // What virtlogd writes for a guest: <instances>/<uuid>/console.log.
+    let dir = agent
+        .dir
+        .path()
+        .join("state/instances")
+        .join(uuid.to_string());
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut log = "x".repeat(200 * 1024);
+    log.push_str("login: \u{fffd}\n");
+    std::fs::write(dir.join("console.log"), log.as_bytes()).unwrap();
+    let (s, out) = get(&c, &agent, &console("")).await;
+    assert_eq!(s, 200);
+    let text = out["output"].as_str().unwrap();
+    assert_eq!(
+        text.len(),
+        100 * 1024,
+        "at most 100 KiB, the end of the log"
+    );
+    assert!(
+        text.ends_with("login: \u{fffd}\n"),
+        "{}",
+        &text[text.len() - 20..]
+    );
+    let (_, out) = get(&c, &agent, &console("?bytes=10")).await;
+    assert_eq!(out["output"], "ogin: \u{fffd}\n");
+    let (s, out) = get(&c, &agent, &console("?bytes=-1")).await;
+    assert_eq!(s, 400, "{out}");
+    let (s, out) = get(
+        &c,
+        &agent,
+        &format!("/v1/instances/{}/console", Uuid::new_v4()),
+    )
+    .await;
+    assert_eq!(s, 404, "{out}");
+    assert_eq!(out["error"]["code"], "not-found");
+    agent.stop().await.unwrap();
+}

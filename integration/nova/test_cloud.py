@@ -6,6 +6,7 @@ import uuid
 from conftest import compute_log_offset
 from conftest import compute_log_since
 from conftest import leaks
+from conftest import STATE_DIR
 
 # What must never be in nova-compute's log for vireo's instances (seed bug 3's symptoms).
 BAD = re.compile(r'Timeout waiting for|Received unexpected event network-vif-plugged')
@@ -41,6 +42,16 @@ def test_a_server_lives_and_dies_on_vireo(cloud, flavor, image):
     plugged = [w for w in waits if w['expected']]
     assert plugged and all(w['complete'] for w in plugged), waits
     assert {e['tag'] for w in plugged for e in w['expected']} == set(ports)
+
+    # The serial console log virtlogd keeps for the guest is what `console log show` prints.
+    # The zero image's guest writes nothing to its serial port, so a line is appended the way
+    # virtlogd appends the guest's output.
+    log = STATE_DIR / 'vireo-agent' / 'instances' / sid / 'console.log'
+    marker = 'vireo-console-%s' % uuid.uuid4().hex[:8]
+    with open(log, 'a') as f:
+        f.write(marker + '\n')
+    shown = cloud.cli('console', 'log', 'show', '--lines', '5', name)
+    assert shown.splitlines()[-1] == marker, shown
 
     cloud.cli('server', 'reboot', '--hard', '--wait', name)
     assert cloud.server(name)['status'] == 'ACTIVE'

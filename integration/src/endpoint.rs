@@ -239,6 +239,17 @@ impl ComputeDriver for Router {
         }
         Ok(removed)
     }
+    async fn console_output(
+        &self,
+        uuid: Uuid,
+        max_bytes: u64,
+    ) -> Result<String, vireo::compute::ConsoleError> {
+        let driver = self
+            .pick(uuid)
+            .await
+            .map_err(vireo::compute::ConsoleError::Instance)?;
+        driver.console_output(uuid, max_bytes).await
+    }
     async fn host_resources(
         &self,
     ) -> Result<vireo::compute::HostResources, vireo::compute::HostError> {

@@ -711,6 +711,19 @@ async fn boot_with_disks(run: &Run) -> R {
             "guest {n} READY at uptime {} s: {:?}",
             boot.uptime, boot.disks
         );
+        // The driver's console output is the end of the same log (what Nova's
+        // `get_console_output` shows an operator).
+        let out = h
+            .driver
+            .console_output(id, vireo::agent::server::MAX_CONSOLE_BYTES)
+            .await
+            .unwrap();
+        assert!(
+            out.lines()
+                .any(|l| l.trim().starts_with("VIREO-GUEST-READY")),
+            "console output: {:?}",
+            &out[out.len().saturating_sub(400)..]
+        );
         let vda = boot
             .disks
             .iter()

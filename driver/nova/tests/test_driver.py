@@ -315,3 +315,24 @@ def test_a_resize_to_another_host_is_refused_before_anything_moves(driver, agent
                                   dest_compute=HOST, instance_uuid=instance.uuid)
     with pytest.raises(exception.ResizeError):
         driver.finish_migration(None, elsewhere, instance, '', [], None, True, {})
+
+
+def test_console_output_is_the_end_of_the_agents_serial_log(driver, agent):
+    instance = make_instance(uuid_=agent.create())
+    assert driver.get_console_output(None, instance) == ''
+    log = agent.root / 'state' / 'instances' / instance.uuid / 'console.log'
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_bytes(b'SeaBIOS\n' + b'.' * (150 * 1024) + b'\nlogin: ')
+    out = driver.get_console_output(None, instance)
+    assert len(out) == 100 * 1024 and out.endswith('\nlogin: ')
+    with pytest.raises(exception.InstanceNotFound):
+        driver.get_console_output(None, make_instance())
+
+
+def test_resume_state_on_host_boot_starts_the_guest_again(driver, agent):
+    instance = make_instance(uuid_=agent.create())
+    driver.power_off(instance, timeout=0)
+    driver.resume_state_on_host_boot(None, instance, [])
+    assert _power(driver, instance) == power_state.RUNNING
+    ops = agent.get('/v1/operations?instance=%s' % instance.uuid).json()['operations']
+    assert ops[0]['kind'] == 'reboot-hard' and ops[0]['state'] == 'succeeded'

@@ -85,6 +85,19 @@ pub enum ApiError {
     /// The host's resources could not be read.
     #[error("{}", vireo_actors::instance::error_chain(.0))]
     Host(crate::compute::HostError),
+    /// An instance's console output could not be read.
+    #[error("{}", vireo_actors::instance::error_chain(.0))]
+    Console(crate::compute::ConsoleError),
+}
+
+impl From<crate::compute::ConsoleError> for ApiError {
+    fn from(e: crate::compute::ConsoleError) -> Self {
+        match e {
+            // Not found, or the driver's own answer: said as for any instance request.
+            crate::compute::ConsoleError::Instance(e) => ApiError::from(e),
+            other => ApiError::Console(other),
+        }
+    }
 }
 
 impl ApiError {
@@ -110,6 +123,8 @@ impl ApiError {
             ApiError::Driver(e) => e.code(),
             ApiError::Host(crate::compute::HostError::Libvirt(_)) => "libvirt",
             ApiError::Host(_) => "internal",
+            ApiError::Console(crate::compute::ConsoleError::NoConsoleLog) => "no-console-log",
+            ApiError::Console(_) => "internal",
         }
     }
 
@@ -198,6 +213,8 @@ impl ResponseError for ApiError {
                 StatusCode::SERVICE_UNAVAILABLE
             }
             ApiError::Host(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            ApiError::Console(crate::compute::ConsoleError::NoConsoleLog) => StatusCode::CONFLICT,
+            ApiError::Console(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 

@@ -181,6 +181,38 @@ async fn show_instance(
     Ok(HttpResponse::Ok().json(svc.show(uuid).await?))
 }
 
+/// The most of a console log one request returns (Nova's libvirt driver's bound).
+pub const MAX_CONSOLE_BYTES: u64 = 100 * 1024;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ConsoleQuery {
+    /// Bytes from the end of the log (at most, and by default, [`MAX_CONSOLE_BYTES`]).
+    bytes: Option<u64>,
+}
+
+#[derive(Debug, serde::Serialize)]
+struct ConsoleOutput {
+    output: String,
+}
+
+async fn show_console(
+    req: HttpRequest,
+    path: web::Path<String>,
+    query: Result<web::Query<ConsoleQuery>, actix_web::Error>,
+    svc: Svc,
+) -> Result<HttpResponse, ApiError> {
+    api(&req, &svc)?;
+    let uuid = parse_uuid("instance", &path)?;
+    let query = query.map_err(|e| ApiError::Invalid(format!("query: {e}")))?;
+    let bytes = query
+        .bytes
+        .unwrap_or(MAX_CONSOLE_BYTES)
+        .min(MAX_CONSOLE_BYTES);
+    let output = svc.console(uuid, bytes).await?;
+    Ok(HttpResponse::Ok().json(ConsoleOutput { output }))
+}
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct DeleteQuery {
@@ -332,6 +364,7 @@ pub async fn serve(
                     .route("/instances/{uuid}", web::get().to(show_instance))
                     .route("/instances/{uuid}", web::delete().to(delete_instance))
                     .route("/instances/{uuid}/action", web::post().to(instance_action))
+                    .route("/instances/{uuid}/console", web::get().to(show_console))
                     .route("/operations", web::get().to(list_operations))
                     .route("/operations/{id}", web::get().to(show_operation))
                     .route("/peer/instances/{uuid}", web::post().to(peer_request)),

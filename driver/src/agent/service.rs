@@ -606,6 +606,11 @@ impl AgentService {
         self.driver.host_resources().await.map_err(ApiError::Host)
     }
 
+    /// `GET /v1/instances/{uuid}/console`: the last `max_bytes` of its serial console log.
+    pub async fn console(&self, uuid: Uuid, max_bytes: u64) -> Result<String, ApiError> {
+        Ok(self.driver.console_output(uuid, max_bytes).await?)
+    }
+
     /// `GET /v1/instances`.
     pub async fn list(&self) -> Vec<Instance> {
         let mut all: Vec<Instance> = self

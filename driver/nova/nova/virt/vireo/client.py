@@ -121,6 +121,10 @@ class AgentClient(object):
     def instance(self, uuid):
         return self.request('GET', '/v1/instances/%s' % uuid)
 
+    def console(self, uuid):
+        """The end of the instance's serial console log (at most 100 KiB)."""
+        return self.request('GET', '/v1/instances/%s/console' % uuid)['output']
+
     def post_events(self, events):
         """Post Nova-shaped external events; the per-event answers come back."""
         return self.request('POST', '/os-server-external-events', {'events': events})

@@ -8,11 +8,11 @@ until it ends, with ``eventlet.sleep`` between polls.
 
 What is here so far: loading, the kept-events registry (events.py), host queries and
 resources, spawn from a Glance image (the agent fetches it into its image cache), the lifecycle
-of an instance (power, reboot, pause, suspend, destroy), interface attach/detach and a resize on
-this host with its confirm and revert.  A resize to another host is refused before anything is
-touched (``InstanceFaultRollback``: the instance stays as it was); live migration is not yet
-forwarded (the base class raises NotImplementedError), and ``capabilities`` claims nothing that
-is not here.
+of an instance (power, reboot, pause, suspend, destroy, resume on host boot), its console
+output, interface attach/detach and a resize on this host with its confirm and revert.  A resize
+to another host is refused before anything is touched (``InstanceFaultRollback``: the instance
+stays as it was); live migration is not yet forwarded (the base class raises
+NotImplementedError), and ``capabilities`` claims nothing that is not here.
 """
 
 import base64
@@ -336,6 +336,21 @@ class VireoDriver(driver.ComputeDriver):
 
     def resume(self, context, instance, network_info, block_device_info=None):
         self._act(instance, 'resume')
+
+    def resume_state_on_host_boot(self, context, instance, network_info,
+                                  block_device_info=None):
+        # Nova asks for this ([DEFAULT] resume_guests_state_on_host_boot) for an instance it
+        # believes running whose guest is not: the domain is made again and started, its
+        # VIFs plugged and their events awaited, as in a hard reboot.
+        self._act(instance, 'reboot-hard')
+
+    def get_console_output(self, context, instance):
+        try:
+            return self.agent.console(instance.uuid)
+        except vclient.AgentError as e:
+            if e.agent_code == 'no-console-log':
+                raise exception.ConsoleNotAvailable() from e
+            raise self._nova_error(instance, 'get_console_output', e)
 
     # -- resize (on this host) --------------------------------------------------------------
 
