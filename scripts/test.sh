@@ -45,7 +45,12 @@ section "nova tier (placement, glance, Nova services, nova-compute with vireo.Vi
 # vireo's own agents.
 bash integration/host-setup.sh nova-up
 /usr/bin/python3 -m flake8 --max-line-length 99 integration/nova integration/setup/*.py
-/usr/bin/python3 -m pytest -q -p no:cacheprovider integration/nova
+# With each of Neutron's OVS firewall drivers: hybrid plug (qbr/qvb/qvo) and native OVS ports.
+for firewall in iptables_hybrid openvswitch; do
+  bash integration/host-setup.sh neutron-firewall "$firewall"
+  /usr/bin/python3 -m pytest -q -p no:cacheprovider integration/nova
+done
+bash integration/host-setup.sh neutron-firewall iptables_hybrid
 bash integration/host-setup.sh nova-down
 
 if [[ -x scripts/fuzz.sh ]]; then

@@ -141,6 +141,13 @@ def cloud():
 
 
 @pytest.fixture(scope='session')
+def hybrid():
+    """Does Neutron's OVS agent run the iptables_hybrid firewall (`host-setup.sh
+    neutron-firewall`), so that ports are plugged through qbr/qvb/qvo?"""
+    return (STATE_DIR / 'firewall').read_text().strip() == 'iptables_hybrid'
+
+
+@pytest.fixture(scope='session')
 def image(cloud):
     """A raw image of zeros: domains start and VIFs plug; no guest needs to boot for Nova."""
     path = STATE_DIR / 'nova-test-image.raw'

@@ -1,6 +1,7 @@
 """Servers through `openstack` on nova-compute with vireo.VireoDriver: what an operator does."""
 
 import re
+import subprocess
 import uuid
 
 from conftest import compute_log_offset
@@ -24,7 +25,7 @@ def _ports(cloud, server_id):
     return [p['id'] for p in cloud.neutron_ports(device_id=server_id)]
 
 
-def test_a_server_lives_and_dies_on_vireo(cloud, flavor, image):
+def test_a_server_lives_and_dies_on_vireo(cloud, flavor, image, hybrid):
     offset = compute_log_offset()
     name = 'vireo-%s' % uuid.uuid4().hex[:8]
     server = _boot(cloud, flavor, image, name)
@@ -34,6 +35,15 @@ def test_a_server_lives_and_dies_on_vireo(cloud, flavor, image):
     port = cloud.neutron_ports(id=ports[0])[0]
     assert port['binding:host_id'] == cloud.host
     assert port['status'] == 'ACTIVE'
+    # Plugged the way the firewall driver asks: through qbr/qvb/qvo, or the tap into br-int.
+    assert port['binding:vif_details']['ovs_hybrid_plug'] == hybrid
+    short = ports[0][:11]
+    devices = subprocess.run(['ip', '-o', 'link'], capture_output=True, text=True,
+                             check=True).stdout
+    assert (' qbr%s' % short in devices) == hybrid
+    on_br_int = subprocess.run(['ovs-vsctl', 'list-ports', 'br-int'], capture_output=True,
+                               text=True, check=True).stdout.split()
+    assert ('qvo%s' % short if hybrid else 'tap%s' % short) in on_br_int
 
     # The agent built it and waited for the plug-time event Neutron sent through nova-api.
     held = cloud.agent_instance(sid)
@@ -107,7 +117,8 @@ def test_a_users_port_is_unbound_not_deleted(cloud, flavor, image):
 
 
 def test_a_resize_on_this_host_is_confirmed_and_reverted(cloud, flavor, larger_flavors, image):
-    """Same-host resize through Nova (allow_resize_to_same_host): seed bug 3's revert.
+    """Same-host resize through Nova (allow_resize_to_same_host): seed bug 3's revert (with
+    the iptables_hybrid firewall; the test job runs it with openvswitch's too).
 
     Nova's revert moves no binding on one host, so Neutron sends no bind-time event; the
     agent's revert re-plugs the VIFs and waits for their plug-time events, which reach it
