@@ -74,6 +74,10 @@ pub trait ComputeDriver: Send + Sync + std::fmt::Debug {
     /// directory's filesystem (what a compute agent's resource tracker reports).
     async fn host_resources(&self) -> Result<HostResources, HostError>;
 
+    /// A subscription to the hypervisor's domain events (lifecycle changes, connection
+    /// losses); None: this driver has none.
+    fn domain_events(&self) -> Option<vireo_actors::libvirt::EventStream>;
+
     /// The last `max_bytes` of the instance's serial console log (lossy UTF-8; empty when
     /// the guest has written nothing yet).
     async fn console_output(&self, uuid: Uuid, max_bytes: u64) -> Result<String, ConsoleError>;
@@ -718,6 +722,10 @@ impl ComputeDriver for LibvirtDriver {
             info!(host = %self.host(), removed = ?removed, "unused base images removed");
         }
         Ok(removed)
+    }
+
+    fn domain_events(&self) -> Option<vireo_actors::libvirt::EventStream> {
+        Some(self.libvirt.events())
     }
 
     async fn console_output(&self, uuid: Uuid, max_bytes: u64) -> Result<String, ConsoleError> {

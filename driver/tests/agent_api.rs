@@ -900,3 +900,70 @@ async fn console_output_is_the_tail_of_the_serial_log() {
     assert_eq!(out["error"]["code"], "not-found");
     agent.stop().await.unwrap();
 }
+
+#[actix_rt::test]
+async fn the_lifecycle_feed_reports_the_guests_power_changes() {
+    let mut agent = TestAgent::start().await;
+    let c = http();
+    let (s, page) = get(&c, &agent, "/v1/lifecycle-events").await;
+    assert_eq!(s, 200, "{page}");
+    assert!(page["events"].as_array().unwrap().is_empty());
+    let mut after = page["last"].as_u64().unwrap();
+    // Everything after `after` for the instance until a read waits `wait` seconds in vain.
+    async fn read(
+        c: &reqwest::Client,
+        agent: &TestAgent,
+        uuid: Uuid,
+        after: &mut u64,
+    ) -> Vec<String> {
+        let mut seen = Vec::new();
+        loop {
+            let path = format!("/v1/lifecycle-events?after={after}&wait=1");
+            let (s, page) = get(c, agent, &path).await;
+            assert_eq!(s, 200, "{page}");
+            assert_eq!(page["lost"], false);
+            let events = page["events"].as_array().unwrap();
+            if events.is_empty() {
+                return seen;
+            }
+            for e in events {
+                assert!(e["seq"].as_u64().unwrap() > *after);
+                if e["instance"] == uuid.to_string() {
+                    seen.push(e["transition"].as_str().unwrap().to_owned());
+                }
+            }
+            *after = page["last"].as_u64().unwrap();
+        }
+    }
+    let uuid = Uuid::new_v4();
+    agent.spawn_direct(uuid).await;
+    // The test driver cannot start a domain paused: vireo starts, pauses and resumes it.
+    assert_eq!(
+        read(&c, &agent, uuid, &mut after).await,
+        ["started", "paused", "resumed"]
+    );
+    for (action, transition) in [
+        ("pause", "paused"),
+        ("unpause", "resumed"),
+        ("power-off", "stopped"),
+    ] {
+        let r = c
+            .post(agent.url(&format!("/v1/instances/{uuid}/action")))
+            .json(&json!({ "action": action }))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 202);
+        let op: Value = r.json().await.unwrap();
+        let done = wait_op(&c, &agent, op["operation"]["id"].as_str().unwrap(), WITHIN).await;
+        assert_eq!(done["state"], "succeeded", "{done}");
+        assert_eq!(
+            read(&c, &agent, uuid, &mut after).await,
+            [transition],
+            "{action}"
+        );
+    }
+    let (s, _) = get(&c, &agent, "/v1/lifecycle-events?after=x").await;
+    assert_eq!(s, 400);
+    agent.stop().await.unwrap();
+}

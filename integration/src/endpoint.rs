@@ -239,6 +239,9 @@ impl ComputeDriver for Router {
         }
         Ok(removed)
     }
+    fn domain_events(&self) -> Option<vireo_actors::libvirt::EventStream> {
+        self.last().ok().and_then(|d| d.domain_events())
+    }
     async fn console_output(
         &self,
         uuid: Uuid,

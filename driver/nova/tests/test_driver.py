@@ -1,7 +1,9 @@
 """Each driver method Nova calls maps to the right agent call, answer and error."""
 
+import time
 import uuid
 
+import eventlet
 import pytest
 
 from nova.compute import power_state
@@ -9,6 +11,7 @@ from nova.compute import task_states
 from nova import exception
 from nova import objects
 from nova.virt.vireo import client as vclient
+from nova.virt import event as virtevent
 from nova.virt.vireo import driver as vdriver
 
 from conftest import HOST
@@ -336,3 +339,43 @@ def test_resume_state_on_host_boot_starts_the_guest_again(driver, agent):
     assert _power(driver, instance) == power_state.RUNNING
     ops = agent.get('/v1/operations?instance=%s' % instance.uuid).json()['operations']
     assert ops[0]['kind'] == 'reboot-hard' and ops[0]['state'] == 'succeeded'
+
+
+# -- lifecycle events ---------------------------------------------------------------------
+
+def _until(check, within=15.0):
+    deadline = time.monotonic() + within
+    while not check():
+        assert time.monotonic() < deadline, 'not within %s s' % within
+        eventlet.sleep(0.05)
+
+
+def test_power_changes_reach_nova_as_lifecycle_events(driver, agent):
+    vconf_delay = 2.0
+    vdriver.CONF.set_override('stopped_event_delay', vconf_delay, group='vireo')
+    try:
+        got = []
+        driver.register_event_listener(got.append)
+        instance = make_instance(uuid_=agent.create())
+
+        def of(transition):
+            return [e for e in got
+                    if e.uuid == instance.uuid and e.transition == transition]
+        _until(lambda: of(virtevent.EVENT_LIFECYCLE_STARTED))
+        driver.pause(instance)
+        _until(lambda: of(virtevent.EVENT_LIFECYCLE_PAUSED))
+        driver.unpause(instance)
+        _until(lambda: len(of(virtevent.EVENT_LIFECYCLE_RESUMED)) == 2)  # spawn's, unpause's
+        # A hard reboot stops and starts the guest: the held "stopped" is dropped.
+        started = len(of(virtevent.EVENT_LIFECYCLE_STARTED))
+        driver.reboot(None, instance, [], 'HARD')
+        _until(lambda: len(of(virtevent.EVENT_LIFECYCLE_STARTED)) > started)
+        eventlet.sleep(vconf_delay + 0.5)
+        assert of(virtevent.EVENT_LIFECYCLE_STOPPED) == []
+        # A stop with nothing after it is told, once the delay has passed.
+        driver.power_off(instance, timeout=0)
+        _until(lambda: of(virtevent.EVENT_LIFECYCLE_STOPPED))
+        assert len(of(virtevent.EVENT_LIFECYCLE_STOPPED)) == 1
+    finally:
+        vdriver.CONF.clear_override('stopped_event_delay', group='vireo')
+        driver.register_event_listener(None)

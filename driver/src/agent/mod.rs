@@ -7,6 +7,7 @@
 //! - [`service`]: what the handlers do, without HTTP: validation, admission of long
 //!   operations, background tasks, the events hand-over, shutdown.
 //! - [`events`]: the external-events body rules and Nova's answer codes.
+//! - [`lifecycle`]: the lifecycle feed (guests' power changes as they happen, long-polled).
 //! - [`ops`]: the operation registry (one operation per instance, bounded history).
 //! - [`auth`]: token files and constant-time checks. [`paths`]: which host paths a request
 //!   may name. [`metrics`]: the Prometheus registry. [`model`]: the wire format.
@@ -20,6 +21,7 @@
 pub mod auth;
 pub mod error;
 pub mod events;
+pub mod lifecycle;
 pub mod metrics;
 pub mod model;
 pub mod ops;

@@ -215,6 +215,26 @@ async fn show_console(
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
+struct LifecycleQuery {
+    /// Events after this number (none: only the newest number is answered).
+    after: Option<u64>,
+    /// Seconds to wait for one when there are none yet (default 0, at most 30).
+    wait: Option<u64>,
+}
+
+async fn lifecycle_events(
+    req: HttpRequest,
+    query: Result<web::Query<LifecycleQuery>, actix_web::Error>,
+    svc: Svc,
+) -> Result<HttpResponse, ApiError> {
+    api(&req, &svc)?;
+    let query = query.map_err(|e| ApiError::Invalid(format!("query: {e}")))?;
+    let wait = Duration::from_secs(query.wait.unwrap_or(0));
+    Ok(HttpResponse::Ok().json(svc.lifecycle(query.after, wait).await))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 struct DeleteQuery {
     deallocate_network: Option<bool>,
 }
@@ -359,6 +379,7 @@ pub async fn serve(
             .service(
                 web::scope("/v1")
                     .route("/host", web::get().to(show_host))
+                    .route("/lifecycle-events", web::get().to(lifecycle_events))
                     .route("/instances", web::get().to(list_instances))
                     .route("/instances", web::post().to(create_instance))
                     .route("/instances/{uuid}", web::get().to(show_instance))
@@ -395,6 +416,8 @@ pub async fn serve(
     let deadline = Instant::now() + settings.shutdown_timeout;
     info!("shutdown requested: no longer accepting connections");
     svc.operations().close();
+    // Long polls of the lifecycle feed answer now instead of holding the drain.
+    svc.close_lifecycle();
     let drain = async {
         if tokio::time::timeout_at(deadline, handle.stop(true))
             .await

@@ -189,6 +189,7 @@ pub struct AgentService {
     linked: Departed,
     highest_generation: AtomicU64,
     spawner: tokio::runtime::Handle,
+    lifecycle: Arc<super::lifecycle::LifecycleFeed>,
 }
 
 impl std::fmt::Debug for AgentService {
@@ -208,6 +209,11 @@ impl AgentService {
     /// A service on the current tokio runtime: operation tasks run there, so it must outlive
     /// the HTTP workers (the agent's main runtime).
     pub fn new(driver: Arc<dyn ComputeDriver>, settings: Settings) -> Arc<AgentService> {
+        let lifecycle = super::lifecycle::LifecycleFeed::new();
+        if let Some(stream) = driver.domain_events() {
+            let (feed, driver) = (lifecycle.clone(), Arc::downgrade(&driver));
+            tokio::spawn(async move { feed.follow(stream, driver).await });
+        }
         Arc::new(AgentService {
             ops: Operations::new(settings.finished_operations),
             metrics: Metrics::new(),
@@ -215,9 +221,24 @@ impl AgentService {
             linked: Departed::new(DEPARTED_REMEMBERED),
             highest_generation: AtomicU64::new(0),
             spawner: tokio::runtime::Handle::current(),
+            lifecycle,
             driver,
             settings,
         })
+    }
+
+    /// End the lifecycle feed's waits (at shutdown): every read answers at once.
+    pub fn close_lifecycle(&self) {
+        self.lifecycle.close();
+    }
+
+    /// `GET /v1/lifecycle-events`: the guests' power changes after `after`.
+    pub async fn lifecycle(
+        &self,
+        after: Option<u64>,
+        wait: Duration,
+    ) -> super::lifecycle::LifecyclePage {
+        self.lifecycle.after(after, wait).await
     }
 
     /// The settings.

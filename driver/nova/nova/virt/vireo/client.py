@@ -92,10 +92,10 @@ class AgentClient(object):
 
     # -- plain requests -------------------------------------------------------------------
 
-    def request(self, method, path, body=None, params=None):
+    def request(self, method, path, body=None, params=None, timeout=None):
         try:
             resp = self._session.request(method, self.url + path, json=body, params=params,
-                                         timeout=self._timeout)
+                                         timeout=timeout or self._timeout)
         except requests.RequestException as e:
             raise AgentUnavailable('unavailable', '%s %s: %s' % (method, path, e))
         if resp.status_code >= 400:
@@ -124,6 +124,15 @@ class AgentClient(object):
     def console(self, uuid):
         """The end of the instance's serial console log (at most 100 KiB)."""
         return self.request('GET', '/v1/instances/%s/console' % uuid)['output']
+
+    def lifecycle(self, after=None, wait=0):
+        """The guests' power changes after number ``after`` (None: only the newest number),
+        waiting up to ``wait`` seconds for one."""
+        params = {'wait': int(wait)}
+        if after is not None:
+            params['after'] = after
+        return self.request('GET', '/v1/lifecycle-events', params=params,
+                            timeout=self._timeout + wait)
 
     def post_events(self, events):
         """Post Nova-shaped external events; the per-event answers come back."""

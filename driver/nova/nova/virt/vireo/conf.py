@@ -21,6 +21,10 @@ vireo_opts = [
     cfg.IntOpt('kept_events_per_instance', default=32, min=1,
                help='Network events kept per instance that arrived before Nova waited for '
                     'them (oldest dropped first).'),
+    cfg.FloatOpt('stopped_event_delay', default=15.0, min=0.0,
+                 help='Seconds a guest\'s "stopped" lifecycle event is held before Nova is '
+                      'told, and dropped if another event of the guest comes first (a '
+                      'reboot stops and starts it): the delay Nova\'s libvirt driver uses.'),
 ]
 
 

@@ -8,8 +8,9 @@ until it ends, with ``eventlet.sleep`` between polls.
 
 What is here so far: loading, the kept-events registry (events.py), host queries and
 resources, spawn from a Glance image (the agent fetches it into its image cache), the lifecycle
-of an instance (power, reboot, pause, suspend, destroy, resume on host boot), its console
-output, interface attach/detach and a resize on this host with its confirm and revert.  A resize
+of an instance (power, reboot, pause, suspend, destroy, resume on host boot) and its lifecycle
+events (``emit_event``), its console output, interface attach/detach and a resize on this host
+with its confirm and revert.  A resize
 to another host is refused before anything is touched (``InstanceFaultRollback``: the instance
 stays as it was); live migration is not yet forwarded (the base class raises
 NotImplementedError), and ``capabilities`` claims nothing that is not here.
@@ -17,6 +18,8 @@ NotImplementedError), and ``capabilities`` claims nothing that is not here.
 
 import base64
 import binascii
+
+import eventlet
 
 import os_resource_classes as orc
 from oslo_log import log as logging
@@ -32,6 +35,7 @@ from nova.image import glance
 from nova import utils
 from nova.virt import configdrive
 from nova.virt import driver
+from nova.virt import event as virtevent
 from nova.virt import hardware
 from nova.virt.vireo import client as vclient
 from nova.virt.vireo import conf as vconf
@@ -50,6 +54,20 @@ POWER_STATES = {
     'unknown': power_state.NOSTATE,
 }
 
+# The agent's lifecycle transitions (docs/AGENT.md, the lifecycle feed) as Nova's events.
+TRANSITIONS = {
+    'started': virtevent.EVENT_LIFECYCLE_STARTED,
+    'stopped': virtevent.EVENT_LIFECYCLE_STOPPED,
+    'paused': virtevent.EVENT_LIFECYCLE_PAUSED,
+    'resumed': virtevent.EVENT_LIFECYCLE_RESUMED,
+    'suspended': virtevent.EVENT_LIFECYCLE_SUSPENDED,
+}
+
+# Seconds one read of the lifecycle feed waits for an event (the agent's bound).
+LIFECYCLE_WAIT = 30
+# Seconds before the feed is read again after the agent could not be reached.
+LIFECYCLE_RETRY = 5
+
 
 class VireoDriver(driver.ComputeDriver):
     """A ComputeDriver whose every call is a request to this host's vireo agent."""
@@ -65,6 +83,8 @@ class VireoDriver(driver.ComputeDriver):
         super().__init__(virtapi)
         self._agent = agent
         self._nodename = None
+        self._lifecycle = None
+        self._held_stops = {}
         self.kept_events = None
         compute = getattr(virtapi, '_compute', None)
         if compute is not None:
@@ -131,6 +151,49 @@ class VireoDriver(driver.ComputeDriver):
             LOG.warning('The vireo agent calls this host %(agent)s, nova-compute %(nova)s: '
                         'ports are bound to the name the agent uses',
                         {'agent': self._nodename, 'nova': host})
+        if self._lifecycle is None:
+            self._lifecycle = utils.spawn(self._follow_lifecycle)
+
+    # -- lifecycle events -------------------------------------------------------------------
+
+    def _follow_lifecycle(self):
+        """Read the agent's lifecycle feed for as long as nova-compute runs and hand each
+        power change to the manager (``emit_event``), which syncs that instance's power state
+        at once instead of at its next periodic sync.  Starts from now: the manager syncs every
+        instance when it starts."""
+        after = None
+        while True:
+            try:
+                page = self.agent.lifecycle(after, wait=0 if after is None else LIFECYCLE_WAIT)
+            except vclient.AgentError as e:
+                LOG.warning('Cannot read the vireo agent\'s lifecycle events: %s', e)
+                eventlet.sleep(LIFECYCLE_RETRY)
+                continue
+            if page.get('lost'):
+                LOG.warning('Lifecycle events were lost; the periodic power-state sync will '
+                            'find what changed')
+            for event in page.get('events', []):
+                self._lifecycle_event(event['instance'], event['transition'])
+            after = page['last']
+
+    def _lifecycle_event(self, uuid, transition):
+        code = TRANSITIONS.get(transition)
+        if code is None:
+            return
+        held = self._held_stops.pop(uuid, None)
+        if held is not None:
+            # Another event of the guest came within the delay (a reboot): the stop is moot.
+            held.cancel()
+        event = virtevent.LifecycleEvent(uuid, code)
+        delay = CONF.vireo.stopped_event_delay
+        if code == virtevent.EVENT_LIFECYCLE_STOPPED and delay > 0:
+            self._held_stops[uuid] = eventlet.spawn_after(delay, self._emit_held, event)
+        else:
+            self.emit_event(event)
+
+    def _emit_held(self, event):
+        self._held_stops.pop(event.uuid, None)
+        self.emit_event(event)
 
     def get_available_nodes(self, refresh=False):
         if self._nodename is None:
