@@ -379,3 +379,14 @@ def test_power_changes_reach_nova_as_lifecycle_events(driver, agent):
     finally:
         vdriver.CONF.clear_override('stopped_event_delay', group='vireo')
         driver.register_event_listener(None)
+
+
+def test_a_restarted_agents_feed_is_read_from_its_start(driver, agent):
+    # A number the agent never gave (its previous process's) is answered at once, and the
+    # driver reads the new process's events from its first.
+    t = time.monotonic()
+    assert driver._read_lifecycle(10 ** 9) == 0
+    assert time.monotonic() - t < 5
+    agent.create()
+    _until(lambda: driver.agent.lifecycle()['last'] > 0)
+    assert driver._read_lifecycle(0) > 0

@@ -171,7 +171,10 @@ impl LifecycleFeed {
         arrived.as_mut().enable();
         let page = self.read(after);
         let closed = self.closed.load(std::sync::atomic::Ordering::SeqCst);
-        if after.is_none() || !page.events.is_empty() || wait.is_zero() || closed {
+        // A number this process never gave (the reader's agent restarted): answered at once,
+        // so the reader sees `last` below its number and starts over.
+        let foreign = after.is_some_and(|a| a > page.last);
+        if after.is_none() || !page.events.is_empty() || wait.is_zero() || closed || foreign {
             return page;
         }
         let _ = tokio::time::timeout(wait.min(MAX_WAIT), arrived).await;
@@ -253,6 +256,17 @@ mod tests {
             Duration::ZERO,
             "a read after closing does not wait"
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_number_from_another_agent_process_is_answered_at_once() {
+        let feed = LifecycleFeed::new();
+        feed.push(Uuid::new_v4(), Transition::Started);
+        let t = tokio::time::Instant::now();
+        let page = feed.after(Some(500), MAX_WAIT).await;
+        assert_eq!(t.elapsed(), Duration::ZERO);
+        assert_eq!(page.last, 1);
+        assert!(page.events.is_empty() && !page.lost);
     }
 
     #[tokio::test]

@@ -10,10 +10,10 @@ What is here so far: loading, the kept-events registry (events.py), host queries
 resources, spawn from a Glance image (the agent fetches it into its image cache), the lifecycle
 of an instance (power, reboot, pause, suspend, destroy, resume on host boot) and its lifecycle
 events (``emit_event``), its console output, interface attach/detach and a resize on this host
-with its confirm and revert.  A resize
-to another host is refused before anything is touched (``InstanceFaultRollback``: the instance
-stays as it was); live migration is not yet forwarded (the base class raises
-NotImplementedError), and ``capabilities`` claims nothing that is not here.
+with its confirm and revert.  A resize to another host is refused before anything is touched
+(``InstanceFaultRollback``: the instance stays as it was); live migration is not yet forwarded
+(the base class raises NotImplementedError), and ``capabilities`` claims nothing that is not
+here.
 """
 
 import base64
@@ -163,18 +163,32 @@ class VireoDriver(driver.ComputeDriver):
         instance when it starts."""
         after = None
         while True:
-            try:
-                page = self.agent.lifecycle(after, wait=0 if after is None else LIFECYCLE_WAIT)
-            except vclient.AgentError as e:
-                LOG.warning('Cannot read the vireo agent\'s lifecycle events: %s', e)
-                eventlet.sleep(LIFECYCLE_RETRY)
-                continue
-            if page.get('lost'):
-                LOG.warning('Lifecycle events were lost; the periodic power-state sync will '
-                            'find what changed')
-            for event in page.get('events', []):
-                self._lifecycle_event(event['instance'], event['transition'])
-            after = page['last']
+            after = self._read_lifecycle(after)
+
+    def _read_lifecycle(self, after):
+        """One read of the feed after number ``after``: its events are handed over; returns
+        the number to read after next."""
+        try:
+            page = self.agent.lifecycle(after, wait=0 if after is None else LIFECYCLE_WAIT)
+        except vclient.AgentError as e:
+            LOG.warning('Cannot read the vireo agent\'s lifecycle events: %s', e)
+            eventlet.sleep(LIFECYCLE_RETRY)
+            return after
+        except Exception:
+            # The one reader of the feed: it must outlive any surprise.
+            LOG.exception('Reading the vireo agent\'s lifecycle events failed')
+            eventlet.sleep(LIFECYCLE_RETRY)
+            return after
+        if after is not None and page['last'] < after:
+            # A new agent process numbers from 1 again: read all of its events.
+            LOG.info('The vireo agent restarted: reading its lifecycle events from its start')
+            return 0
+        if page.get('lost'):
+            LOG.warning('Lifecycle events were lost; the periodic power-state sync will find '
+                        'what changed')
+        for event in page.get('events', []):
+            self._lifecycle_event(event['instance'], event['transition'])
+        return page['last']
 
     def _lifecycle_event(self, uuid, transition):
         code = TRANSITIONS.get(transition)
