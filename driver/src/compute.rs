@@ -563,12 +563,7 @@ impl DriverBuilder {
             system,
             owns_system,
             owns_events,
-            console_dir: config
-                .instances
-                .domain
-                .console_dir
-                .as_ref()
-                .map(std::path::PathBuf::from),
+            domain: config.instances.domain.clone(),
         })
     }
 }
@@ -612,8 +607,8 @@ pub struct LibvirtDriver {
     system: Arc<ActorSystem>,
     owns_system: bool,
     owns_events: bool,
-    /// Where serial console logs are (`<dir>/<uuid>/console.log`); None: none are written.
-    console_dir: Option<std::path::PathBuf>,
+    /// The settings every domain is defined with (where console logs are).
+    domain: vireo_actors::instance::DomainSettings,
 }
 
 impl LibvirtDriver {
@@ -730,12 +725,11 @@ impl ComputeDriver for LibvirtDriver {
 
     async fn console_output(&self, uuid: Uuid, max_bytes: u64) -> Result<String, ConsoleError> {
         self.host.show(uuid).await.map_err(ConsoleError::Instance)?;
-        let dir = self
-            .console_dir
-            .as_ref()
+        let path = self
+            .domain
+            .console_log(uuid)
             .ok_or(ConsoleError::NoConsoleLog)?;
-        let path = dir.join(uuid.to_string()).join("console.log");
-        tokio::task::spawn_blocking(move || read_tail(&path, max_bytes))
+        tokio::task::spawn_blocking(move || read_tail(std::path::Path::new(&path), max_bytes))
             .await
             .map_err(|_| ConsoleError::TaskLost("read the console log"))?
     }

@@ -173,6 +173,16 @@ pub struct DomainSettings {
     pub console_dir: Option<String>,
 }
 
+impl DomainSettings {
+    /// The serial console log of instance `uuid` (`<console_dir>/<uuid>/console.log`): where
+    /// its domain writes it and where its console output is read; None: no serial log.
+    pub fn console_log(&self, uuid: Uuid) -> Option<String> {
+        self.console_dir
+            .as_ref()
+            .map(|dir| format!("{dir}/{uuid}/console.log"))
+    }
+}
+
 impl InstanceRecord {
     /// The metadata element for this record as `host` saves it (the host is recorded as the
     /// domain's owner), with `operation` in flight.
@@ -309,8 +319,7 @@ impl InstanceRecord {
             }
         }
         d.devices.disks.extend(disk_devices(&self.storage.disks));
-        if let Some(dir) = &settings.console_dir {
-            let file = format!("{dir}/{}/console.log", self.uuid);
+        if let Some(file) = settings.console_log(self.uuid) {
             d.devices.serials.push(Serial {
                 source: CharSource::File {
                     path: file,
