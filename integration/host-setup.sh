@@ -24,13 +24,16 @@ STATE_DIR=${VIREO_STATE_DIR:-/var/lib/vireo-integration}
 RUN_DIR=$STATE_DIR/run
 LOG_DIR=$STATE_DIR/log
 ETC_DIR=$STATE_DIR/etc
+EVENTS_TOKEN_FILE=$ETC_DIR/vireo-events-token
 MARK_DIR=$STATE_DIR/started
 ENV_FILE=$STATE_DIR/neutron.env
 
 HOST=${VIREO_NEUTRON_HOST:-$(hostname)}
 SECOND_HOST=${VIREO_SECOND_HOST:-h2}
 NOVA_PORT=${VIREO_NOVA_PORT:-8774}
-NOVA_AUTH=none # how Neutron authenticates to NOVA_PORT: none (vireo's agents), admin_token (nova-api)
+# What Neutron's notifier sends to NOVA_PORT (keystoneauth's admin_token plugin): vireo's events
+# token (EVENTS_TOKEN_FILE, docs/AGENT.md's set-up, no proxy) or, to nova-api (noauth2), admin:admin.
+NOVA_TOKEN=
 NOVA_API_PORT=${VIREO_NOVA_API_PORT:-18774}
 PLACEMENT_PORT=8778
 GLANCE_PORT=9292
@@ -180,7 +183,7 @@ render() { # render TEMPLATE OUT
     -e "s|@LOG_DIR@|$LOG_DIR|g" \
     -e "s|@FIREWALL_DRIVER@|$FIREWALL|g" \
     -e "s|@SEND_EVENTS_INTERVAL@|$SEND_EVENTS_INTERVAL|g" \
-    -e "s|@NOVA_AUTH@|$NOVA_AUTH|g" \
+    -e "s|@NOVA_TOKEN@|$NOVA_TOKEN|g" \
     -e "s|@NOVA_API_PORT@|$NOVA_API_PORT|g" \
     -e "s|@PLACEMENT_PORT@|$PLACEMENT_PORT|g" \
     -e "s|@GLANCE_PORT@|$GLANCE_PORT|g" \
@@ -556,7 +559,17 @@ agent_alive() {
     <<<"$out" >/dev/null
 }
 
+# The events token vireo's endpoint takes from Neutron: made once (0600), kept.
+ensure_events_token() {
+  [[ -s $EVENTS_TOKEN_FILE ]] && return
+  mkdir -p "$ETC_DIR"
+  (umask 077 && od -An -tx1 -N24 /dev/urandom | tr -d ' \n' >"$EVENTS_TOKEN_FILE.tmp")
+  mv "$EVENTS_TOKEN_FILE.tmp" "$EVENTS_TOKEN_FILE"
+}
+
 write_neutron_config() {
+  ensure_events_token
+  [[ -n $NOVA_TOKEN ]] || NOVA_TOKEN=$(<"$EVENTS_TOKEN_FILE")
   mkdir -p "$STATE_DIR/neutron/lock"
   render neutron.conf.in "$ETC_DIR/neutron.conf"
   render ml2_conf.ini.in "$ETC_DIR/ml2_conf.ini"
@@ -677,6 +690,7 @@ VIREO_NEUTRON_NETWORK_ID=$NETWORK_ID
 VIREO_NEUTRON_SUBNET_ID=$SUBNET_ID
 VIREO_NEUTRON_FIREWALL=$FIREWALL
 VIREO_NOVA_PORT=$NOVA_PORT
+VIREO_EVENTS_TOKEN_FILE=$EVENTS_TOKEN_FILE
 EOF
   mv "$ENV_FILE.tmp" "$ENV_FILE"
 }
@@ -934,7 +948,7 @@ cmd_nova_up() {
   timed install install_packages 1
   # Neutron posts its events to nova-api from now on (as admin: noauth2 refuses "notused").
   NOVA_PORT=$NOVA_API_PORT
-  NOVA_AUTH=admin_token
+  NOVA_TOKEN=admin:admin
   write_neutron_config
   timed start-mariadb start_mariadb
   timed start-rabbitmq start_rabbitmq

@@ -40,6 +40,10 @@ section "nova driver (pytest: Nova's own ComputeManager, the agent binary on the
 (cd driver/nova && /usr/bin/python3 -m flake8 .)
 VIREO_BIN=target/debug/vireo /usr/bin/python3 -m pytest -q -p no:cacheprovider driver/nova/tests
 
+section "events endpoint (pytest: Neutron's own Nova notifier posting to the agent)"
+/usr/bin/python3 -m flake8 --max-line-length 99 tests/python
+VIREO_BIN=target/debug/vireo /usr/bin/python3 -m pytest -q -p no:cacheprovider tests/python/notifier
+
 section "nova tier (placement, glance, Nova services, nova-compute with vireo.VireoDriver)"
 # Neutron posts its events to nova-api while this tier is up; nova-down gives them back to
 # vireo's own agents.

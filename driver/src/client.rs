@@ -18,6 +18,7 @@ use vireo_actors::external::ExternalEvent;
 use vireo_actors::instance::Operation;
 
 use crate::agent::auth::Token;
+use crate::agent::microversion::ApiVersion;
 use crate::agent::model::{
     Accepted, CreateInstance, ErrorBody, EventAnswer, EventsAnswer, Health, Instance, InstanceList,
     OpState, OpStatus, OperationList, PeerReply,
@@ -207,6 +208,12 @@ impl AgentClient {
         if extra.forwarded {
             req = req.header(HeaderName::from_static(FORWARDED_HEADER), "1");
         }
+        if let Some(v) = extra.version {
+            req = req.header(
+                HeaderName::from_static(crate::agent::microversion::STANDARD_HEADER),
+                format!("compute {v}"),
+            );
+        }
         if let Some(b) = body {
             req = req.header(CONTENT_TYPE, "application/json").body(b);
         }
@@ -356,6 +363,7 @@ impl AgentClient {
         let extra = Extra {
             timeout: Some(timeout),
             forwarded: false,
+            version: None,
         };
         let (status, bytes) = self
             .send_with(Method::POST, &path, None, Some(body), extra)
@@ -369,12 +377,14 @@ impl AgentClient {
     pub async fn forward_events(
         &self,
         body: Vec<u8>,
+        version: ApiVersion,
         timeout: Duration,
     ) -> Result<EventsReply, ClientError> {
         let path = "/v2.1/os-server-external-events";
         let extra = Extra {
             timeout: Some(timeout),
             forwarded: true,
+            version: Some(version),
         };
         let (status, bytes) = self
             .send_with(Method::POST, path, None, Some(body), extra)
@@ -415,15 +425,30 @@ struct Extra {
     timeout: Option<Duration>,
     /// Add [`FORWARDED_HEADER`].
     forwarded: bool,
+    /// The compute API microversion to ask for (`OpenStack-API-Version`).
+    version: Option<ApiVersion>,
+}
+
+/// A Nova fault body's name and message.
+fn nova_fault(bytes: &[u8]) -> Option<(String, String)> {
+    let v: serde_json::Value = serde_json::from_slice(bytes).ok()?;
+    let obj = v.as_object().filter(|o| o.len() == 1)?;
+    let (name, detail) = obj.iter().next()?;
+    let message = detail.get("message")?.as_str()?.to_owned();
+    Some((name.clone(), message))
 }
 
 fn api_error(method: &Method, path: &str, status: StatusCode, bytes: &[u8]) -> ClientError {
     let (code, message) = match serde_json::from_slice::<ErrorBody>(bytes) {
         Ok(b) => (b.error.code, b.error.message),
-        Err(_) => (
-            "unknown".to_owned(),
-            String::from_utf8_lossy(bytes).chars().take(200).collect(),
-        ),
+        // The events endpoint answers as Nova: `{"badRequest": {"code": 400, "message"}}`.
+        Err(_) => match nova_fault(bytes) {
+            Some(fault) => fault,
+            None => (
+                "unknown".to_owned(),
+                String::from_utf8_lossy(bytes).chars().take(200).collect(),
+            ),
+        },
     };
     ClientError::Api {
         method: method.clone(),

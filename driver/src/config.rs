@@ -49,8 +49,6 @@ pub const DEFAULT_TEST_NODE_FILE: &str = "libvirt-test-node.xml";
 pub const DEFAULT_MAX_BODY_BYTES: usize = 1 << 20;
 /// Largest `max_body_bytes` accepted (16 MiB).
 pub const MAX_BODY_BYTES_LIMIT: usize = 16 << 20;
-/// Most events one POST may carry unless `max_events_per_request` says otherwise.
-pub const DEFAULT_MAX_EVENTS: usize = 1_000;
 /// Finished operations kept for `GET /v1/operations/{id}` unless `finished_operations` says
 /// otherwise; the oldest is forgotten first.
 pub const DEFAULT_FINISHED_OPERATIONS: usize = 1_024;
@@ -91,9 +89,6 @@ pub struct AgentConfig {
     /// Largest request body in bytes; larger bodies get 413. Default 1048576 (1 MiB).
     #[serde(default = "default_max_body_bytes")]
     pub max_body_bytes: usize,
-    /// Most events one external-events POST may carry; more gets 400. Default 1000.
-    #[serde(default = "default_max_events")]
-    pub max_events_per_request: usize,
     /// Finished operations kept for polling (oldest forgotten first). Default 1024.
     #[serde(default = "default_finished_operations")]
     pub finished_operations: usize,
@@ -412,9 +407,6 @@ fn default_token_header() -> String {
 fn default_max_body_bytes() -> usize {
     DEFAULT_MAX_BODY_BYTES
 }
-fn default_max_events() -> usize {
-    DEFAULT_MAX_EVENTS
-}
 fn default_finished_operations() -> usize {
     DEFAULT_FINISHED_OPERATIONS
 }
@@ -568,7 +560,6 @@ impl Default for AgentConfig {
             accept_noauth_events: false,
             token_header: default_token_header(),
             max_body_bytes: default_max_body_bytes(),
-            max_events_per_request: default_max_events(),
             finished_operations: default_finished_operations(),
             shutdown_timeout: default_shutdown_timeout(),
             libvirt: LibvirtSection::default(),
@@ -708,12 +699,6 @@ impl AgentConfig {
                     "{} is not in 1024..={MAX_BODY_BYTES_LIMIT}",
                     self.max_body_bytes
                 ),
-            );
-        }
-        if self.max_events_per_request == 0 || self.max_events_per_request > 100_000 {
-            return bad(
-                "max_events_per_request",
-                format!("{} is not in 1..=100000", self.max_events_per_request),
             );
         }
         if self.finished_operations == 0 || self.finished_operations > 1_000_000 {

@@ -139,8 +139,8 @@ async fn a_failed_plug_event_fails_the_create_and_it_is_cleaned_up() {
         "port deleted"
     );
     let (s, e) = post_events(&c, &agent, &plugged(uuid, &tags[0], "completed")).await;
-    assert_eq!(s, 404);
-    assert_eq!(e["error"]["message"], "No instances found for any event");
+    assert_eq!(s, 207);
+    assert_eq!(e["events"][0]["code"], 404);
     agent.stop().await.unwrap();
 }
 

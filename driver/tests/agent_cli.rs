@@ -290,18 +290,16 @@ async fn client_commands_against_a_running_agent() {
         text(&out.stdout)
     );
 
-    // Events for an unknown instance: exit 1, the 404 shown.
+    // Events for an unknown instance: exit 1, the 207 and the event's 404 shown.
     let out = run(
         with(&["events", "send", "--file", "-"]),
         Some(json!([{"name": "network-changed", "server_uuid": Uuid::new_v4()}]).to_string()),
     )
     .await;
     assert_eq!(out.status.code(), Some(1));
-    assert!(
-        text(&out.stderr).contains("HTTP 404"),
-        "{}",
-        text(&out.stderr)
-    );
+    let shown = text(&out.stdout);
+    assert!(shown.starts_with("HTTP 207"), "{shown}");
+    assert!(shown.contains("failed") && shown.contains("404"), "{shown}");
 
     // A wrong token: 401, exit 1; a world-readable token file: refused locally, exit 2.
     let wrong = agent.dir.path().join("wrong-token");

@@ -1,6 +1,7 @@
 //! Nova's external-events endpoint for the real Neutron: the vireo agent's own HTTP server
-//! (`vireo::agent::server::serve` over an `AgentService`, `accept_noauth_events` so Neutron's
-//! `notused` token is accepted) on `127.0.0.1:<VIREO_NOVA_PORT>`, in front of a [`Router`]
+//! (`vireo::agent::server::serve` over an `AgentService`, with the events token Neutron's
+//! notifier sends — `[nova] auth_type = admin_token`, as docs/AGENT.md configures Neutron, no
+//! proxy) on `127.0.0.1:<VIREO_NOVA_PORT>`, in front of a [`Router`]
 //! that hands each accepted batch to the drivers a test registered and records when it
 //! arrived ([`ArrivalLog`]).
 //!
@@ -315,13 +316,17 @@ pub struct EventsEndpoint {
 pub const BIND_PATIENCE: Duration = Duration::from_secs(60);
 
 impl EventsEndpoint {
-    /// Serve `/v2.1/os-server-external-events` on `127.0.0.1:port`. When the port is taken
-    /// (another test process's listener), retries for [`BIND_PATIENCE`], then fails.
+    /// Serve `/v2.1/os-server-external-events` on `127.0.0.1:port`, taking the token in
+    /// `events_token_file` (and the API token) on it. When the port is taken (another test
+    /// process's listener), retries for [`BIND_PATIENCE`], then fails.
     pub fn start(
         port: u16,
         host: &str,
+        events_token_file: &std::path::Path,
         opts: EndpointOptions,
     ) -> Result<EventsEndpoint, HarnessError> {
+        let events = Token::load("events_token_file", events_token_file)
+            .map_err(|e| HarnessError::Setup(crate::chain(&e)))?;
         let addr = SocketAddr::from(([127, 0, 0, 1], port));
         let deadline = Instant::now() + BIND_PATIENCE;
         let listener = loop {
@@ -356,10 +361,14 @@ impl EventsEndpoint {
             .map_err(|e| HarnessError::Setup(format!("event forwarder: {}", crate::chain(&e))))?;
         let settings = Settings {
             host: host.to_owned(),
-            auth: Auth::new(HeaderName::from_static("x-auth-token"), api, None, true),
+            auth: Auth::new(
+                HeaderName::from_static("x-auth-token"),
+                api,
+                Some(events),
+                false,
+            ),
             paths,
             max_body_bytes: 1 << 20,
-            max_events: 1000,
             finished_operations: 16,
             shutdown_timeout: Duration::from_secs(5),
             http_workers: 1,

@@ -26,15 +26,19 @@ pub struct StackEnv {
     pub subnet_id: String,
     /// The port Neutron's Nova notifier posts to on 127.0.0.1 (`VIREO_NOVA_PORT`).
     pub nova_port: u16,
+    /// The events token Neutron's notifier sends (`[nova] auth_type = admin_token`), in a
+    /// 0600 file (`VIREO_EVENTS_TOKEN_FILE`).
+    pub events_token_file: PathBuf,
 }
 
-const KEYS: [&str; 6] = [
+const KEYS: [&str; 7] = [
     "VIREO_NEUTRON_URL",
     "VIREO_NEUTRON_HOST",
     "VIREO_NEUTRON_SECOND_HOST",
     "VIREO_NEUTRON_NETWORK_ID",
     "VIREO_NEUTRON_SUBNET_ID",
     "VIREO_NOVA_PORT",
+    "VIREO_EVENTS_TOKEN_FILE",
 ];
 
 impl StackEnv {
@@ -86,6 +90,7 @@ impl StackEnv {
             nova_port: nova_port.parse().map_err(|_| {
                 HarnessError::Setup(format!("VIREO_NOVA_PORT {nova_port:?} is not a port"))
             })?,
+            events_token_file: PathBuf::from(get("VIREO_EVENTS_TOKEN_FILE")?),
         })
     }
 
@@ -134,7 +139,7 @@ mod tests {
             &f,
             "# comment\nVIREO_NEUTRON_URL=http://127.0.0.1:9696\nexport VIREO_NEUTRON_HOST='vm'\n\
              VIREO_NEUTRON_SECOND_HOST=h2\nVIREO_NEUTRON_NETWORK_ID=n\nVIREO_NEUTRON_SUBNET_ID=s\n\
-             VIREO_NOVA_PORT=8774\n",
+             VIREO_NOVA_PORT=8774\nVIREO_EVENTS_TOKEN_FILE=/etc/t\n",
         )
         .unwrap();
         let env =
@@ -142,6 +147,7 @@ mod tests {
         assert_eq!(env.host, "vm");
         assert_eq!(env.nova_port, 9999);
         assert_eq!(env.network_id, "n");
+        assert_eq!(env.events_token_file, Path::new("/etc/t"));
         let missing = StackEnv::load_from(&dir.path().join("none"), |_| None).unwrap_err();
         assert!(missing.to_string().contains("host-setup.sh"), "{missing}");
         let bad = StackEnv::load_from(&f, |k| (k == "VIREO_NOVA_PORT").then(|| "x".into()));

@@ -75,7 +75,8 @@ impl Run {
                 )));
             }
         }
-        let endpoint = EventsEndpoint::start(env.nova_port, &env.host, endpoint)?;
+        let endpoint =
+            EventsEndpoint::start(env.nova_port, &env.host, &env.events_token_file, endpoint)?;
         Ok(Run {
             env,
             endpoint,

@@ -12,10 +12,9 @@ import eventlet
 
 eventlet.monkey_patch()
 
-import os  # noqa: E402
 import pathlib  # noqa: E402
-import socket  # noqa: E402
 import subprocess  # noqa: E402
+import sys  # noqa: E402
 import time  # noqa: E402
 from unittest import mock  # noqa: E402
 import uuid  # noqa: E402
@@ -27,6 +26,11 @@ import nova.virt  # noqa: E402
 
 HERE = pathlib.Path(__file__).resolve().parent
 REPO = HERE.parents[2]
+sys.path.insert(0, str(REPO / 'tests' / 'python'))
+
+from vireo_agent import Agent  # noqa: E402
+from vireo_agent import free_port  # noqa: E402
+from vireo_agent import stop_process  # noqa: E402
 # Nova 26's nova.virt is a pkg_resources namespace: the package is found beside Nova's own
 # drivers once installed (driver/nova/install.sh); here the checkout's copy comes first.
 nova.virt.__path__.insert(0, str(HERE.parent / 'nova' / 'virt'))
@@ -36,94 +40,12 @@ from nova import objects  # noqa: E402
 from nova import rpc  # noqa: E402
 
 CONF = nova.conf.CONF
-TOKEN = 'vireo-nova-tests-token-0123456789'
 HOST = 'compute-test'
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        return s.getsockname()[1]
-
-
-def stop_process(proc, log):
-    """TERM, KILL after 30 s; the log file closed."""
-    proc.terminate()
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-    log.close()
-
-
-class Agent(object):
-    """A running ``vireo agent`` process."""
-
-    def __init__(self, root):
-        self.root = root
-        self.port = _free_port()
-        self.url = 'http://127.0.0.1:%d' % self.port
-        self.token_file = root / 'api-token'
-        self.token_file.write_text(TOKEN + '\n')
-        self.token_file.chmod(0o600)
-        (root / 'images').mkdir()
-        config_file = root / 'agent.toml'
-        config_file.write_text(
-            'host = "%s"\nlisten = "127.0.0.1:%d"\napi_token_file = "%s"\n'
-            '[libvirt]\nuri = "test://%s"\n'
-            '[instances]\nstate_dir = "%s"\nimage_dirs = ["%s"]\ndomain_type = "test"\n'
-            'power_off_timeout = 2\nsoft_reboot_timeout = 2\n'
-            '[events]\nvif_plugging_timeout = 30\n'
-            '[network]\nkind = "embedded"\n'
-            % (HOST, self.port, self.token_file, root / 'node.xml', root / 'state',
-               root / 'images'))
-        (root / 'node.xml').write_text('<node/>\n')
-        binary = os.environ.get('VIREO_BIN', str(REPO / 'target' / 'debug' / 'vireo'))
-        if not os.access(binary, os.X_OK):
-            pytest.fail('no vireo binary at %s: run `cargo build -p vireo` first '
-                        '(or set VIREO_BIN)' % binary)
-        self.log = open(root / 'agent.log', 'wb')
-        self.proc = subprocess.Popen([binary, 'agent', '--config', str(config_file)],
-                                     stdout=self.log, stderr=subprocess.STDOUT)
-        self.session = requests.Session()
-        self.session.headers['X-Auth-Token'] = TOKEN
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if self.session.get(self.url + '/healthz', timeout=1).ok:
-                    break
-            except requests.RequestException:
-                pass
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError('the vireo agent did not start: %s'
-                                   % (root / 'agent.log').read_text())
-            time.sleep(0.05)
-
-    def create(self, power_on=True):
-        """A diskless instance made through the agent's own API; its uuid."""
-        instance = str(uuid.uuid4())
-        body = {'uuid': instance, 'name': 'instance-%s' % instance[:8],
-                'flavor': {'name': 'm1.tiny', 'vcpus': 1, 'memory_mb': 64},
-                'power_on': power_on}
-        op = self.session.post(self.url + '/v1/instances', json=body).json()['operation']
-        deadline = time.monotonic() + 30
-        while op['state'] == 'running' and time.monotonic() < deadline:
-            time.sleep(0.05)
-            op = self.session.get(self.url + '/v1/operations/' + op['id']).json()
-        assert op['state'] == 'succeeded', op
-        return instance
-
-    def get(self, path):
-        return self.session.get(self.url + path, timeout=10)
-
-    def stop(self):
-        stop_process(self.proc, self.log)
 
 
 @pytest.fixture(scope='session')
 def agent(tmp_path_factory):
-    a = Agent(tmp_path_factory.mktemp('agent'))
+    a = Agent(tmp_path_factory.mktemp('agent'), HOST)
     yield a
     a.stop()
 
@@ -132,7 +54,7 @@ class Glance(object):
     """A running glance-api on a private sqlite database and file store."""
 
     def __init__(self, root):
-        self.port = _free_port()
+        self.port = free_port()
         self.url = 'http://127.0.0.1:%d' % self.port
         conf = root / 'glance-api.conf'
         conf.write_text(

@@ -5,6 +5,7 @@ use actix_web::http::StatusCode;
 use actix_web::{HttpResponse, ResponseError};
 use uuid::Uuid;
 
+use super::microversion::{answer_headers, ApiVersion, VersionError};
 use super::model::{ErrorBody, ErrorDetail, OpKind};
 use super::paths::PathError;
 use vireo_actors::instance::{AdmissionError, InstanceError};
@@ -42,9 +43,6 @@ pub enum ApiError {
     /// No such route.
     #[error("no such resource")]
     NoRoute,
-    /// No event of an external-events POST was accepted (Nova's answer).
-    #[error("No instances found for any event")]
-    NoEventAccepted,
     /// Another operation of the instance is in flight.
     #[error("instance {instance} is busy with {kind} operation {op}")]
     Busy {
@@ -110,10 +108,9 @@ impl ApiError {
             ApiError::BadJson(_) => "bad-json",
             ApiError::Invalid(_) => "invalid",
             ApiError::Path(_) => "invalid-path",
-            ApiError::InstanceNotFound(_)
-            | ApiError::OperationNotFound(_)
-            | ApiError::NoRoute
-            | ApiError::NoEventAccepted => "not-found",
+            ApiError::InstanceNotFound(_) | ApiError::OperationNotFound(_) | ApiError::NoRoute => {
+                "not-found"
+            }
             ApiError::Busy { .. } => "busy",
             ApiError::IllegalState { .. } => "illegal-state",
             ApiError::Exists(_) => "exists",
@@ -197,10 +194,9 @@ impl ResponseError for ApiError {
             | ApiError::BadJson(_)
             | ApiError::Invalid(_)
             | ApiError::Path(_) => StatusCode::BAD_REQUEST,
-            ApiError::InstanceNotFound(_)
-            | ApiError::OperationNotFound(_)
-            | ApiError::NoRoute
-            | ApiError::NoEventAccepted => StatusCode::NOT_FOUND,
+            ApiError::InstanceNotFound(_) | ApiError::OperationNotFound(_) | ApiError::NoRoute => {
+                StatusCode::NOT_FOUND
+            }
             ApiError::Busy { .. } | ApiError::IllegalState { .. } | ApiError::Exists(_) => {
                 StatusCode::CONFLICT
             }
@@ -224,6 +220,88 @@ impl ResponseError for ApiError {
             resp.insert_header(("WWW-Authenticate", "Bearer"));
         }
         resp.json(self.body())
+    }
+}
+
+/// An error of the Nova-compatible external-events endpoint, answered as Nova's API answers
+/// one: `{"<faultName>": {"code": <status>, "message": "..."}}` (`badRequest`,
+/// `itemNotFound`, `overLimit`, ...), with the microversion headers when the request's version
+/// was known. The agent's own API keeps its `{"error": {"code", "message"}}`.
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct NovaFault {
+    status: StatusCode,
+    message: String,
+    version: Option<ApiVersion>,
+}
+
+impl NovaFault {
+    /// `e`, answered at `version` (`None`: before the version was read).
+    pub fn new(e: ApiError, version: Option<ApiVersion>) -> Self {
+        let message = match &e {
+            ApiError::BadJson(m) => format!("Invalid input: {m}"),
+            other => other.body().error.message,
+        };
+        NovaFault {
+            status: e.status_code(),
+            message,
+            version,
+        }
+    }
+
+    /// The fault's name, as Nova's `Fault` names a status.
+    pub fn name(status: StatusCode) -> &'static str {
+        match status.as_u16() {
+            400 => "badRequest",
+            401 => "unauthorized",
+            403 => "forbidden",
+            404 => "itemNotFound",
+            405 => "badMethod",
+            409 => "conflictingRequest",
+            413 | 429 => "overLimit",
+            415 => "badMediaType",
+            501 => "notImplemented",
+            503 => "serviceUnavailable",
+            _ => "computeFault",
+        }
+    }
+}
+
+impl From<VersionError> for NovaFault {
+    fn from(e: VersionError) -> Self {
+        let status = match e {
+            VersionError::Format(_) => StatusCode::BAD_REQUEST,
+            VersionError::Unsupported(_) => StatusCode::NOT_ACCEPTABLE,
+        };
+        NovaFault {
+            status,
+            message: e.to_string(),
+            version: None,
+        }
+    }
+}
+
+impl ResponseError for NovaFault {
+    fn status_code(&self) -> StatusCode {
+        self.status
+    }
+
+    fn error_response(&self) -> HttpResponse {
+        let mut resp = HttpResponse::build(self.status);
+        if self.status == StatusCode::UNAUTHORIZED {
+            resp.insert_header(("WWW-Authenticate", "Bearer"));
+        }
+        if let Some(v) = self.version {
+            for h in answer_headers(v) {
+                resp.append_header(h);
+            }
+        }
+        let mut fault = serde_json::Map::new();
+        fault.insert(
+            Self::name(self.status).to_owned(),
+            serde_json::json!({"code": self.status.as_u16(), "message": self.message}),
+        );
+        resp.json(serde_json::Value::Object(fault))
     }
 }
 

@@ -5,17 +5,20 @@
 //! events to the NetworkEventActor as one batch.
 //!
 //! - Body: `{"events": [{"name", "server_uuid", "tag"?, "status"?}, ...]}`, nothing else.
-//!   Not JSON, a wrong type, an unknown key, an empty or too long list, a `server_uuid` that
-//!   is not a UUID, a `status` other than `completed`/`failed`/`in-progress` or a `tag` over
-//!   255 characters reject the whole request with 400 (Nova's schema does the same).
+//!   Not JSON, a wrong type, an unknown key, an empty list, a `server_uuid` that is not a
+//!   UUID, an event name the request's microversion does not have ([`introduced`]), a
+//!   `status` other than `completed`/`failed`/`in-progress` or a `tag` over 255 characters
+//!   reject the whole request with 400, as Nova's schema does. Like Nova, no count limit:
+//!   the body size limit bounds a batch (Neutron sends a whole batch in one POST and drops it
+//!   whole when it is refused).
 //! - Per event, as Nova's controller answers: `404` the instance is unknown here; `400` the
-//!   event is unusable (`volume-extended` without a tag, as Nova; and — where Nova's schema
-//!   would refuse the whole request — an event name vireo does not know, so that one odd
-//!   event does not make Neutron's batch lose the others); `422` the instance is known but
-//!   not on this host (it live-migrated away); `200` accepted. Every event is echoed as sent
-//!   with `status` set to `completed` when accepted and `failed` otherwise, plus `code`.
-//! - The answer is 200 when every event was accepted, 207 when some were not, and 404
-//!   (`No instances found for any event`) when none was.
+//!   event needs a tag and has none (`volume-extended`, `power-update`,
+//!   `accelerator-request-bound`); `422` the instance is known but not on this host (it
+//!   live-migrated away); `200` accepted. Every event is echoed as sent with `status` set to
+//!   `completed` when accepted and `failed` otherwise, plus `code`.
+//! - The answer is 200 when every event was accepted and 207 otherwise, also when none was
+//!   (Nova answered 404 then until bug 1855752 was fixed, and Neutron lost the per-event
+//!   answers).
 //!
 //! Which instances are on this host comes from the driver (`ComputeDriver::knows`, asked once
 //! per distinct instance of a POST); [`Departed`] remembers, boundedly, the instances that
@@ -31,6 +34,7 @@ use uuid::Uuid;
 use vireo_actors::external::{EventName, EventStatus, ExternalEvent};
 
 use super::error::ApiError;
+use super::microversion::ApiVersion;
 use super::model::{EventAnswer, EventsAnswer};
 use super::peer::best_code;
 
@@ -126,8 +130,7 @@ pub struct Outcome {
 }
 
 impl Outcome {
-    /// 200 when every event was accepted, 404 when none was (answered as
-    /// [`ApiError::NoEventAccepted`]), 207 otherwise.
+    /// 200 when every event was accepted, 207 otherwise.
     pub fn status(&self) -> u16 {
         status_of(&self.answer)
     }
@@ -145,16 +148,47 @@ impl Outcome {
 }
 
 /// Nova's status for a set of per-event answers: 200 when every event was accepted (by this
-/// host or a peer), 404 when none was, 207 otherwise.
+/// host or a peer), 207 otherwise.
 pub fn status_of(answer: &EventsAnswer) -> u16 {
-    let accepted = answer.events.iter().filter(|e| e.code == 200).count();
-    if accepted == 0 {
-        404
-    } else if accepted == answer.events.len() {
+    if answer.events.iter().all(|e| e.code == 200) {
         200
     } else {
         207
     }
+}
+
+/// The microversion that added `name` to the API (Nova's schemas: 2.51 `volume-extended`,
+/// 2.76 `power-update`, 2.82 `accelerator-request-bound`, 2.93 `volume-reimaged`; the
+/// network events since 2.0).
+pub fn introduced(name: EventName) -> ApiVersion {
+    match name {
+        EventName::NetworkVifPlugged
+        | EventName::NetworkVifUnplugged
+        | EventName::NetworkVifDeleted
+        | EventName::NetworkChanged => ApiVersion::new(2, 0),
+        EventName::VolumeExtended => ApiVersion::new(2, 51),
+        EventName::PowerUpdate => ApiVersion::new(2, 76),
+        EventName::AcceleratorRequestBound => ApiVersion::new(2, 82),
+        EventName::VolumeReimaged => ApiVersion::new(2, 93),
+    }
+}
+
+/// Events Nova drops (per-event 400) when they come without a tag.
+pub fn tag_required(name: EventName) -> bool {
+    matches!(
+        name,
+        EventName::VolumeExtended | EventName::PowerUpdate | EventName::AcceleratorRequestBound
+    )
+}
+
+/// The names an API version accepts, for the refusal's message.
+fn names_at(version: ApiVersion) -> String {
+    EventName::ALL
+        .into_iter()
+        .filter(|n| introduced(*n) <= version)
+        .map(|n| n.as_str())
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn parse_status(s: &str) -> Option<EventStatus> {
@@ -169,7 +203,7 @@ fn parse_status(s: &str) -> Option<EventStatus> {
 /// A validated POST: its events as sent, with the parsed uuid and status.
 #[derive(Debug)]
 pub struct Parsed {
-    events: Vec<(RawEvent, Uuid, EventStatus)>,
+    events: Vec<(RawEvent, Uuid, EventName, EventStatus)>,
 }
 
 impl Parsed {
@@ -178,24 +212,19 @@ impl Parsed {
         let mut seen = HashSet::with_capacity(self.events.len());
         self.events
             .iter()
-            .filter_map(|(_, u, _)| seen.insert(*u).then_some(*u))
+            .filter_map(|(_, u, _, _)| seen.insert(*u).then_some(*u))
             .collect()
     }
 }
 
-/// Validate `body` (see the module docs). `Err` is the whole request's error (400).
-pub fn parse(body: &[u8], max_events: usize) -> Result<Parsed, ApiError> {
+/// Validate `body` as Nova's schema for `version` does (see the module docs). `Err` is the
+/// whole request's error (400).
+pub fn parse(body: &[u8], version: ApiVersion) -> Result<Parsed, ApiError> {
     let body: Body = serde_json::from_slice(body).map_err(|e| ApiError::BadJson(e.to_string()))?;
     if body.events.is_empty() {
         return Err(ApiError::Invalid(
             "events: must hold at least one event".into(),
         ));
-    }
-    if body.events.len() > max_events {
-        return Err(ApiError::Invalid(format!(
-            "events: {} events, more than the limit of {max_events}",
-            body.events.len()
-        )));
     }
     let mut events = Vec::with_capacity(body.events.len());
     for (i, e) in body.events.into_iter().enumerate() {
@@ -205,6 +234,18 @@ pub fn parse(body: &[u8], max_events: usize) -> Result<Parsed, ApiError> {
                 e.server_uuid
             ))
         })?;
+        let name = e
+            .name
+            .parse::<EventName>()
+            .ok()
+            .filter(|n| introduced(*n) <= version)
+            .ok_or_else(|| {
+                ApiError::Invalid(format!(
+                    "events[{i}].name: {:?} is not one of {} (API version {version})",
+                    e.name,
+                    names_at(version)
+                ))
+            })?;
         let status = match e.status.as_deref() {
             None => EventStatus::Completed,
             Some(s) => parse_status(s).ok_or_else(|| {
@@ -220,7 +261,7 @@ pub fn parse(body: &[u8], max_events: usize) -> Result<Parsed, ApiError> {
                 )));
             }
         }
-        events.push((e, uuid, status));
+        events.push((e, uuid, name, status));
     }
     Ok(Parsed { events })
 }
@@ -236,18 +277,16 @@ pub fn decide(
     let mut answers = Vec::with_capacity(parsed.events.len());
     let mut accepted = Vec::with_capacity(parsed.events.len());
     let mut forwarded = Vec::new();
-    for (i, (e, uuid, status)) in parsed.events.into_iter().enumerate() {
+    for (i, (e, uuid, name, status)) in parsed.events.into_iter().enumerate() {
         if forward.contains(&uuid) {
             forwarded.push((i, as_received(&e)));
         }
-        let name = e.name.parse::<EventName>().ok();
         let placement = placements.get(&uuid).copied().unwrap_or(Placement::Unknown);
-        let code = match (placement, name) {
-            (Placement::Unknown, _) => 404,
-            (_, None) => 400,
-            (_, Some(EventName::VolumeExtended)) if e.tag.is_none() => 400,
-            (Placement::NotOnHost, Some(_)) => 422,
-            (Placement::OnHost, Some(name)) => {
+        let code = match placement {
+            Placement::Unknown => 404,
+            _ if tag_required(name) && e.tag.is_none() => 400,
+            Placement::NotOnHost => 422,
+            Placement::OnHost => {
                 accepted.push(ExternalEvent {
                     name,
                     server_uuid: uuid,
@@ -291,6 +330,7 @@ fn as_received(e: &RawEvent) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::agent::microversion::{MAX, MIN};
     use serde_json::json;
 
     const A: &str = "9a1c2e44-5d2b-4e55-9c51-3f0f3a6c4d10";
@@ -305,7 +345,7 @@ mod tests {
     }
 
     fn run(v: serde_json::Value) -> Result<Outcome, ApiError> {
-        parse(v.to_string().as_bytes(), 100).map(|p| decide(p, &placements(), &HashSet::new()))
+        parse(v.to_string().as_bytes(), MAX).map(|p| decide(p, &placements(), &HashSet::new()))
     }
 
     #[test]
@@ -331,38 +371,95 @@ mod tests {
         let o = run(json!({"events": [
             {"name": "network-vif-plugged", "server_uuid": A, "tag": PORT, "status": "failed"},
             {"name": "network-vif-plugged", "server_uuid": unknown, "tag": PORT},
-            {"name": "network-vif-exploded", "server_uuid": A, "tag": PORT},
+            {"name": "power-update", "server_uuid": A},
             {"name": "volume-extended", "server_uuid": A},
+            {"name": "accelerator-request-bound", "server_uuid": A},
+            {"name": "volume-reimaged", "server_uuid": A},
             {"name": "network-vif-plugged", "server_uuid": B, "tag": PORT},
         ]}))
         .unwrap();
         assert_eq!(o.status(), 207);
         let codes: Vec<u16> = o.answer.events.iter().map(|e| e.code).collect();
-        assert_eq!(codes, [200, 404, 400, 400, 422]);
+        assert_eq!(
+            codes,
+            [200, 404, 400, 400, 400, 200, 422],
+            "a tag is required by the three events Nova requires it for"
+        );
         let statuses: Vec<&str> = o.answer.events.iter().map(|e| e.status.as_str()).collect();
         assert_eq!(
             statuses,
-            ["completed", "failed", "failed", "failed", "failed"]
+            [
+                "completed",
+                "failed",
+                "failed",
+                "failed",
+                "failed",
+                "completed",
+                "failed"
+            ]
         );
-        assert_eq!(o.accepted.len(), 1);
+        assert_eq!(o.accepted.len(), 2);
         assert_eq!(o.accepted[0].status, EventStatus::Failed);
-        assert_eq!(
-            o.answer.events[2].name, "network-vif-exploded",
-            "echoed as sent"
-        );
+        assert_eq!(o.answer.events[2].name, "power-update", "echoed as sent");
+        assert!(o.answer.events[2].tag.is_none());
     }
 
     #[test]
-    fn none_accepted_is_404() {
+    fn none_accepted_is_207_with_every_code() {
         let o = run(json!({"events": [
             {"name": "network-vif-plugged", "server_uuid": Uuid::new_v4().to_string()},
             {"name": "network-vif-plugged", "server_uuid": B},
         ]}))
         .unwrap();
-        assert_eq!(o.status(), 404);
+        assert_eq!(o.status(), 207);
         assert!(o.accepted.is_empty());
         let codes: Vec<u16> = o.answer.events.iter().map(|e| e.code).collect();
         assert_eq!(codes, [404, 422]);
+    }
+
+    #[test]
+    fn names_are_gated_by_the_requested_microversion() {
+        let body = |name: &str| {
+            json!({"events": [{"name": name, "server_uuid": A, "tag": "t"}]}).to_string()
+        };
+        let cases = [
+            ("network-vif-plugged", ApiVersion::new(2, 1)),
+            ("volume-extended", ApiVersion::new(2, 51)),
+            ("power-update", ApiVersion::new(2, 76)),
+            ("accelerator-request-bound", ApiVersion::new(2, 82)),
+            ("volume-reimaged", ApiVersion::new(2, 93)),
+        ];
+        for (name, since) in cases {
+            assert!(
+                parse(body(name).as_bytes(), since).is_ok(),
+                "{name} at {since}"
+            );
+            assert!(
+                parse(body(name).as_bytes(), MAX).is_ok(),
+                "{name} at the maximum"
+            );
+            if since > MIN {
+                let before = ApiVersion::new(since.major, since.minor - 1);
+                let e = parse(body(name).as_bytes(), before).unwrap_err();
+                assert!(
+                    matches!(&e, ApiError::Invalid(m) if m.contains(name)),
+                    "{name} at {before}: {e:?}"
+                );
+            }
+        }
+        // A name no version has: the whole request, as Nova's schema refuses it.
+        let e = parse(body("network-vif-exploded").as_bytes(), MAX).unwrap_err();
+        assert!(matches!(e, ApiError::Invalid(_)), "{e:?}");
+    }
+
+    #[test]
+    fn a_batch_has_no_count_limit() {
+        let many: Vec<_> = (0..5000)
+            .map(|_| json!({"name": "network-changed", "server_uuid": A}))
+            .collect();
+        let p = parse(json!({"events": many}).to_string().as_bytes(), MIN).unwrap();
+        let o = decide(p, &placements(), &HashSet::new());
+        assert_eq!((o.status(), o.accepted.len()), (200, 5000));
     }
 
     #[test]
@@ -375,7 +472,7 @@ mod tests {
             ]})
             .to_string()
             .as_bytes(),
-            10,
+            MIN,
         )
         .unwrap();
         let ids: Vec<String> = p.instances().iter().map(ToString::to_string).collect();
@@ -405,15 +502,8 @@ mod tests {
             );
         }
         assert!(matches!(
-            parse(b"not json", 10).unwrap_err(),
+            parse(b"not json", MIN).unwrap_err(),
             ApiError::BadJson(_)
-        ));
-        let many: Vec<_> = (0..11)
-            .map(|_| json!({"name": "network-changed", "server_uuid": A}))
-            .collect();
-        assert!(matches!(
-            parse(json!({"events": many}).to_string().as_bytes(), 10).unwrap_err(),
-            ApiError::Invalid(_)
         ));
     }
 
@@ -427,7 +517,7 @@ mod tests {
             {"name": "network-changed", "server_uuid": unknown.to_string()},
             {"name": "network-changed", "server_uuid": B},
         ]});
-        let p = parse(body.to_string().as_bytes(), 10).unwrap();
+        let p = parse(body.to_string().as_bytes(), MIN).unwrap();
         let forward = HashSet::from([unknown, Uuid::parse_str(B).unwrap()]);
         let mut o = decide(p, &placements(), &forward);
         let idx: Vec<usize> = o.forward.iter().map(|(i, _)| *i).collect();
@@ -454,16 +544,16 @@ mod tests {
         o.merge(3, 200);
         assert_eq!(o.status(), 200);
 
-        // Nothing accepted here, one event accepted by a peer: not a 404.
+        // Nothing accepted here, one event accepted by a peer.
         let p = parse(
             json!({"events": [{"name": "network-changed", "server_uuid": unknown.to_string()}]})
                 .to_string()
                 .as_bytes(),
-            10,
+            MIN,
         )
         .unwrap();
         let mut o = decide(p, &placements(), &forward);
-        assert_eq!(o.status(), 404);
+        assert_eq!(o.status(), 207);
         o.merge(0, 200);
         assert_eq!(o.status(), 200);
         assert!(o.accepted.is_empty());

@@ -6,7 +6,8 @@
 //!   and shutdown signal as arguments.
 //! - [`service`]: what the handlers do, without HTTP: validation, admission of long
 //!   operations, background tasks, the events hand-over, shutdown.
-//! - [`events`]: the external-events body rules and Nova's answer codes.
+//! - [`events`]: the external-events body rules and Nova's answer codes;
+//!   [`microversion`]: the compute API versions that endpoint speaks.
 //! - [`lifecycle`]: the lifecycle feed (guests' power changes as they happen, long-polled).
 //! - [`ops`]: the operation registry (one operation per instance, bounded history).
 //! - [`auth`]: token files and constant-time checks. [`paths`]: which host paths a request
@@ -23,6 +24,7 @@ pub mod error;
 pub mod events;
 pub mod lifecycle;
 pub mod metrics;
+pub mod microversion;
 pub mod model;
 pub mod ops;
 pub mod paths;
@@ -167,7 +169,6 @@ impl Settings {
             auth: Auth::new(header, api, events, cfg.accept_noauth_events),
             paths,
             max_body_bytes: cfg.max_body_bytes,
-            max_events: cfg.max_events_per_request,
             finished_operations: cfg.finished_operations,
             shutdown_timeout: cfg.shutdown_timeout(),
             http_workers: cfg.http_workers,

@@ -28,6 +28,7 @@ use vireo_actors::instance::{
 };
 
 use super::auth::Token;
+use super::microversion::ApiVersion;
 use super::view;
 use crate::client::{AgentClient, ClientError, FORWARDED_HEADER};
 use vireo_actors::lifecycle::Caller;
@@ -221,20 +222,25 @@ impl EventForwarder {
 
     /// POST `events` (each as received) to every peer concurrently; one answer per peer, in
     /// configuration order.
-    pub async fn forward(&self, events: &[Value]) -> Vec<(String, ForwardAnswer)> {
+    pub async fn forward(
+        &self,
+        events: &[Value],
+        version: ApiVersion,
+    ) -> Vec<(String, ForwardAnswer)> {
         let body = serde_json::to_vec(&serde_json::json!({ "events": events })).unwrap_or_default();
         let n = events.len();
         let posts = self.peers.iter().map(|(name, client)| {
             let body = body.clone();
             async move {
-                let answer = match client.forward_events(body, self.timeout).await {
+                let answer = match client.forward_events(body, version, self.timeout).await {
                     Ok(r) if r.events.len() == n => {
                         ForwardAnswer::Codes(r.events.iter().map(|e| e.code).collect())
                     }
                     Ok(r) => {
                         ForwardAnswer::Failed(format!("answered {} events for {n}", r.events.len()))
                     }
-                    // Nova's "No instances found for any event".
+                    // An agent from before 207 for "none accepted": Nova's old "No instances
+                    // found for any event".
                     Err(ClientError::Api {
                         status: 404, code, ..
                     }) if code == "not-found" => ForwardAnswer::Codes(vec![404; n]),

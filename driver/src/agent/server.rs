@@ -7,7 +7,7 @@
 //! | GET | `/healthz` | 200 `{"status": "ok", "host", "driver"}` (no token) |
 //! | GET | `/v1/host` | 200 the host's resources (hypervisor, CPUs, memory, disk) |
 //! | GET | `/metrics` | 200 Prometheus text |
-//! | POST | `/v2.1/os-server-external-events`, `/os-server-external-events` | 200 / 207 / 404 |
+//! | POST | `/v2.1/os-server-external-events`, `/v2.1/{project_id}/os-server-external-events`, `/os-server-external-events` | 200 / 207 (Nova's answer and faults) |
 //! | GET | `/v1/instances` | 200 `{"instances": [...]}` |
 //! | POST | `/v1/instances` | 202 `{"operation": {...}}` |
 //! | GET | `/v1/instances/{uuid}` | 200 instance |
@@ -24,7 +24,9 @@ use std::time::{Duration, Instant as StdInstant};
 
 use actix_web::body::MessageBody;
 use actix_web::dev::{Service, ServiceResponse};
-use actix_web::http::header::{CONTENT_LENGTH, CONTENT_TYPE, LOCATION};
+use actix_web::http::header::{
+    HeaderMap, HeaderName, HeaderValue, CONTENT_LENGTH, CONTENT_TYPE, LOCATION,
+};
 use actix_web::http::StatusCode;
 use actix_web::web::{self, BytesMut};
 use actix_web::{App, HttpRequest, HttpResponse, HttpServer};
@@ -32,13 +34,14 @@ use futures::StreamExt;
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use tokio::time::Instant;
-use tracing::{debug, info, warn};
+use tracing::{debug, info, info_span, warn, Instrument};
 use uuid::Uuid;
 use vireo_actors::instance::Operation;
 use vireo_actors::lifecycle::Caller;
 
 use super::auth::Scope;
-use super::error::ApiError;
+use super::error::{ApiError, NovaFault};
+use super::microversion;
 use super::model::{Accepted, CreateInstance, InstanceList, OpStatus, OperationList};
 use super::peer::is_forwarded;
 use super::service::AgentService;
@@ -134,18 +137,30 @@ async fn metrics(req: HttpRequest, svc: Svc) -> Result<HttpResponse, ApiError> {
         .body(svc.metrics_text().await))
 }
 
+/// Nova's external-events endpoint: Nova's answers, Nova's faults, served at the request's
+/// microversion (see [`super::microversion`]).
 async fn external_events(
     req: HttpRequest,
     payload: web::Payload,
     svc: Svc,
-) -> Result<HttpResponse, ApiError> {
-    svc.authorize(req.headers(), Scope::Events, req.path())?;
-    let body = read_body(&req, payload, svc.settings().max_body_bytes).await?;
+) -> Result<HttpResponse, NovaFault> {
+    svc.authorize(req.headers(), Scope::Events, req.path())
+        .map_err(|e| NovaFault::new(e, None))?;
+    let version = microversion::requested(req.headers())?;
+    let fault = |e| NovaFault::new(e, Some(version));
+    let body = read_body(&req, payload, svc.settings().max_body_bytes)
+        .await
+        .map_err(fault)?;
     let (status, answer) = svc
-        .external_events(&body, is_forwarded(req.headers()))
-        .await?;
+        .external_events(&body, version, is_forwarded(req.headers()))
+        .await
+        .map_err(fault)?;
     let status = StatusCode::from_u16(status).unwrap_or(StatusCode::MULTI_STATUS);
-    Ok(HttpResponse::build(status).json(answer))
+    let mut resp = HttpResponse::build(status);
+    for h in microversion::answer_headers(version) {
+        resp.append_header(h);
+    }
+    Ok(resp.json(answer))
 }
 
 async fn show_host(req: HttpRequest, svc: Svc) -> Result<HttpResponse, ApiError> {
@@ -312,6 +327,32 @@ async fn peer_request(
     Ok(HttpResponse::Ok().json(svc.peer_request(uuid, body).await?))
 }
 
+/// The answer's request id header, as every OpenStack API sets it (`req-<uuid>`): the id a
+/// client logs (Neutron's "Nova event matching [req-...]") and the agent's log lines carry.
+static REQUEST_ID: HeaderName = HeaderName::from_static("x-openstack-request-id");
+/// The same id under the name Nova's compute API also answers with.
+static COMPUTE_REQUEST_ID: HeaderName = HeaderName::from_static("x-compute-request-id");
+/// The caller's global request id (oslo.context's `X-OpenStack-Request-ID`).
+const GLOBAL_REQUEST_ID: &str = "x-openstack-request-id";
+
+/// A new request id, `req-<uuid4>`.
+fn request_id() -> String {
+    format!("req-{}", Uuid::new_v4())
+}
+
+/// The caller's global request id when it is one (`req-` and a lower-case hyphenated UUID,
+/// as oslo.context accepts it); anything else is ignored, as OpenStack services ignore it.
+fn global_request_id(headers: &HeaderMap) -> Option<&str> {
+    let v = headers.get(GLOBAL_REQUEST_ID)?.to_str().ok()?;
+    let uuid = v.strip_prefix("req-")?;
+    let shaped = uuid.len() == 36
+        && uuid.bytes().enumerate().all(|(i, b)| match i {
+            8 | 13 | 18 | 23 => b == b'-',
+            _ => b.is_ascii_digit() || (b'a'..=b'f').contains(&b),
+        });
+    shaped.then_some(v)
+}
+
 async fn no_route() -> Result<HttpResponse, ApiError> {
     Err(ApiError::NoRoute)
 }
@@ -357,19 +398,31 @@ pub async fn serve(
             .wrap_fn(|req, srv| {
                 let started = StdInstant::now();
                 let svc = req.app_data::<Svc>().cloned();
+                let id = request_id();
+                let span = info_span!("request", request_id = %id,
+                    global_request_id = global_request_id(req.headers()).unwrap_or(""));
                 let fut = srv.call(req);
                 async move {
-                    let res = fut.await?;
+                    let mut res = fut.await?;
+                    if let Ok(v) = HeaderValue::from_str(&id) {
+                        res.headers_mut().insert(REQUEST_ID.clone(), v.clone());
+                        res.headers_mut().insert(COMPUTE_REQUEST_ID.clone(), v);
+                    }
                     if let Some(svc) = svc {
                         record(&svc, &res, started);
                     }
                     Ok(res)
                 }
+                .instrument(span)
             })
             .route("/healthz", web::get().to(healthz))
             .route("/metrics", web::get().to(metrics))
             .route(
                 "/v2.1/os-server-external-events",
+                web::post().to(external_events),
+            )
+            .route(
+                "/v2.1/{project_id}/os-server-external-events",
                 web::post().to(external_events),
             )
             .route(

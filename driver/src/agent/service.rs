@@ -41,6 +41,7 @@ use super::auth::{Auth, Scope};
 use super::error::ApiError;
 use super::events::{self, Departed, Placement};
 use super::metrics::{LibvirtStatus, Metrics, Snapshot};
+use super::microversion::ApiVersion;
 use super::model::PeerReply;
 use super::model::{
     CreateInstance, ErrorDetail, EventsAnswer, Flavor, Health, Instance, OpKind, OpStatus,
@@ -63,8 +64,6 @@ pub struct Settings {
     pub paths: PathPolicy,
     /// Largest request body.
     pub max_body_bytes: usize,
-    /// Most events per POST.
-    pub max_events: usize,
     /// Finished operations kept.
     pub finished_operations: usize,
     /// Bound on the whole shutdown.
@@ -788,14 +787,16 @@ impl AgentService {
     /// instance whether it is here, answer per event, hand the accepted ones to the driver
     /// as one batch, and — unless the POST was itself `forwarded` — forward the events of the
     /// instances not here (and of those whose flow spans hosts now) to every peer, taking
-    /// the best code any host answered. Returns the HTTP status (200 or 207) and the body;
-    /// [`ApiError::NoEventAccepted`] (404) when no host accepted any event.
+    /// the best code any host answered. `version` is the request's microversion (it decides
+    /// which event names are valid, and the peers are asked at it). Returns the HTTP status
+    /// (200 or 207) and the body.
     pub async fn external_events(
         &self,
         body: &[u8],
+        version: ApiVersion,
         forwarded: bool,
     ) -> Result<(u16, EventsAnswer), ApiError> {
-        let parsed = events::parse(body, self.settings.max_events)?;
+        let parsed = events::parse(body, version)?;
         let ids = parsed.instances();
         let found = futures::future::join_all(ids.iter().map(|u| self.placement(*u))).await;
         let forwarding = !forwarded && !self.settings.forwarder.is_empty();
@@ -816,7 +817,7 @@ impl AgentService {
             self.metrics.event_batches.inc(&[]);
         }
         if !outcome.forward.is_empty() {
-            self.forward(&mut outcome).await;
+            self.forward(&mut outcome, version).await;
         }
         let mut counts = [0u64; 4];
         for e in &outcome.answer.events {
@@ -827,17 +828,21 @@ impl AgentService {
                 self.metrics.events_received.add(&[CODES[slot]], *n);
             }
         }
-        match outcome.status() {
-            404 => Err(ApiError::NoEventAccepted),
-            status => Ok((status, outcome.answer)),
-        }
+        let status = outcome.status();
+        info!(
+            events = outcome.answer.events.len(),
+            accepted = counts[code_slot(200)],
+            status,
+            "external events"
+        );
+        Ok((status, outcome.answer))
     }
 
     /// Forward `outcome.forward` to every peer and merge their codes in.
-    async fn forward(&self, outcome: &mut events::Outcome) {
+    async fn forward(&self, outcome: &mut events::Outcome, version: ApiVersion) {
         let events: Vec<Value> = outcome.forward.iter().map(|(_, e)| e.clone()).collect();
         let indices: Vec<usize> = outcome.forward.iter().map(|(i, _)| *i).collect();
-        let answers = self.settings.forwarder.forward(&events).await;
+        let answers = self.settings.forwarder.forward(&events, version).await;
         let mut answered = false;
         for (peer, answer) in &answers {
             match answer {

@@ -4,8 +4,8 @@
 //! One event from the flags (`--server`, `--name`, `--tag`, `--status`), or a whole body from
 //! `--file` (`{"events": [...]}` or a bare list; `-` reads standard input). Prints each
 //! event's code as a table, or with `--json` the agent's answer. Exit codes: 0 when every
-//! event was accepted (HTTP 200), 1 when some or all were not (207, 404) or the agent could
-//! not be reached, 2 for invalid input.
+//! event was accepted (HTTP 200), 1 when some or all were not (207) or the agent could not be
+//! reached, 2 for invalid input.
 
 use std::io::{Read, Write};
 use std::path::PathBuf;

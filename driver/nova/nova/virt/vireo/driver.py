@@ -115,11 +115,17 @@ class VireoDriver(driver.ComputeDriver):
 
     def _post_event(self, body):
         try:
-            self.agent.post_events([body])
+            answer = self.agent.post_events([body])
         except vclient.AgentError as e:
-            # Not this agent's instance (404) is normal: Nova casts to instance.host only.
-            LOG.debug('The vireo agent did not take event %(event)s: %(error)s',
-                      {'event': body, 'error': e})
+            LOG.warning('The vireo agent refused event %(event)s: %(error)s',
+                        {'event': body, 'error': e})
+            return
+        for event in answer.get('events', []):
+            if event.get('code') != 200:
+                # Not this agent's instance (404) is normal: Nova casts to instance.host
+                # only, and the agent answers 207 with the event's own code.
+                LOG.debug('The vireo agent did not take event %(event)s: code %(code)s',
+                          {'event': body, 'code': event.get('code')})
 
     def _act(self, instance, action, **args):
         body = dict(args, action=action)
