@@ -100,7 +100,7 @@ async fn main() {
             std::fs::write(&node, "<node/>\n").unwrap();
             format!("[libvirt]\nuri = {:?}\n", d.uri_for(&node))
         }
-        None => String::new(),
+        None => "[libvirt]\nuri = \"embedded\"\n".to_owned(),
     };
     let cfg = root.join("agent.toml");
     std::fs::write(

@@ -43,8 +43,13 @@ pub const DEFAULT_LISTEN: &str = "127.0.0.1:8774";
 /// The header carrying the token unless `token_header` says otherwise (what Neutron sends).
 pub const DEFAULT_TOKEN_HEADER: &str = "X-Auth-Token";
 /// The file name of the private libvirt test-driver node under the state directory, used when
-/// `[libvirt] uri` is not set.
+/// `[libvirt] uri` is [`EMBEDDED_URI`].
 pub const DEFAULT_TEST_NODE_FILE: &str = "libvirt-test-node.xml";
+/// The libvirt URI unless `[libvirt] uri` says otherwise: the host's QEMU/KVM.
+pub const DEFAULT_LIBVIRT_URI: &str = "qemu:///system";
+/// The `[libvirt] uri` that asks for the embedded default: libvirt's test driver on a private
+/// node file under the state directory (the demo and the fast tests), never chosen by default.
+pub const EMBEDDED_URI: &str = "embedded";
 /// Largest request body accepted unless `max_body_bytes` says otherwise (1 MiB).
 pub const DEFAULT_MAX_BODY_BYTES: usize = 1 << 20;
 /// Largest `max_body_bytes` accepted (16 MiB).
@@ -92,10 +97,11 @@ pub struct AgentConfig {
     /// Finished operations kept for polling (oldest forgotten first). Default 1024.
     #[serde(default = "default_finished_operations")]
     pub finished_operations: usize,
-    /// Seconds the whole shutdown may take (stop accepting, let in-flight operations finish or
-    /// roll back, fail waiters). Default 30.
-    #[serde(default = "default_shutdown_timeout")]
-    pub shutdown_timeout: u64,
+    /// Seconds the agent's own shutdown may take (stop accepting, let in-flight operations
+    /// finish or roll back, fail waiters). Default 30. Not Nova's `shutdown_timeout` (a
+    /// guest's clean shut-down, here `[instances] power_off_timeout`), hence the name.
+    #[serde(default = "default_drain_timeout")]
+    pub drain_timeout: u64,
     /// `[libvirt]`.
     #[serde(default)]
     pub libvirt: LibvirtSection,
@@ -184,10 +190,9 @@ pub struct PeeringSection {
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LibvirtSection {
-    /// Connection URI. Default: libvirt's test driver on a private node file,
-    /// `test:///<state_dir>/libvirt-test-node.xml` (created empty when missing), so an agent
-    /// started without configuration touches no real hypervisor. Use `qemu:///system` in
-    /// production.
+    /// Connection URI. Default `qemu:///system`. `"embedded"` asks for libvirt's test driver
+    /// on a private node file, `test:///<state_dir>/libvirt-test-node.xml` (created empty when
+    /// missing): the demo's and the fast tests' hypervisor, which runs no guest.
     #[serde(default)]
     pub uri: Option<String>,
     /// libvirt worker threads = calls in flight on the connection (1..=4). Default 4.
@@ -410,7 +415,7 @@ fn default_max_body_bytes() -> usize {
 fn default_finished_operations() -> usize {
     DEFAULT_FINISHED_OPERATIONS
 }
-fn default_shutdown_timeout() -> u64 {
+fn default_drain_timeout() -> u64 {
     30
 }
 fn default_libvirt_workers() -> usize {
@@ -561,7 +566,7 @@ impl Default for AgentConfig {
             token_header: default_token_header(),
             max_body_bytes: default_max_body_bytes(),
             finished_operations: default_finished_operations(),
-            shutdown_timeout: default_shutdown_timeout(),
+            drain_timeout: default_drain_timeout(),
             libvirt: LibvirtSection::default(),
             driver: DriverSection::default(),
             network: NetworkSection::default(),
@@ -707,10 +712,10 @@ impl AgentConfig {
                 format!("{} is not in 1..=1000000", self.finished_operations),
             );
         }
-        if self.shutdown_timeout == 0 || self.shutdown_timeout > 3_600 {
+        if self.drain_timeout == 0 || self.drain_timeout > 3_600 {
             return bad(
-                "shutdown_timeout",
-                format!("{} is not in 1..=3600 seconds", self.shutdown_timeout),
+                "drain_timeout",
+                format!("{} is not in 1..=3600 seconds", self.drain_timeout),
             );
         }
         if let Some(uri) = &self.libvirt.uri {
@@ -978,13 +983,19 @@ impl AgentConfig {
             .unwrap_or_else(|| "localhost".to_owned())
     }
 
-    /// The libvirt URI: `[libvirt] uri`, else the private test-driver node under the state
-    /// directory.
+    /// The libvirt URI: `[libvirt] uri`, `qemu:///system` when unset, the private
+    /// test-driver node under the state directory when `"embedded"`.
     pub fn libvirt_uri(&self) -> String {
-        match &self.libvirt.uri {
-            Some(uri) => uri.clone(),
-            None => format!("test://{}", self.default_test_node().display()),
+        match self.libvirt.uri.as_deref() {
+            None => DEFAULT_LIBVIRT_URI.to_owned(),
+            Some(EMBEDDED_URI) => format!("test://{}", self.default_test_node().display()),
+            Some(uri) => uri.to_owned(),
         }
+    }
+
+    /// True when `[libvirt] uri` asks for the embedded default.
+    pub fn uses_embedded_libvirt(&self) -> bool {
+        self.libvirt.uri.as_deref() == Some(EMBEDDED_URI)
     }
 
     /// The node file of the default test-driver URI.
@@ -1064,9 +1075,9 @@ impl AgentConfig {
         }
     }
 
-    /// `shutdown_timeout` as a duration.
-    pub fn shutdown_timeout(&self) -> Duration {
-        Duration::from_secs(self.shutdown_timeout)
+    /// `drain_timeout` as a duration.
+    pub fn drain_timeout(&self) -> Duration {
+        Duration::from_secs(self.drain_timeout)
     }
 
     /// Where instance directories live: `<state_dir>/instances`.
@@ -1137,8 +1148,14 @@ mod tests {
         assert_eq!(cfg.wait_policy(), WaitPolicy::default());
         assert_eq!(
             cfg.libvirt_uri(),
-            "test:///var/lib/vireo/libvirt-test-node.xml"
+            "qemu:///system",
+            "no key: the real hypervisor, never the test driver"
         );
+        assert!(!cfg.uses_test_driver() && !cfg.uses_embedded_libvirt());
+        assert!(!matches!(
+            cfg.driver_config().plugging,
+            PluggingConfig::Static
+        ));
         assert_eq!(cfg.libvirt_config().workers, 4);
         assert_eq!(cfg.libvirt_config().call_timeout_ms, 60_000);
         assert_eq!(cfg.instances_dir(), Path::new("/var/lib/vireo/instances"));
@@ -1153,6 +1170,9 @@ mod tests {
             Path::new("/srv/vireo/_base"),
             "the cache stays per host"
         );
+        // The embedded default, asked for.
+        let cfg = parse("[libvirt]\nuri = \"embedded\"\n").unwrap();
+        assert!(cfg.uses_embedded_libvirt() && cfg.uses_test_driver());
         let d = cfg.driver_config();
         assert!(matches!(d.plugging, PluggingConfig::Static), "test: URI");
         assert!(matches!(d.network, NetworkConfig::Embedded(_)));
@@ -1208,7 +1228,7 @@ http_workers = 1
 api_token_file = "/run/vireo/api"
 events_token_file = "/run/vireo/events"
 accept_noauth_events = true
-shutdown_timeout = 5
+drain_timeout = 5
 
 [libvirt]
 uri = "qemu:///system"
@@ -1261,7 +1281,7 @@ level = "debug"
             Some("/srv/vireo/instances")
         );
         assert!(!d.instances.wait.fatal);
-        assert_eq!(cfg.shutdown_timeout(), Duration::from_secs(5));
+        assert_eq!(cfg.drain_timeout(), Duration::from_secs(5));
     }
 
     fn key_of(text: &str) -> String {
@@ -1297,10 +1317,10 @@ level = "debug"
         );
         assert_eq!(key_of("[libvirt]\nworkers = 9\n"), "libvirt.workers");
         assert_eq!(key_of("[logging]\nlevel = \"loud\"\n"), "logging.level");
-        assert_eq!(key_of("shutdown_timeout = 0\n"), "shutdown_timeout");
+        assert_eq!(key_of("drain_timeout = 0\n"), "drain_timeout");
         assert_eq!(key_of("[bogus]\nx = 1\n"), "bogus");
         assert_eq!(
-            key_of("[plugging]\ndatapath_type = \"netdev\"\n"),
+            key_of("[libvirt]\nuri = \"embedded\"\n[plugging]\ndatapath_type = \"netdev\"\n"),
             "plugging"
         );
         assert_eq!(

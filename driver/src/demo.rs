@@ -1011,7 +1011,7 @@ impl Demo<'_> {
 
     async fn remove_bridges(&mut self) -> Result<(), DemoError> {
         let (ovs, lb) = self.bridges();
-        let vswitch = crate::plug::ovsdb::Vswitch::connect(&PlugConfig::default().ovsdb_socket)
+        let vswitch = crate::plug::ovsdb::Vswitch::connect(&PlugConfig::default().ovsdb_connection)
             .await
             .map_err(|e| DemoError::Unexpected(format!("OVSDB: {e}")))?;
         if let Some(cfg) = vswitch

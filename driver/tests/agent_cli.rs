@@ -46,8 +46,19 @@ fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
 
-/// A config file plus its token file in `dir`.
+/// A config file plus its token file in `dir`, on the embedded default's libvirt unless
+/// `body` has its own `[libvirt]`.
 fn config(dir: &Path, body: &str, token_mode: u32) -> PathBuf {
+    let libvirt = if body.contains("[libvirt]") {
+        ""
+    } else {
+        "[libvirt]\nuri = \"embedded\"\n"
+    };
+    config_with(dir, &format!("{body}\n{libvirt}"), token_mode)
+}
+
+/// A config file plus its token file in `dir`: `body` and the state directory, nothing else.
+fn config_with(dir: &Path, body: &str, token_mode: u32) -> PathBuf {
     let token = dir.join("api-token");
     write_file(&token, TOKEN, token_mode);
     let state = dir.join("state");
@@ -335,6 +346,63 @@ async fn client_commands_against_a_running_agent() {
     agent.stop().await.unwrap();
 }
 
+/// An agent whose config names no libvirt URI drives this machine's `qemu:///system` (the
+/// libvirtd the test job's host set-up starts), never the test driver. Its host name is its
+/// own, so the domains other hosts' agents saved on that libvirtd are left alone.
+#[actix_rt::test]
+async fn an_agent_without_a_libvirt_uri_drives_qemu_system() {
+    let d = tempfile::tempdir().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let host = format!("vireo-default-uri-{}", Uuid::new_v4().simple());
+    let cfg = config_with(
+        d.path(),
+        &format!("host = {host:?}\nlisten = \"127.0.0.1:{port}\"\n"),
+        0o600,
+    );
+    let text_cfg = std::fs::read_to_string(&cfg)
+        .unwrap()
+        .replace("listen = \"127.0.0.1:0\"\n", "");
+    assert!(!text_cfg.contains("[libvirt]"), "{text_cfg}");
+    std::fs::write(&cfg, text_cfg).unwrap();
+    let child = Command::new(BIN)
+        .args(["agent", "--config", cfg.to_str().unwrap()])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let base = format!("http://127.0.0.1:{port}");
+    let c = http();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let host_info: Value = loop {
+        if let Ok(r) = c.get(format!("{base}/v1/host")).send().await {
+            assert_eq!(r.status(), 200);
+            break r.json().await.unwrap();
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the agent never listened"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(host_info["hypervisor_type"], "QEMU", "{host_info}");
+    assert!(
+        !d.path().join("state/libvirt-test-node.xml").exists(),
+        "no test-driver node"
+    );
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id().unwrap()).unwrap());
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    let out = tokio::time::timeout(Duration::from_secs(40), child.wait_with_output())
+        .await
+        .expect("the agent did not stop")
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+}
+
 #[actix_rt::test]
 async fn the_agent_binary_serves_and_stops_on_sigterm() {
     let d = tempfile::tempdir().unwrap();
@@ -373,7 +441,7 @@ async fn the_agent_binary_serves_and_stops_on_sigterm() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    // The real driver on the default private test-driver node: create an instance.
+    // The real driver on the embedded default's private test-driver node: create an instance.
     let uuid = Uuid::new_v4();
     let r = c
         .post(format!("{base}/v1/instances"))

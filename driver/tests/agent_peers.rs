@@ -296,7 +296,9 @@ impl Cloud {
                 r#"host = "{name}"
 api_token_file = {token:?}
 events_token_file = {events:?}
-shutdown_timeout = 10
+drain_timeout = 10
+[libvirt]
+uri = "embedded"
 [instances]
 state_dir = {state:?}
 image_dirs = [{images:?}]

@@ -1,7 +1,7 @@
 //! Graceful shutdown with operations in flight, over the real `LibvirtDriver`: the server
 //! stops accepting, the driver fails the event waits (the operation rolls back), and an
 //! operation stuck in a libvirt call (a frozen private libvirtd) is aborted and recorded at the
-//! deadline — all within `shutdown_timeout`.
+//! deadline — all within `drain_timeout`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -29,7 +29,7 @@ async fn refused(agent: &TestAgent) -> bool {
 #[actix_rt::test]
 async fn shutdown_fails_event_waits_and_the_create_rolls_back() {
     let mut agent = TestAgent::start_with(Options {
-        extra: "shutdown_timeout = 20\n".into(),
+        extra: "drain_timeout = 20\n".into(),
         ..Options::default()
     })
     .await;
@@ -72,7 +72,7 @@ async fn an_operation_stuck_in_libvirt_is_aborted_at_the_deadline() {
     let node = nodes.path().join("node.xml");
     std::fs::write(&node, "<node/>\n").unwrap();
     let mut agent = TestAgent::start_with(Options {
-        extra: "shutdown_timeout = 1\n".into(),
+        extra: "drain_timeout = 1\n".into(),
         libvirt: format!("uri = {:?}\ncall_timeout = 120\n", daemon.uri_for(&node)),
         ..Options::default()
     })

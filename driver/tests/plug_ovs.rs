@@ -4,6 +4,7 @@
 mod plug_support;
 
 use plug_support::*;
+use vireo::plug::ovsdb::OvsdbAddr;
 use vireo::plug::{HostPlugger, PlugConfig};
 use vireo_actors::plug::{Attachment, DomainForm, HostDevice, PlugError, PlugKind, VifPlugger};
 
@@ -302,7 +303,7 @@ async fn unreachable_ovsdb_fails_the_plug_and_removes_the_tap() {
     let mut s = Scene::new();
     let dir = tempfile::tempdir().unwrap();
     let p = HostPlugger::start(PlugConfig {
-        ovsdb_socket: dir.path().join("no-ovsdb.sock"),
+        ovsdb_connection: OvsdbAddr::Unix(dir.path().join("no-ovsdb.sock")),
         ..config()
     })
     .unwrap();
@@ -314,6 +315,63 @@ async fn unreachable_ovsdb_fails_the_plug_and_removes_the_tap() {
         "{err}"
     );
     assert!(!link_exists(&v.tap_name()));
+}
+
+/// A TCP remote added to this machine's ovsdb-server for one test, removed on drop.
+struct TcpRemote(String);
+
+#[allow(clippy::unwrap_used)]
+impl TcpRemote {
+    fn add() -> (TcpRemote, u16) {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let remote = format!("ptcp:{port}:127.0.0.1");
+        let out = std::process::Command::new("ovs-appctl")
+            .args(["-t", "ovsdb-server", "ovsdb-server/add-remote", &remote])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        (TcpRemote(remote), port)
+    }
+}
+
+impl Drop for TcpRemote {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("ovs-appctl")
+            .args(["-t", "ovsdb-server", "ovsdb-server/remove-remote", &self.0])
+            .output();
+    }
+}
+
+/// os-vif's default `ovsdb_connection` is `tcp:127.0.0.1:6640`: the plugger and its watcher
+/// work over TCP as over the unix socket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ovsdb_over_tcp_plugs_watches_and_unplugs() {
+    let mut s = Scene::new();
+    let (_remote, port) = TcpRemote::add();
+    let addr: OvsdbAddr = format!("tcp:127.0.0.1:{port}").parse().unwrap();
+    // ovsdb-server listens on the new remote once the command returned; connect with retries
+    // all the same (the watcher does too).
+    let p = HostPlugger::start(PlugConfig {
+        ovsdb_connection: addr,
+        ..config()
+    })
+    .unwrap();
+    let v = ovs_vif(&s.bridge, false, 1450);
+    s.watch(&v);
+    let c = ctx(DomainForm::PreCreated);
+    let mut rx = p.wiring().subscribe();
+    let tap = v.tap_name();
+    p.plug(&c, &v).await.unwrap();
+    assert_eq!(vsctl(&["port-to-br", &tap]), s.bridge);
+    assert_eq!(iface_ext(&tap, "iface-id"), v.id.to_string());
+    wait_wired(&mut rx, v.id, true, Some(&tap)).await;
+    p.unplug(&c, &v).await.unwrap();
+    wait_wired(&mut rx, v.id, false, Some(&tap)).await;
+    assert!(ports_of(&s.bridge).is_empty());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

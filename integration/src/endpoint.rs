@@ -370,7 +370,7 @@ impl EventsEndpoint {
             paths,
             max_body_bytes: 1 << 20,
             finished_operations: 16,
-            shutdown_timeout: Duration::from_secs(5),
+            drain_timeout: Duration::from_secs(5),
             http_workers: 1,
             peers: opts.peers,
             forwarder,

@@ -210,7 +210,7 @@ impl HostBAgent {
             r#"host = "{name}"
 listen = "{listen}"
 api_token_file = "{root}/api-token"
-shutdown_timeout = 30
+drain_timeout = 30
 [libvirt]
 uri = "{uri}"
 [network]
@@ -225,7 +225,7 @@ state_dir = "{root}/state"
 domain_type = "{domain_type}"
 power_off_timeout = 2
 [plugging]
-ovsdb_socket = "{ovsdb}"
+ovsdb_connection = "unix:{ovsdb}"
 datapath_type = "netdev"
 [logging]
 level = "info"

@@ -170,7 +170,7 @@ impl Settings {
             paths,
             max_body_bytes: cfg.max_body_bytes,
             finished_operations: cfg.finished_operations,
-            shutdown_timeout: cfg.shutdown_timeout(),
+            drain_timeout: cfg.drain_timeout(),
             http_workers: cfg.http_workers,
             peers,
             forwarder,
@@ -203,12 +203,13 @@ fn make_private_dir(path: &Path) -> Result<(), StartError> {
     }
 }
 
-/// An empty node for libvirt's test driver, written when the default URI's file is missing.
+/// An empty node for libvirt's test driver, written when the embedded URI's file is missing.
 pub const EMPTY_TEST_NODE: &str = "<node/>\n";
 
-/// Create the default test-driver node file when the config uses the default URI.
+/// Create the test-driver node file when the config asks for the embedded default
+/// (`[libvirt] uri = "embedded"`).
 pub fn prepare_default_libvirt(cfg: &AgentConfig) -> Result<(), StartError> {
-    if cfg.libvirt.uri.is_some() {
+    if !cfg.uses_embedded_libvirt() {
         return Ok(());
     }
     let node = cfg.default_test_node();

@@ -382,7 +382,7 @@ const KEEP_ALIVE: Duration = Duration::from_secs(900);
 
 /// Run the API on `listener` until `shutdown` resolves, then stop accepting, let in-flight
 /// requests finish and run [`AgentService::shutdown`]; everything within the service's
-/// `shutdown_timeout`.
+/// `drain_timeout`.
 pub async fn serve(
     listener: TcpListener,
     shutdown: impl Future<Output = ()>,
@@ -448,7 +448,7 @@ pub async fn serve(
     .workers(settings.http_workers)
     .keep_alive(KEEP_ALIVE)
     .disable_signals()
-    .shutdown_timeout(settings.shutdown_timeout.as_secs().max(1))
+    .shutdown_timeout(settings.drain_timeout.as_secs().max(1))
     .listen(listener)
     .map_err(ServeError::Listen)?
     .run();
@@ -466,7 +466,7 @@ pub async fn serve(
             Err(_) => Err(ServeError::Run(std::io::Error::other("server task failed"))),
         };
     }
-    let deadline = Instant::now() + settings.shutdown_timeout;
+    let deadline = Instant::now() + settings.drain_timeout;
     info!("shutdown requested: no longer accepting connections");
     svc.operations().close();
     // Long polls of the lifecycle feed answer now instead of holding the drain.

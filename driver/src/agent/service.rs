@@ -67,7 +67,7 @@ pub struct Settings {
     /// Finished operations kept.
     pub finished_operations: usize,
     /// Bound on the whole shutdown.
-    pub shutdown_timeout: Duration,
+    pub drain_timeout: Duration,
     /// HTTP worker threads.
     pub http_workers: usize,
     /// The configured peers (`[[peers]]`), tokens loaded.
@@ -939,7 +939,7 @@ impl AgentService {
         }
         let error = ErrorDetail {
             code: "shutdown".into(),
-            message: "aborted at shutdown: not finished within shutdown_timeout".into(),
+            message: "aborted at shutdown: not finished within drain_timeout".into(),
         };
         for op in self.ops.abort_all(&error) {
             self.finished(op.kind, "failed", Duration::ZERO);

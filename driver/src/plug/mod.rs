@@ -57,7 +57,7 @@ use vireo_actors::vif::{PortId, Vif};
 use vireo_actors::wiring::WiringSource;
 
 use self::netlink::{Netlink, NetlinkError, KIND_BRIDGE, KIND_TUN};
-use self::ovsdb::{OvsdbError, Vswitch};
+use self::ovsdb::{OvsdbAddr, OvsdbError, Vswitch};
 use self::sriov::{NetlinkVfControl, SriovHost, SysfsSriov, SysfsTopology};
 use self::watcher::HostWiring;
 
@@ -86,8 +86,10 @@ impl DatapathType {
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct PlugConfig {
-    /// ovsdb-server's unix socket.
-    pub ovsdb_socket: PathBuf,
+    /// Where ovsdb-server listens: `unix:PATH` (or an absolute path) or `tcp:HOST:PORT`
+    /// (os-vif's `ovsdb_connection`; `ovsdb_socket` is accepted as the older name).
+    #[serde(alias = "ovsdb_socket")]
+    pub ovsdb_connection: OvsdbAddr,
     /// Datapath type of OVS bridges vireo creates when the VIF's
     /// `details.datapath_type` does not say.
     pub datapath_type: DatapathType,
@@ -100,7 +102,7 @@ pub struct PlugConfig {
 impl Default for PlugConfig {
     fn default() -> Self {
         PlugConfig {
-            ovsdb_socket: PathBuf::from("/var/run/openvswitch/db.sock"),
+            ovsdb_connection: OvsdbAddr::Unix(PathBuf::from("/var/run/openvswitch/db.sock")),
             datapath_type: DatapathType::System,
             sysfs_root: PathBuf::from("/sys"),
             ovs_timeout_ms: 10_000,
@@ -170,7 +172,7 @@ impl HostPlugger {
         netlink: Arc<Netlink>,
         sriov: Arc<dyn SriovHost>,
     ) -> Result<Self, StartError> {
-        let wiring = HostWiring::start(cfg.ovsdb_socket.clone(), netlink.clone())
+        let wiring = HostWiring::start(cfg.ovsdb_connection.clone(), netlink.clone())
             .map_err(StartError::Netlink)?;
         Ok(HostPlugger {
             cfg,
@@ -216,7 +218,7 @@ impl HostPlugger {
                 return Ok(v.clone());
             }
         }
-        let v = Arc::new(Vswitch::connect(&self.cfg.ovsdb_socket).await?);
+        let v = Arc::new(Vswitch::connect(&self.cfg.ovsdb_connection).await?);
         *guard = Some(v.clone());
         Ok(v)
     }
@@ -826,9 +828,14 @@ mod tests {
         let c: PlugConfig = toml::from_str("datapath_type = \"netdev\"").unwrap();
         assert_eq!(c.datapath_type, DatapathType::Netdev);
         assert_eq!(
-            c.ovsdb_socket,
-            PathBuf::from("/var/run/openvswitch/db.sock")
+            c.ovsdb_connection.to_string(),
+            "unix:/var/run/openvswitch/db.sock"
         );
+        let c: PlugConfig = toml::from_str("ovsdb_connection = \"tcp:127.0.0.1:6640\"").unwrap();
+        assert_eq!(c.ovsdb_connection.to_string(), "tcp:127.0.0.1:6640");
+        let c: PlugConfig = toml::from_str("ovsdb_socket = \"/run/db.sock\"").unwrap();
+        assert_eq!(c.ovsdb_connection.to_string(), "unix:/run/db.sock");
+        assert!(toml::from_str::<PlugConfig>("ovsdb_connection = \"db.sock\"").is_err());
         assert!(toml::from_str::<PlugConfig>("bogus = 1").is_err());
         assert!(toml::from_str::<PlugConfig>("datapath_type = \"dpdk\"").is_err());
     }

@@ -1,5 +1,9 @@
-//! A small OVSDB client (RFC 7047 JSON-RPC over the unix socket, tokio) and the Open_vSwitch
-//! operations the plugger and the watcher need.
+//! A small OVSDB client (RFC 7047 JSON-RPC over ovsdb-server's unix socket or TCP, tokio) and
+//! the Open_vSwitch operations the plugger and the watcher need.
+//!
+//! Where ovsdb-server is: [`OvsdbAddr`], written as OVS writes its remotes (`unix:PATH`,
+//! `tcp:HOST:PORT`; os-vif's default `ovsdb_connection` is `tcp:127.0.0.1:6640`), or a bare
+//! absolute path for a unix socket.
 //!
 //! [`OvsdbClient`] multiplexes concurrent requests on one connection, answers the server's
 //! `echo`, and hands `update` notifications of monitors to a channel. [`Vswitch`] builds on it:
@@ -10,27 +14,130 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::io;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
+use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use serde::Deserialize;
 use serde_json::{json, Value};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::unix::OwnedWriteHalf;
-use tokio::net::UnixStream;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::{TcpStream, UnixStream};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 
 /// The database vireo talks to.
 pub const DB: &str = "Open_vSwitch";
 
+/// Where ovsdb-server listens (see the module docs).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OvsdbAddr {
+    /// `unix:PATH` (or a bare absolute path).
+    Unix(PathBuf),
+    /// `tcp:HOST:PORT` (`tcp:[v6]:PORT` for an IPv6 address).
+    Tcp {
+        /// Host name or address (without brackets).
+        host: String,
+        /// Port.
+        port: u16,
+    },
+}
+
+/// An OVSDB address that is not `unix:PATH`, `tcp:HOST:PORT` or an absolute path.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0:?} is not an OVSDB address (unix:PATH, tcp:HOST:PORT or an absolute path)")]
+pub struct BadOvsdbAddr(pub String);
+
+impl FromStr for OvsdbAddr {
+    type Err = BadOvsdbAddr;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let bad = || BadOvsdbAddr(s.to_owned());
+        if let Some(path) = s.strip_prefix("unix:") {
+            return if path.starts_with('/') {
+                Ok(OvsdbAddr::Unix(PathBuf::from(path)))
+            } else {
+                Err(bad())
+            };
+        }
+        if let Some(rest) = s.strip_prefix("tcp:") {
+            let (host, port) = rest.rsplit_once(':').ok_or_else(bad)?;
+            let host = host
+                .strip_prefix('[')
+                .and_then(|h| h.strip_suffix(']'))
+                .unwrap_or(host);
+            let port: u16 = port.parse().map_err(|_| bad())?;
+            if host.is_empty() || port == 0 || host.contains(char::is_whitespace) {
+                return Err(bad());
+            }
+            return Ok(OvsdbAddr::Tcp {
+                host: host.to_owned(),
+                port,
+            });
+        }
+        if s.starts_with('/') {
+            return Ok(OvsdbAddr::Unix(PathBuf::from(s)));
+        }
+        Err(bad())
+    }
+}
+
+impl fmt::Display for OvsdbAddr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            OvsdbAddr::Unix(p) => write!(f, "unix:{}", p.display()),
+            OvsdbAddr::Tcp { host, port } if host.contains(':') => {
+                write!(f, "tcp:[{host}]:{port}")
+            }
+            OvsdbAddr::Tcp { host, port } => write!(f, "tcp:{host}:{port}"),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for OvsdbAddr {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+impl OvsdbAddr {
+    /// The unix socket's path, if it is one.
+    pub fn unix_path(&self) -> Option<&std::path::Path> {
+        match self {
+            OvsdbAddr::Unix(p) => Some(p),
+            OvsdbAddr::Tcp { .. } => None,
+        }
+    }
+}
+
+type Reader = Box<dyn AsyncRead + Send + Unpin>;
+type Writer = Box<dyn AsyncWrite + Send + Unpin>;
+
+/// Open a connection to `addr`, split in halves.
+async fn open(addr: &OvsdbAddr) -> io::Result<(Reader, Writer)> {
+    match addr {
+        OvsdbAddr::Unix(path) => {
+            let (r, w) = UnixStream::connect(path).await?.into_split();
+            Ok((Box::new(r), Box::new(w)))
+        }
+        OvsdbAddr::Tcp { host, port } => {
+            let stream = TcpStream::connect((host.as_str(), *port)).await?;
+            // Small request/answer messages: no Nagle delay.
+            stream.set_nodelay(true)?;
+            let (r, w) = stream.into_split();
+            Ok((Box::new(r), Box::new(w)))
+        }
+    }
+}
+
 /// A failed OVSDB exchange.
 #[derive(Debug, thiserror::Error)]
 pub enum OvsdbError {
-    /// Connecting to the socket failed.
+    /// Connecting to ovsdb-server failed.
     #[error("connect to {0}")]
-    Connect(PathBuf, #[source] io::Error),
+    Connect(OvsdbAddr, #[source] io::Error),
     /// Writing a request failed.
     #[error("write to ovsdb-server")]
     Write(#[source] io::Error),
@@ -86,7 +193,7 @@ pub struct OvsdbClient {
 }
 
 struct Inner {
-    writer: Arc<tokio::sync::Mutex<OwnedWriteHalf>>,
+    writer: Arc<tokio::sync::Mutex<Writer>>,
     pending: Pending,
     next_id: AtomicU64,
     reader: JoinHandle<()>,
@@ -107,15 +214,14 @@ impl fmt::Debug for OvsdbClient {
 }
 
 impl OvsdbClient {
-    /// Connect to the unix socket at `path`. `update` notifications go to `notify`.
+    /// Connect to ovsdb-server at `addr`. `update` notifications go to `notify`.
     pub async fn connect(
-        path: &Path,
+        addr: &OvsdbAddr,
         notify: Option<mpsc::UnboundedSender<Value>>,
     ) -> Result<Self, OvsdbError> {
-        let stream = UnixStream::connect(path)
+        let (read, write) = open(addr)
             .await
-            .map_err(|e| OvsdbError::Connect(path.to_owned(), e))?;
-        let (read, write) = stream.into_split();
+            .map_err(|e| OvsdbError::Connect(addr.clone(), e))?;
         let writer = Arc::new(tokio::sync::Mutex::new(write));
         let pending: Pending = Arc::default();
         let reader = tokio::spawn(read_loop(read, writer.clone(), pending.clone(), notify));
@@ -197,8 +303,8 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 async fn read_loop(
-    mut read: tokio::net::unix::OwnedReadHalf,
-    writer: Arc<tokio::sync::Mutex<OwnedWriteHalf>>,
+    mut read: Reader,
+    writer: Arc<tokio::sync::Mutex<Writer>>,
     pending: Pending,
     notify: Option<mpsc::UnboundedSender<Value>>,
 ) {
@@ -234,7 +340,7 @@ async fn read_loop(
 
 async fn dispatch(
     msg: Value,
-    writer: &tokio::sync::Mutex<OwnedWriteHalf>,
+    writer: &tokio::sync::Mutex<Writer>,
     pending: &Pending,
     notify: Option<&mpsc::UnboundedSender<Value>>,
 ) {
@@ -397,9 +503,9 @@ const RETRIES: usize = 5;
 
 impl Vswitch {
     /// Connect and start following `cur_cfg`.
-    pub async fn connect(path: &Path) -> Result<Self, OvsdbError> {
+    pub async fn connect(addr: &OvsdbAddr) -> Result<Self, OvsdbError> {
         let (ntx, mut nrx) = mpsc::unbounded_channel();
-        let client = OvsdbClient::connect(path, Some(ntx)).await?;
+        let client = OvsdbClient::connect(addr, Some(ntx)).await?;
         let initial = client
             .call(
                 "monitor",
@@ -725,6 +831,46 @@ fn cfg_of(update: &Value) -> Option<i64> {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn addresses_parse_as_ovs_writes_its_remotes() {
+        let ok = [
+            (
+                "unix:/var/run/openvswitch/db.sock",
+                "unix:/var/run/openvswitch/db.sock",
+            ),
+            ("/run/ovs/db.sock", "unix:/run/ovs/db.sock"),
+            ("tcp:127.0.0.1:6640", "tcp:127.0.0.1:6640"),
+            ("tcp:ovsdb.example:6641", "tcp:ovsdb.example:6641"),
+            ("tcp:[::1]:6640", "tcp:[::1]:6640"),
+        ];
+        for (text, shown) in ok {
+            let a: OvsdbAddr = text.parse().unwrap();
+            assert_eq!(a.to_string(), shown, "{text}");
+            assert_eq!(a.to_string().parse::<OvsdbAddr>().unwrap(), a);
+        }
+        assert_eq!(
+            "tcp:[::1]:6640".parse::<OvsdbAddr>().unwrap(),
+            OvsdbAddr::Tcp {
+                host: "::1".into(),
+                port: 6640
+            }
+        );
+        for bad in [
+            "",
+            "db.sock",
+            "unix:db.sock",
+            "tcp:127.0.0.1",
+            "tcp::6640",
+            "tcp:h:0",
+            "tcp:h:99999",
+            "ssl:127.0.0.1:6640",
+            "ptcp:6640",
+        ] {
+            assert!(bad.parse::<OvsdbAddr>().is_err(), "{bad:?}");
+        }
+    }
+
     use super::*;
 
     #[test]
@@ -762,7 +908,7 @@ mod tests {
     #[tokio::test]
     async fn a_dead_server_socket_is_a_connect_error() {
         let dir = tempfile::tempdir().unwrap();
-        let err = OvsdbClient::connect(&dir.path().join("nope.sock"), None)
+        let err = OvsdbClient::connect(&OvsdbAddr::Unix(dir.path().join("nope.sock")), None)
             .await
             .unwrap_err();
         assert!(matches!(err, OvsdbError::Connect(..)));
@@ -815,7 +961,9 @@ mod tests {
             s
         });
         let (ntx, mut nrx) = mpsc::unbounded_channel();
-        let c = OvsdbClient::connect(&path, Some(ntx)).await.unwrap();
+        let c = OvsdbClient::connect(&OvsdbAddr::Unix(path.clone()), Some(ntx))
+            .await
+            .unwrap();
         let (a, b) = tokio::join!(c.call("first", json!([])), c.call("second", json!([])));
         assert_eq!(a.unwrap(), json!(["first"]));
         assert_eq!(b.unwrap(), json!(["second"]));

@@ -14,7 +14,6 @@
 //! what changed meanwhile).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
@@ -25,7 +24,7 @@ use vireo_actors::vif::PortId;
 use vireo_actors::wiring::{WiringChange, WiringSource};
 
 use super::netlink::{LinkEvent, LinkMonitor, Netlink, NetlinkError};
-use super::ovsdb::{read_map, read_opt_int, OvsdbClient, DB};
+use super::ovsdb::{read_map, read_opt_int, OvsdbAddr, OvsdbClient, DB};
 
 /// Capacity of the change stream.
 const CHANNEL: usize = 4096;
@@ -85,9 +84,9 @@ impl Drop for HostWiring {
 }
 
 impl HostWiring {
-    /// Start watching OVSDB at `ovsdb_socket` and netlink link changes. The OVSDB side
-    /// retries in the background when the socket is not there (yet).
-    pub fn start(ovsdb_socket: PathBuf, netlink: Arc<Netlink>) -> Result<Arc<Self>, NetlinkError> {
+    /// Start watching OVSDB at `ovsdb` and netlink link changes. The OVSDB side retries in
+    /// the background when ovsdb-server cannot be reached (yet).
+    pub fn start(ovsdb: OvsdbAddr, netlink: Arc<Netlink>) -> Result<Arc<Self>, NetlinkError> {
         let monitor = LinkMonitor::open()?;
         let me = Arc::new(HostWiring {
             tx: broadcast::channel(CHANNEL).0,
@@ -96,7 +95,7 @@ impl HostWiring {
             netlink,
             synced: tokio::sync::watch::channel(false).0,
         });
-        let ovs = tokio::spawn(ovs_loop(Arc::downgrade(&me), ovsdb_socket));
+        let ovs = tokio::spawn(ovs_loop(Arc::downgrade(&me), ovsdb));
         let nl = tokio::spawn(netlink_loop(Arc::downgrade(&me), monitor));
         lock(&me.tasks).extend([ovs, nl]);
         Ok(me)
@@ -263,7 +262,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-async fn ovs_loop(me: Weak<HostWiring>, socket: PathBuf) {
+async fn ovs_loop(me: Weak<HostWiring>, socket: OvsdbAddr) {
     let mut backoff = Duration::from_millis(100);
     loop {
         let (ntx, mut nrx) = mpsc::unbounded_channel();

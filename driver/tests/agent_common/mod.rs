@@ -62,7 +62,7 @@ impl Default for Options {
     fn default() -> Self {
         Options {
             extra: String::new(),
-            libvirt: String::new(),
+            libvirt: "uri = \"embedded\"\n".into(),
             event_delay_ms: NEVER_MS,
             events_token: false,
         }
