@@ -82,6 +82,11 @@ pub struct AgentConfig {
     /// `[nova]` section is configured with). Same file rules. Default: none.
     #[serde(default)]
     pub events_token_file: Option<PathBuf>,
+    /// Optional token accepted on `GET /metrics` only (Prometheus's `bearer_token_file`), so
+    /// that scraping needs no token that can change an instance. Same file rules. Default:
+    /// none (`/metrics` then takes the API token alone).
+    #[serde(default)]
+    pub metrics_token_file: Option<PathBuf>,
     /// Accept the literal token `notused` on the external-events endpoint: what Neutron's Nova
     /// notifier sends with `[nova] auth_type = none`. Only allowed when `listen` is a loopback
     /// address. Default false.
@@ -389,9 +394,13 @@ pub const LOG_LEVELS: [&str; 5] = ["error", "warn", "info", "debug", "trace"];
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LoggingSection {
-    /// One JSON object per line instead of text. Default false.
+    /// One JSON object per line instead of text (on stderr). Default false.
     #[serde(default)]
     pub json: bool,
+    /// Where events go: `auto` (default: journald natively when stderr is connected to the
+    /// journal, as under systemd, else stderr), `stderr` or `journald`.
+    #[serde(default)]
+    pub output: LogOutput,
     /// `error`, `warn`, `info` (default), `debug` or `trace`; `RUST_LOG` overrides it.
     #[serde(default = "default_log_level")]
     pub level: String,
@@ -544,10 +553,25 @@ impl Default for InstancesSection {
     }
 }
 
+/// `[logging] output`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogOutput {
+    /// journald when stderr is the journal, else stderr.
+    #[default]
+    Auto,
+    /// stderr, text or JSON.
+    Stderr,
+    /// journald's native protocol (falls back to stderr, with a warning, when its socket
+    /// cannot be opened).
+    Journald,
+}
+
 impl Default for LoggingSection {
     fn default() -> Self {
         LoggingSection {
             json: false,
+            output: LogOutput::default(),
             level: default_log_level(),
         }
     }
@@ -562,6 +586,7 @@ impl Default for AgentConfig {
             http_workers: default_http_workers(),
             api_token_file: default_api_token_file(),
             events_token_file: None,
+            metrics_token_file: None,
             accept_noauth_events: false,
             token_header: default_token_header(),
             max_body_bytes: default_max_body_bytes(),
@@ -856,12 +881,14 @@ impl AgentConfig {
                 format!("{} is not an absolute path", self.api_token_file.display()),
             );
         }
-        if let Some(p) = &self.events_token_file {
-            if !p.is_absolute() {
-                return bad(
-                    "events_token_file",
-                    format!("{} is not an absolute path", p.display()),
-                );
+        for (key, file) in [
+            ("events_token_file", &self.events_token_file),
+            ("metrics_token_file", &self.metrics_token_file),
+        ] {
+            if let Some(p) = file {
+                if !p.is_absolute() {
+                    return bad(key, format!("{} is not an absolute path", p.display()));
+                }
             }
         }
         self.validate_peers(path)

@@ -792,7 +792,8 @@ async fn the_api_needs_the_token() {
         h,
         json!({"status": "ok", "host": HOST, "driver": "libvirt"})
     );
-    assert_eq!(agent.svc.metrics().auth_failures.get(&["api"]), 6);
+    assert_eq!(agent.svc.metrics().auth_failures.get(&["api"]), 5);
+    assert_eq!(agent.svc.metrics().auth_failures.get(&["metrics"]), 1);
     assert!(agent.driver.list().await.is_empty());
     agent.stop().await.unwrap();
 }
@@ -840,6 +841,10 @@ async fn metrics_report_operations_events_and_requests() {
         "vireo_instances 1",
         "vireo_libvirt_reconnects_total 0",
         "vireo_libvirt_connected 1",
+        // The creation's one plug-time wait, in the event-wait latency histogram.
+        "vireo_event_wait_duration_seconds_count{result=\"complete\",timing=\"plug-time\"} 1",
+        "vireo_event_wait_duration_seconds_bucket{result=\"complete\",timing=\"plug-time\",le=\"300\"} 1",
+        "vireo_build_info{version=\"0.1.0\"} 1",
     ] {
         assert!(
             text.lines().any(|l| l == line),
@@ -849,6 +854,63 @@ async fn metrics_report_operations_events_and_requests() {
     assert!(text.contains(
         "vireo_http_request_duration_seconds_bucket{route=\"/v1/instances/{uuid}\",le=\"+Inf\"}"
     ));
+    assert!(text
+        .lines()
+        .any(|l| l.starts_with("process_resident_memory_bytes ")));
+    assert!(
+        !text.contains("vireo_event_timeouts_total"),
+        "one timeout counter"
+    );
+    agent.stop().await.unwrap();
+}
+
+/// Prometheus scrapes with its own token: `/metrics` takes it, nothing else does, and the
+/// API token still works there.
+#[actix_rt::test]
+async fn a_metrics_token_opens_the_metrics_only() {
+    const METRICS_TOKEN: &str = "metrics-token-0123456789abcdef";
+    let root = tempfile::tempdir().unwrap();
+    let file = root.path().join("metrics-token");
+    write_file(&file, METRICS_TOKEN, 0o600);
+    let mut agent = TestAgent::start_with(Options {
+        extra: format!("metrics_token_file = {:?}\n", file.to_str().unwrap()),
+        ..Options::default()
+    })
+    .await;
+    let anon = anonymous();
+    let get = |path: &str, token: &str| {
+        anon.get(agent.url(path))
+            .header("Authorization", format!("Bearer {token}"))
+            .send()
+    };
+    assert_eq!(get("/metrics", METRICS_TOKEN).await.unwrap().status(), 200);
+    assert_eq!(get("/metrics", TOKEN).await.unwrap().status(), 200);
+    for path in ["/v1/instances", "/v1/host", "/v1/operations"] {
+        assert_eq!(
+            get(path, METRICS_TOKEN).await.unwrap().status(),
+            401,
+            "{path}"
+        );
+    }
+    let r = anon
+        .delete(agent.url(&format!("/v1/instances/{}", Uuid::new_v4())))
+        .header("X-Auth-Token", METRICS_TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401, "the metrics token deletes nothing");
+    let r = anon
+        .post(agent.url("/v2.1/os-server-external-events"))
+        .header("X-Auth-Token", METRICS_TOKEN)
+        .json(&plugged(
+            Uuid::new_v4(),
+            &Uuid::new_v4().to_string(),
+            "completed",
+        ))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401, "nor posts events");
     agent.stop().await.unwrap();
 }
 

@@ -417,8 +417,32 @@ async fn the_agent_binary_serves_and_stops_on_sigterm() {
         &format!("listen = \"127.0.0.1:{port}\""),
     );
     std::fs::write(&cfg, format!("{text_cfg}[logging]\njson = true\n")).unwrap();
+    // systemd's notification socket (Type=notify): the agent says when it is ready and when
+    // it stops.
+    let notify_path = d.path().join("notify.sock");
+    let notify = std::os::unix::net::UnixDatagram::bind(&notify_path).unwrap();
+    notify
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let next_notification = |want: &str| -> Vec<String> {
+        let mut seen = Vec::new();
+        let mut buf = [0u8; 4096];
+        loop {
+            let n = notify
+                .recv(&mut buf)
+                .unwrap_or_else(|e| panic!("no {want} notification ({e}): {seen:?}"));
+            let msg = String::from_utf8_lossy(&buf[..n]).into_owned();
+            let done = msg.lines().any(|l| l == want);
+            seen.push(msg);
+            if done {
+                return seen;
+            }
+        }
+    };
     let child = Command::new(BIN)
         .args(["agent", "--config", cfg.to_str().unwrap()])
+        .env("NOTIFY_SOCKET", &notify_path)
+        .env_remove("JOURNAL_STREAM")
         .env_remove("RUST_LOG")
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
@@ -441,6 +465,18 @@ async fn the_agent_binary_serves_and_stops_on_sigterm() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    let before_ready = next_notification("READY=1");
+    assert!(
+        before_ready[0].contains("STATUS=loading the driver"),
+        "{before_ready:?}"
+    );
+    assert!(
+        before_ready
+            .last()
+            .unwrap()
+            .contains(&format!("STATUS=serving on 127.0.0.1:{port}")),
+        "{before_ready:?}"
+    );
     // The real driver on the embedded default's private test-driver node: create an instance.
     let uuid = Uuid::new_v4();
     let r = c
@@ -477,6 +513,7 @@ async fn the_agent_binary_serves_and_stops_on_sigterm() {
         .await
         .expect("the agent did not stop")
         .unwrap();
+    next_notification("STOPPING=1");
     let err = text(&out.stderr);
     assert_eq!(out.status.code(), Some(0), "{err}");
     // Structured JSON logs, the instance uuid on the operation's lines, no token anywhere.

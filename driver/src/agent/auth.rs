@@ -161,10 +161,12 @@ pub fn ct_eq(a: &[u8], b: &[u8]) -> bool {
 /// Which endpoint a request is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Scope {
-    /// The `/v1` API and `/metrics`.
+    /// The `/v1` API.
     Api,
     /// `POST /os-server-external-events`.
     Events,
+    /// `GET /metrics`.
+    Metrics,
 }
 
 impl Scope {
@@ -173,6 +175,7 @@ impl Scope {
         match self {
             Scope::Api => "api",
             Scope::Events => "events",
+            Scope::Metrics => "metrics",
         }
     }
 }
@@ -183,6 +186,7 @@ pub struct Auth {
     header: HeaderName,
     api: Token,
     events: Option<Token>,
+    metrics: Option<Token>,
     noauth_events: bool,
 }
 
@@ -194,8 +198,16 @@ impl Auth {
             header,
             api,
             events,
+            metrics: None,
             noauth_events,
         }
+    }
+
+    /// Also accept `metrics` on `GET /metrics` (and nowhere else): what a Prometheus server
+    /// scrapes with, which cannot change an instance.
+    pub fn with_metrics_token(mut self, metrics: Option<Token>) -> Self {
+        self.metrics = metrics;
+        self
     }
 
     /// The header name.
@@ -215,6 +227,11 @@ impl Auth {
             return false;
         };
         let mut ok = self.api.matches(given);
+        if scope == Scope::Metrics {
+            if let Some(t) = &self.metrics {
+                ok |= t.matches(given);
+            }
+        }
         if scope == Scope::Events {
             if let Some(t) = &self.events {
                 ok |= t.matches(given);

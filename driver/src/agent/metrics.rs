@@ -1,17 +1,25 @@
 //! The agent's metrics and their Prometheus text rendering (`GET /metrics`).
 //!
-//! A deliberately small registry: labelled counters and histograms with fixed buckets, each a
-//! short vector behind a mutex (label sets are few: routes, operation kinds, event codes), and
-//! gauges read at scrape time from the NetworkEventActor's [`EventStats`] and the libvirt
-//! connection. Exposition format 0.0.4: `# HELP`, `# TYPE`, one sample per line, histogram
-//! `_bucket{le=...}` cumulative with `+Inf`, `_sum`, `_count`.
+//! The registry, the metric types, the text encoder (exposition format 0.0.4) and the process
+//! metrics (`process_cpu_seconds_total`, `process_resident_memory_bytes`,
+//! `process_open_fds`, ... read from `/proc/self`) are the `prometheus` crate's (tikv's
+//! client; `prometheus-client` was the other candidate, without a process collector). This
+//! module names the agent's metrics and keeps its call sites short: [`CounterVec`] and
+//! [`HistogramVec`] take label values as slices. Values that live elsewhere — the
+//! NetworkEventActor's [`EventStats`], the libvirt connection, the instance count — are read
+//! at scrape time into a registry of that scrape alone, so a value that could not be read is
+//! absent rather than stale.
 
-use std::fmt::Write as _;
 use std::sync::atomic::{AtomicI64, Ordering};
-use std::sync::Mutex;
 use std::time::Duration;
 
+use prometheus::core::Collector;
+use prometheus::{
+    Encoder, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
+};
+use tracing::warn;
 use vireo_actors::events::EventStats;
+use vireo_actors::instance::WaitReport;
 
 /// Buckets of request latency, seconds.
 pub const HTTP_BUCKETS: [f64; 12] = [
@@ -21,38 +29,37 @@ pub const HTTP_BUCKETS: [f64; 12] = [
 pub const OP_BUCKETS: [f64; 12] = [
     0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
 ];
+/// Buckets of event-wait duration, seconds: from a wait registered with its event already
+/// kept (milliseconds) to Nova's `vif_plugging_timeout` (300 s).
+pub const WAIT_BUCKETS: [f64; 13] = [
+    0.005, 0.025, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
+];
 
-/// A counter family with fixed label names.
-#[derive(Debug)]
-pub struct CounterVec {
-    name: &'static str,
-    help: &'static str,
-    labels: &'static [&'static str],
-    series: Mutex<Vec<(Vec<String>, u64)>>,
+/// The text format's content type.
+pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+fn register(registry: &Registry, c: impl Collector + 'static) {
+    if let Err(e) = registry.register(Box::new(c)) {
+        warn!(error = %e, "a metric could not be registered");
+    }
 }
 
+/// A counter family with fixed label names.
+#[derive(Debug, Clone)]
+pub struct CounterVec(IntCounterVec);
+
 impl CounterVec {
-    /// A new family.
-    pub const fn new(
-        name: &'static str,
-        help: &'static str,
-        labels: &'static [&'static str],
-    ) -> Self {
-        CounterVec {
-            name,
-            help,
-            labels,
-            series: Mutex::new(Vec::new()),
-        }
+    fn new(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> Self {
+        let v = IntCounterVec::new(Opts::new(name, help), labels)
+            .unwrap_or_else(|e| unreachable_metric(name, &e));
+        register(registry, v.clone());
+        CounterVec(v)
     }
 
     /// Add `n` to the series with `values` (one per label name).
     pub fn add(&self, values: &[&str], n: u64) {
-        debug_assert_eq!(values.len(), self.labels.len());
-        let mut s = self.series.lock().unwrap_or_else(|e| e.into_inner());
-        match s.iter_mut().find(|(k, _)| k.iter().eq(values.iter())) {
-            Some((_, v)) => *v += n,
-            None => s.push((values.iter().map(|v| (*v).to_owned()).collect(), n)),
+        if let Ok(c) = self.0.get_metric_with_label_values(values) {
+            c.inc_by(n);
         }
     }
 
@@ -63,172 +70,47 @@ impl CounterVec {
 
     /// The current value of one series (0 when never touched).
     pub fn get(&self, values: &[&str]) -> u64 {
-        let s = self.series.lock().unwrap_or_else(|e| e.into_inner());
-        s.iter()
-            .find(|(k, _)| k.iter().eq(values.iter()))
-            .map_or(0, |(_, v)| *v)
+        self.0
+            .get_metric_with_label_values(values)
+            .map_or(0, |c| c.get())
     }
-
-    fn render(&self, out: &mut String) {
-        header(out, self.name, self.help, "counter");
-        let mut s = self
-            .series
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
-        s.sort();
-        for (values, v) in s {
-            let _ = writeln!(
-                out,
-                "{}{} {v}",
-                self.name,
-                label_set(self.labels, &values, None)
-            );
-        }
-    }
-}
-
-#[derive(Debug, Clone, PartialEq)]
-struct HistSeries {
-    values: Vec<String>,
-    counts: Vec<u64>,
-    sum: f64,
-    count: u64,
 }
 
 /// A histogram family with fixed buckets.
-#[derive(Debug)]
-pub struct HistogramVec {
-    name: &'static str,
-    help: &'static str,
-    labels: &'static [&'static str],
-    buckets: &'static [f64],
-    series: Mutex<Vec<HistSeries>>,
-}
+#[derive(Debug, Clone)]
+pub struct HistogramVec(prometheus::HistogramVec);
 
 impl HistogramVec {
-    /// A new family; `buckets` ascending upper bounds in seconds.
-    pub const fn new(
-        name: &'static str,
-        help: &'static str,
-        labels: &'static [&'static str],
-        buckets: &'static [f64],
-    ) -> Self {
-        HistogramVec {
-            name,
-            help,
+    fn new(registry: &Registry, name: &str, help: &str, labels: &[&str], buckets: &[f64]) -> Self {
+        let v = prometheus::HistogramVec::new(
+            HistogramOpts::new(name, help).buckets(buckets.to_vec()),
             labels,
-            buckets,
-            series: Mutex::new(Vec::new()),
-        }
+        )
+        .unwrap_or_else(|e| unreachable_metric(name, &e));
+        register(registry, v.clone());
+        HistogramVec(v)
     }
 
-    /// Record one observation.
+    /// Record `d` in the series with `values`.
     pub fn observe(&self, values: &[&str], d: Duration) {
-        let secs = d.as_secs_f64();
-        let slot = self.buckets.iter().position(|b| secs <= *b);
-        let mut s = self.series.lock().unwrap_or_else(|e| e.into_inner());
-        let idx = match s.iter().position(|h| h.values.iter().eq(values.iter())) {
-            Some(i) => i,
-            None => {
-                s.push(HistSeries {
-                    values: values.iter().map(|v| (*v).to_owned()).collect(),
-                    counts: vec![0; self.buckets.len()],
-                    sum: 0.0,
-                    count: 0,
-                });
-                s.len() - 1
-            }
-        };
-        let h = &mut s[idx];
-        if let Some(i) = slot {
-            h.counts[i] += 1;
+        if let Ok(h) = self.0.get_metric_with_label_values(values) {
+            h.observe(d.as_secs_f64());
         }
-        h.sum += secs;
-        h.count += 1;
     }
 
-    /// Observations of one series.
+    /// Observations in one series.
     pub fn count(&self, values: &[&str]) -> u64 {
-        let s = self.series.lock().unwrap_or_else(|e| e.into_inner());
-        s.iter()
-            .find(|h| h.values.iter().eq(values.iter()))
-            .map_or(0, |h| h.count)
-    }
-
-    fn render(&self, out: &mut String) {
-        header(out, self.name, self.help, "histogram");
-        let mut s = self
-            .series
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
-        s.sort_by(|a, b| a.values.cmp(&b.values));
-        for h in s {
-            let mut cum = 0;
-            for (b, c) in self.buckets.iter().zip(&h.counts) {
-                cum += c;
-                let le = format!("{b}");
-                let _ = writeln!(
-                    out,
-                    "{}_bucket{} {cum}",
-                    self.name,
-                    label_set(self.labels, &h.values, Some(&le))
-                );
-            }
-            let _ = writeln!(
-                out,
-                "{}_bucket{} {}",
-                self.name,
-                label_set(self.labels, &h.values, Some("+Inf")),
-                h.count
-            );
-            let ls = label_set(self.labels, &h.values, None);
-            let _ = writeln!(out, "{}_sum{ls} {}", self.name, h.sum);
-            let _ = writeln!(out, "{}_count{ls} {}", self.name, h.count);
-        }
+        self.0
+            .get_metric_with_label_values(values)
+            .map_or(0, |h| h.get_sample_count())
     }
 }
 
-fn header(out: &mut String, name: &str, help: &str, kind: &str) {
-    let _ = writeln!(out, "# HELP {name} {help}");
-    let _ = writeln!(out, "# TYPE {name} {kind}");
-}
-
-fn escape(v: &str) -> String {
-    let mut s = String::with_capacity(v.len());
-    for c in v.chars() {
-        match c {
-            '\\' => s.push_str("\\\\"),
-            '"' => s.push_str("\\\""),
-            '\n' => s.push_str("\\n"),
-            c => s.push(c),
-        }
-    }
-    s
-}
-
-fn label_set(names: &[&str], values: &[String], le: Option<&str>) -> String {
-    if names.is_empty() && le.is_none() {
-        return String::new();
-    }
-    let mut s = String::from("{");
-    let mut first = true;
-    for (n, v) in names.iter().zip(values) {
-        if !first {
-            s.push(',');
-        }
-        first = false;
-        let _ = write!(s, "{n}=\"{}\"", escape(v));
-    }
-    if let Some(le) = le {
-        if !first {
-            s.push(',');
-        }
-        let _ = write!(s, "le=\"{le}\"");
-    }
-    s.push('}');
-    s
+/// The metric definitions are constants of this module: a failure to build one is a bug
+/// caught by the module's tests, not a runtime condition.
+#[allow(clippy::panic)]
+fn unreachable_metric(name: &str, e: &prometheus::Error) -> ! {
+    panic!("metric {name} is invalid: {e}")
 }
 
 /// What the libvirt connection reports, when the driver exposes it.
@@ -254,6 +136,7 @@ pub struct Snapshot {
 /// Every metric the agent keeps.
 #[derive(Debug)]
 pub struct Metrics {
+    registry: Registry,
     /// `vireo_http_requests_total{route,status}`.
     pub http_requests: CounterVec,
     /// `vireo_http_request_duration_seconds{route}`.
@@ -269,6 +152,12 @@ pub struct Metrics {
     pub operations: CounterVec,
     /// `vireo_operation_duration_seconds{kind,result}`.
     pub op_duration: HistogramVec,
+    /// `vireo_event_wait_duration_seconds{timing,result}`: how long each event wait of a
+    /// finished operation took, from its registration to its release; `timing` bind-time or
+    /// plug-time, `result` complete or incomplete (a non-fatal wait that ended without every
+    /// event). A fatal wait that timed out fails its operation: it is counted in
+    /// `vireo_event_waits_total{result="timed-out"}`.
+    pub event_waits: HistogramVec,
     /// `vireo_operations_in_flight`.
     pub ops_in_flight: AtomicI64,
     /// `vireo_peer_requests_total{request,result}`: requests other hosts sent here, result
@@ -292,207 +181,254 @@ impl Default for Metrics {
 }
 
 impl Metrics {
-    /// Empty metrics.
-    pub const fn new() -> Self {
+    /// Empty metrics, with `vireo_build_info` and the process collector registered.
+    pub fn new() -> Self {
+        let r = Registry::new();
+        let build = IntGauge::with_opts(
+            Opts::new(
+                "vireo_build_info",
+                "The running vireo: its version (always 1).",
+            )
+            .const_label("version", env!("CARGO_PKG_VERSION")),
+        )
+        .unwrap_or_else(|e| unreachable_metric("vireo_build_info", &e));
+        build.set(1);
+        register(&r, build);
+        register(
+            &r,
+            prometheus::process_collector::ProcessCollector::for_self(),
+        );
         Metrics {
             http_requests: CounterVec::new(
+                &r,
                 "vireo_http_requests_total",
                 "HTTP requests answered, by route pattern and status.",
                 &["route", "status"],
             ),
             http_duration: HistogramVec::new(
+                &r,
                 "vireo_http_request_duration_seconds",
                 "HTTP request latency, by route pattern.",
                 &["route"],
                 &HTTP_BUCKETS,
             ),
             auth_failures: CounterVec::new(
+                &r,
                 "vireo_auth_failures_total",
                 "Requests refused for a missing or wrong token.",
                 &["scope"],
             ),
             events_received: CounterVec::new(
+                &r,
                 "vireo_external_events_total",
                 "External events received, by Nova's per-event code.",
                 &["code"],
             ),
             event_batches: CounterVec::new(
+                &r,
                 "vireo_external_event_batches_total",
                 "External-event POSTs whose accepted events were handed to the events actor.",
                 &[],
             ),
             operations: CounterVec::new(
+                &r,
                 "vireo_operations_total",
                 "Instance operations, by kind and result (succeeded, failed, rejected).",
                 &["kind", "result"],
             ),
             op_duration: HistogramVec::new(
+                &r,
                 "vireo_operation_duration_seconds",
                 "Duration of finished instance operations.",
                 &["kind", "result"],
                 &OP_BUCKETS,
             ),
+            event_waits: HistogramVec::new(
+                &r,
+                "vireo_event_wait_duration_seconds",
+                "Event waits of finished operations, registration to release, by timing and \
+                 result (complete, incomplete).",
+                &["timing", "result"],
+                &WAIT_BUCKETS,
+            ),
             ops_in_flight: AtomicI64::new(0),
             peer_requests: CounterVec::new(
+                &r,
                 "vireo_peer_requests_total",
                 "Requests other hosts' flows sent here, by request and result.",
                 &["request", "result"],
             ),
             peer_in_flight: AtomicI64::new(0),
             events_forwarded: CounterVec::new(
+                &r,
                 "vireo_events_forwarded_total",
                 "External events forwarded to the peers, by result (accepted, refused, no-answer).",
                 &["result"],
             ),
             forward_failures: CounterVec::new(
+                &r,
                 "vireo_event_forward_failures_total",
                 "Forwarded external-event POSTs a peer did not answer usefully.",
                 &["peer"],
             ),
+            registry: r,
+        }
+    }
+
+    /// Record the event waits of a finished operation.
+    pub fn observe_waits(&self, waits: &[WaitReport]) {
+        for w in waits {
+            let result = if w.complete { "complete" } else { "incomplete" };
+            self.event_waits
+                .observe(&[w.timing.as_str(), result], w.took);
         }
     }
 
     /// The Prometheus text exposition.
     pub fn render(&self, snap: &Snapshot) -> String {
-        let mut out = String::with_capacity(8 * 1024);
-        self.http_requests.render(&mut out);
-        self.http_duration.render(&mut out);
-        self.auth_failures.render(&mut out);
-        self.events_received.render(&mut out);
-        self.event_batches.render(&mut out);
-        self.operations.render(&mut out);
-        self.op_duration.render(&mut out);
+        let scrape = Registry::new();
         gauge(
-            &mut out,
+            &scrape,
             "vireo_operations_in_flight",
             "Instance operations running now.",
             self.ops_in_flight.load(Ordering::Relaxed),
         );
-        self.peer_requests.render(&mut out);
         gauge(
-            &mut out,
+            &scrape,
             "vireo_peer_requests_in_flight",
             "Requests from other hosts running now.",
             self.peer_in_flight.load(Ordering::Relaxed),
         );
-        self.events_forwarded.render(&mut out);
-        self.forward_failures.render(&mut out);
         if let Some(n) = snap.instances {
             gauge(
-                &mut out,
+                &scrape,
                 "vireo_instances",
                 "Instances the driver knows on this host.",
                 n,
             );
         }
         if let Some(e) = snap.events {
-            render_event_stats(&mut out, &e);
+            event_stats(&scrape, &e);
         }
         if let Some(l) = snap.libvirt {
             counter(
-                &mut out,
+                &scrape,
                 "vireo_libvirt_reconnects_total",
                 "libvirt reconnects since start.",
                 l.reconnects,
             );
             gauge(
-                &mut out,
+                &scrape,
                 "vireo_libvirt_connected",
                 "1 while a libvirt connection is open.",
                 u64::from(l.connected),
             );
         }
-        out
+        let mut families = self.registry.gather();
+        families.extend(scrape.gather());
+        families.sort_by(|a, b| a.name().cmp(b.name()));
+        let mut out = Vec::with_capacity(16 * 1024);
+        if let Err(e) = TextEncoder::new().encode(&families, &mut out) {
+            warn!(error = %e, "metrics could not be encoded");
+        }
+        String::from_utf8_lossy(&out).into_owned()
     }
 }
 
-fn counter(out: &mut String, name: &str, help: &str, v: u64) {
-    header(out, name, help, "counter");
-    let _ = writeln!(out, "{name} {v}");
+fn counter(r: &Registry, name: &str, help: &str, v: u64) {
+    match IntCounter::new(name, help) {
+        Ok(c) => {
+            c.inc_by(v);
+            register(r, c);
+        }
+        Err(e) => unreachable_metric(name, &e),
+    }
 }
 
-fn gauge(out: &mut String, name: &str, help: &str, v: impl std::fmt::Display) {
-    header(out, name, help, "gauge");
-    let _ = writeln!(out, "{name} {v}");
+fn gauge(r: &Registry, name: &str, help: &str, v: impl TryInto<i64>) {
+    match IntGauge::new(name, help) {
+        Ok(g) => {
+            g.set(v.try_into().unwrap_or(i64::MAX));
+            register(r, g);
+        }
+        Err(e) => unreachable_metric(name, &e),
+    }
 }
 
-fn render_event_stats(out: &mut String, e: &EventStats) {
+fn labelled(r: &Registry, name: &str, help: &str, label: &str, values: &[(&str, u64)]) {
+    let v = CounterVec::new(r, name, help, &[label]);
+    for (l, n) in values {
+        v.add(&[l], *n);
+    }
+}
+
+fn event_stats(r: &Registry, e: &EventStats) {
     counter(
-        out,
+        r,
         "vireo_events_delivered_total",
         "Events handed to the NetworkEventActor.",
         e.delivered,
     );
     counter(
-        out,
+        r,
         "vireo_events_matched_total",
         "Events that satisfied or failed a waiting operation.",
         e.matched,
     );
     counter(
-        out,
+        r,
         "vireo_events_early_total",
         "Early events: buffered because no wait was registered yet.",
         e.buffered,
     );
     counter(
-        out,
+        r,
         "vireo_events_matched_from_buffer_total",
         "Expected events satisfied from the early-event buffer.",
         e.matched_from_buffer,
     );
-    header(
-        out,
+    labelled(
+        r,
         "vireo_events_dropped_total",
         "Events dropped, by reason.",
-        "counter",
+        "reason",
+        &[
+            ("buffer-full", e.buffer_dropped_count),
+            ("too-old", e.buffer_dropped_age),
+            ("forgotten", e.buffer_dropped_forgotten),
+            ("unknown-instance", e.unknown_instance_dropped),
+            ("duplicate", e.duplicates),
+            ("ignored", e.ignored),
+        ],
     );
-    for (reason, v) in [
-        ("buffer-full", e.buffer_dropped_count),
-        ("too-old", e.buffer_dropped_age),
-        ("forgotten", e.buffer_dropped_forgotten),
-        ("unknown-instance", e.unknown_instance_dropped),
-        ("duplicate", e.duplicates),
-        ("ignored", e.ignored),
-    ] {
-        let _ = writeln!(out, "vireo_events_dropped_total{{reason=\"{reason}\"}} {v}");
-    }
-    header(
-        out,
+    labelled(
+        r,
         "vireo_event_waits_total",
         "Finished event waits, by result.",
-        "counter",
-    );
-    for (result, v) in [
-        ("completed", e.completed),
-        ("timed-out", e.timeouts),
-        ("failed", e.failed),
-        ("cancelled", e.cancelled),
-        ("abandoned", e.abandoned),
-        ("shut-down", e.shut_down),
-    ] {
-        let _ = writeln!(out, "vireo_event_waits_total{{result=\"{result}\"}} {v}");
-    }
-    counter(
-        out,
-        "vireo_event_timeouts_total",
-        "Event waits that timed out (fatal or not).",
-        e.timeouts,
+        "result",
+        &[
+            ("completed", e.completed),
+            ("timed-out", e.timeouts),
+            ("failed", e.failed),
+            ("cancelled", e.cancelled),
+            ("abandoned", e.abandoned),
+            ("shut-down", e.shut_down),
+        ],
     );
     gauge(
-        out,
+        r,
         "vireo_event_waits_pending",
         "Event waits pending now.",
         e.waits_now,
     );
     gauge(
-        out,
+        r,
         "vireo_events_buffered",
         "Early events buffered now.",
         e.buffered_now,
     );
     gauge(
-        out,
+        r,
         "vireo_event_instances",
         "Instances the events actor knows now.",
         e.instances_now,
@@ -502,6 +438,7 @@ fn render_event_stats(out: &mut String, e: &EventStats) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use vireo_actors::predict::Timing;
 
     #[test]
     fn counters_and_histograms_render_in_text_format() {
@@ -517,11 +454,26 @@ mod tests {
             .observe(&["/v1/instances"], Duration::from_millis(7));
         m.http_duration
             .observe(&["/v1/instances"], Duration::from_secs(9));
+        assert_eq!(m.http_duration.count(&["/v1/instances"]), 3);
         m.event_batches.inc(&[]);
+        let wait = |timing, ms, complete| WaitReport {
+            timing,
+            expected: Vec::new(),
+            took: Duration::from_millis(ms),
+            complete,
+            missing: Vec::new(),
+            outcome: String::new(),
+        };
+        m.observe_waits(&[
+            wait(Timing::BindTime, 3, true),
+            wait(Timing::PlugTime, 700, true),
+            wait(Timing::PlugTime, 300_000, false),
+        ]);
         let snap = Snapshot {
             events: Some(EventStats {
                 delivered: 5,
                 buffered: 2,
+                timeouts: 4,
                 ..EventStats::default()
             }),
             libvirt: Some(LibvirtStatus {
@@ -546,16 +498,32 @@ mod tests {
             "vireo_events_delivered_total 5",
             "vireo_events_early_total 2",
             "vireo_events_dropped_total{reason=\"unknown-instance\"} 0",
+            "vireo_event_waits_total{result=\"timed-out\"} 4",
             "vireo_libvirt_reconnects_total 3",
             "vireo_libvirt_connected 1",
             "vireo_instances 100",
             "vireo_operations_in_flight 0",
+            "# TYPE vireo_event_wait_duration_seconds histogram",
+            "vireo_event_wait_duration_seconds_bucket{result=\"complete\",timing=\"bind-time\",le=\"0.005\"} 1",
+            "vireo_event_wait_duration_seconds_bucket{result=\"complete\",timing=\"plug-time\",le=\"0.5\"} 0",
+            "vireo_event_wait_duration_seconds_bucket{result=\"complete\",timing=\"plug-time\",le=\"1\"} 1",
+            "vireo_event_wait_duration_seconds_count{result=\"incomplete\",timing=\"plug-time\"} 1",
+            "vireo_build_info{version=\"0.1.0\"} 1",
         ] {
             assert!(
                 text.lines().any(|l| l == line),
                 "missing {line:?} in\n{text}"
             );
         }
+        // The timeouts are counted once, as a wait result.
+        assert!(!text.contains("vireo_event_timeouts_total"), "{text}");
+        // The process metrics of this process.
+        let rss = text
+            .lines()
+            .find_map(|l| l.strip_prefix("process_resident_memory_bytes "))
+            .unwrap();
+        assert!(rss.parse::<f64>().unwrap() > 1e6, "{rss}");
+        assert!(text.lines().any(|l| l.starts_with("process_open_fds ")));
         // Every sample line is `name{labels} value` or `name value`.
         for l in text.lines().filter(|l| !l.starts_with('#')) {
             let (_, v) = l.rsplit_once(' ').unwrap();
@@ -564,11 +532,21 @@ mod tests {
     }
 
     #[test]
+    fn values_not_read_at_scrape_time_are_absent() {
+        let text = Metrics::new().render(&Snapshot::default());
+        assert!(!text.contains("vireo_instances "), "{text}");
+        assert!(!text.contains("vireo_events_delivered_total"), "{text}");
+        assert!(!text.contains("vireo_libvirt_connected"), "{text}");
+    }
+
+    #[test]
     fn label_values_are_escaped() {
-        let c = CounterVec::new("x_total", "x", &["a"]);
-        c.inc(&["q\"b\\n\n"]);
-        let mut s = String::new();
-        c.render(&mut s);
-        assert!(s.contains("x_total{a=\"q\\\"b\\\\n\\n\"} 1"), "{s}");
+        let m = Metrics::new();
+        m.auth_failures.inc(&["q\"b\\n\n"]);
+        let s = m.render(&Snapshot::default());
+        assert!(
+            s.contains("vireo_auth_failures_total{scope=\"q\\\"b\\\\n\\n\"} 1"),
+            "{s}"
+        );
     }
 }

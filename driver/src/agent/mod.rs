@@ -13,6 +13,7 @@
 //! - [`auth`]: token files and constant-time checks. [`paths`]: which host paths a request
 //!   may name. [`metrics`]: the Prometheus registry. [`model`]: the wire format.
 //! - [`view`]: converts the driver's types to the wire format.
+//! - [`systemd`]: readiness and stop notifications, whether stderr is the journal.
 //! - [`peer`]: the other hosts' agents — [`peer::HttpPeer`] (a `PeerHost` over their
 //!   `POST /v1/peer/instances/{uuid}`) and the external-events forwarder.
 //!
@@ -31,6 +32,7 @@ pub mod paths;
 pub mod peer;
 pub mod server;
 pub mod service;
+pub mod systemd;
 pub mod view;
 
 use std::fs;
@@ -48,7 +50,7 @@ use tracing_subscriber::EnvFilter;
 use vireo_actors::instance::Peers;
 
 use crate::compute::{ComputeDriver, DriverError, LibvirtDriver};
-use crate::config::{AgentConfig, ConfigError};
+use crate::config::{AgentConfig, ConfigError, LogOutput};
 use auth::{Auth, Token, TokenError};
 use paths::PathPolicy;
 use peer::{EventForwarder, PeerLink};
@@ -129,6 +131,11 @@ impl Settings {
             .as_deref()
             .map(|p| Token::load("events_token_file", p))
             .transpose()?;
+        let metrics = cfg
+            .metrics_token_file
+            .as_deref()
+            .map(|p| Token::load("metrics_token_file", p))
+            .transpose()?;
         let header = HeaderName::from_bytes(cfg.token_header.as_bytes()).map_err(|_| {
             ConfigError::Invalid {
                 path: PathBuf::new(),
@@ -166,7 +173,8 @@ impl Settings {
         let forwarder = EventForwarder::new(forward_to, cfg.forward_timeout())?;
         Ok(Settings {
             host: cfg.host_name(),
-            auth: Auth::new(header, api, events, cfg.accept_noauth_events),
+            auth: Auth::new(header, api, events, cfg.accept_noauth_events)
+                .with_metrics_token(metrics),
             paths,
             max_body_bytes: cfg.max_body_bytes,
             finished_operations: cfg.finished_operations,
@@ -254,19 +262,42 @@ pub async fn load_driver(
     Ok(Arc::from(driver))
 }
 
-/// Install the tracing subscriber from `[logging]` (`RUST_LOG` overrides the level).
+/// Install the tracing subscriber from `[logging]` (`RUST_LOG` overrides the level): journald
+/// or stderr (see [`crate::config::LogOutput`]).
 pub fn init_logging(cfg: &AgentConfig) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| {
-        EnvFilter::new(format!(
-            "vireo={0},vireo_actors={0},warn",
-            cfg.logging.level
-        ))
-    });
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+
+    let filter = || {
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+            EnvFilter::new(format!(
+                "vireo={0},vireo_actors={0},warn",
+                cfg.logging.level
+            ))
+        })
+    };
+    let journald = match cfg.logging.output {
+        LogOutput::Stderr => None,
+        LogOutput::Journald => Some(tracing_journald::layer()),
+        LogOutput::Auto => systemd::stderr_is_journal().then(tracing_journald::layer),
+    };
+    let journald_error = match journald {
+        Some(Ok(layer)) => {
+            let layer = layer.with_syslog_identifier("vireo".to_owned());
+            // Already installed (tests, a host process): keep the existing one.
+            let _ = tracing_subscriber::registry()
+                .with(filter())
+                .with(layer)
+                .try_init();
+            return;
+        }
+        Some(Err(e)) => Some(e),
+        None => None,
+    };
     let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+        .with_env_filter(filter())
         .with_ansi(std::io::IsTerminal::is_terminal(&io::stderr()))
         .with_writer(io::stderr);
-    // Already installed (tests, a host process): keep the existing one.
     let _ = if cfg.logging.json {
         builder
             .json()
@@ -276,6 +307,9 @@ pub fn init_logging(cfg: &AgentConfig) {
     } else {
         builder.try_init()
     };
+    if let Some(e) = journald_error {
+        warn!(error = %e, "journald cannot be reached: logging to stderr");
+    }
 }
 
 /// A future resolving at SIGTERM or SIGINT.
@@ -349,6 +383,7 @@ fn run_inner(config_path: &Path) -> Result<(), StartError> {
     })?;
     let system = actix_rt::System::new();
     system.block_on(async move {
+        systemd::status("loading the driver and recovering this host's instances");
         let driver = load_driver(&cfg, &settings).await?;
         info!(driver = driver.name(), host = %settings.host, uri = %cfg.libvirt_uri(),
               network = %cfg.network.kind, peers = settings.peers.len(), "agent starting");

@@ -131,9 +131,9 @@ async fn healthz(svc: Svc) -> HttpResponse {
 }
 
 async fn metrics(req: HttpRequest, svc: Svc) -> Result<HttpResponse, ApiError> {
-    api(&req, &svc)?;
+    svc.authorize(req.headers(), Scope::Metrics, req.path())?;
     Ok(HttpResponse::Ok()
-        .insert_header((CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8"))
+        .insert_header((CONTENT_TYPE, super::metrics::CONTENT_TYPE))
         .body(svc.metrics_text().await))
 }
 
@@ -454,6 +454,7 @@ pub async fn serve(
     .run();
     let handle = server.handle();
     info!(%addr, host = %settings.host, "agent listening");
+    super::systemd::ready(&format!("serving on {addr}"));
     let mut running = actix_rt::spawn(server);
     let stopped_by_itself = tokio::select! {
         r = &mut running => Some(r),
@@ -468,6 +469,7 @@ pub async fn serve(
     }
     let deadline = Instant::now() + settings.drain_timeout;
     info!("shutdown requested: no longer accepting connections");
+    super::systemd::stopping();
     svc.operations().close();
     // Long polls of the lifecycle feed answer now instead of holding the drain.
     svc.close_lifecycle();

@@ -584,7 +584,10 @@ impl AgentService {
         info!(instance = %op.instance, "operation started");
         let outcome: Result<Value, ErrorDetail> =
             match AssertUnwindSafe(ticket.finished()).catch_unwind().await {
-                Ok(Ok(InstanceReply::Done { report, .. })) => Ok(view::report(&report)),
+                Ok(Ok(InstanceReply::Done { report, .. })) => {
+                    self.metrics.observe_waits(&report.waits);
+                    Ok(view::report(&report))
+                }
                 Ok(Err(e)) => Err(view::error(&e)),
                 Err(_) => Err(ErrorDetail {
                     code: "internal".into(),
