@@ -35,6 +35,9 @@ if nm -C target/debug/vireo | grep -E 'RecordingPlugger|FaultPlan|plug::testing'
   exit 1
 fi
 
+section "systemd unit (packaging/vireo.service under systemd in a Debian 12 container)"
+VIREO_BIN=target/debug/vireo bash integration/systemd-unit.sh check
+
 section "nova driver (pytest: Nova's own ComputeManager, the agent binary on the test driver)"
 # Debian's interpreter: the python3 first on PATH may be another build without Debian's packages.
 (cd driver/nova && /usr/bin/python3 -m flake8 .)

@@ -1311,6 +1311,31 @@ level = "debug"
         assert_eq!(cfg.drain_timeout(), Duration::from_secs(5));
     }
 
+    /// packaging/agent.toml.sample parses, and so does every key it shows commented out: they
+    /// are real keys with valid values.
+    #[test]
+    fn the_packaged_sample_is_valid_with_every_key_uncommented() {
+        let sample = include_str!("../../packaging/agent.toml.sample");
+        let cfg = parse(sample).unwrap();
+        assert_eq!(cfg.libvirt_uri(), "qemu:///system");
+        assert_eq!(cfg.api_token_file, Path::new("/etc/vireo/api-token"));
+        let uncommented: String = sample
+            .lines()
+            .map(|l| match l.strip_prefix('#') {
+                Some(rest) if !rest.is_empty() && !rest.starts_with(' ') => rest,
+                _ => l,
+            })
+            .map(|l| format!("{l}\n"))
+            .collect();
+        let all = parse(&uncommented).unwrap_or_else(|e| panic!("{e}\n{uncommented}"));
+        assert_eq!(all.network.kind, NetworkKind::Neutron);
+        assert_eq!(all.instances.domain_type, DomainTypeName::Kvm);
+        assert_eq!(
+            all.plugging.as_ref().map(|p| p.ovsdb_connection.to_string()),
+            Some("unix:/var/run/openvswitch/db.sock".to_owned())
+        );
+    }
+
     fn key_of(text: &str) -> String {
         let e = parse(text).unwrap_err();
         e.key().unwrap_or("<none>").to_owned()
