@@ -815,11 +815,35 @@ impl AgentConfig {
                 )
             }
             (NetworkKind::Neutron, Some(n)) => {
-                if !(n.url.starts_with("http://") || n.url.starts_with("https://")) {
+                let noauth = matches!(n.auth, crate::network::neutron::Auth::Noauth { .. });
+                if n.url.is_empty() && noauth {
+                    return bad(
+                        "network.neutron.url",
+                        "is required without Keystone (no catalog to find Neutron in)".to_owned(),
+                    );
+                }
+                if !(n.url.is_empty()
+                    || n.url.starts_with("http://")
+                    || n.url.starts_with("https://"))
+                {
                     return bad(
                         "network.neutron.url",
                         format!("{:?} is not an http(s) URL", n.url),
                     );
+                }
+                if n.valid_interfaces.is_empty() {
+                    return bad(
+                        "network.neutron.valid_interfaces",
+                        "names no interface".to_owned(),
+                    );
+                }
+                if let Some(ca) = &n.cafile {
+                    if !ca.is_absolute() {
+                        return bad(
+                            "network.neutron.cafile",
+                            format!("{} is not an absolute path", ca.display()),
+                        );
+                    }
                 }
             }
             (NetworkKind::Embedded, None) => {}
@@ -1331,7 +1355,9 @@ level = "debug"
         assert_eq!(all.network.kind, NetworkKind::Neutron);
         assert_eq!(all.instances.domain_type, DomainTypeName::Kvm);
         assert_eq!(
-            all.plugging.as_ref().map(|p| p.ovsdb_connection.to_string()),
+            all.plugging
+                .as_ref()
+                .map(|p| p.ovsdb_connection.to_string()),
             Some("unix:/var/run/openvswitch/db.sock".to_owned())
         );
     }

@@ -15,7 +15,7 @@ use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 use uuid::Uuid;
-use vireo::network::neutron::{Auth, NeutronClient, NeutronConfig};
+use vireo::network::neutron::{Auth, Interface, NeutronClient, NeutronConfig};
 use vireo_actors::network::{
     Failure, NetworkApi, NetworkError, NewBinding, PortRequest, PortUpdate, Removal,
 };
@@ -650,7 +650,7 @@ async fn request_shapes_for_updates_and_bindings() {
 fn keystone_token_reply(token: String) -> Reply {
     Reply::JsonWithHeader(
         201,
-        json!({"token": {"expires_at": "2099-01-01T00:00:00.000000Z"}}),
+        json!({"token": {"expires_at": "2099-01-01T00:00:00.000000Z", "catalog": []}}),
         "X-Subject-Token",
         token,
     )
@@ -763,6 +763,96 @@ async fn keystone_persistent_401_and_refused_credentials() {
         "{err:?}"
     );
     assert_eq!(mock.count("DELETE", &port_path()), 0);
+}
+
+/// Without `url`, Neutron comes from Keystone's catalog: the configured region, the first of
+/// `valid_interfaces` the catalog has; an application credential authenticates.
+#[tokio::test]
+async fn neutron_is_found_in_the_catalog_by_region_and_interface() {
+    let base = Arc::new(Mutex::new(String::new()));
+    let base2 = base.clone();
+    let mock = Mock::start(move |req, _| {
+        if req.path() == "/v3/auth/tokens" {
+            let b = base2.lock().unwrap().clone();
+            let ep = |region: &str, interface: &str| {
+                json!({"region_id": region, "region": region, "interface": interface,
+                       "url": format!("{b}/{interface}-{region}")})
+            };
+            return Reply::JsonWithHeader(
+                201,
+                json!({"token": {"expires_at": "2099-01-01T00:00:00.000000Z", "catalog": [
+                    {"type": "identity", "name": "keystone", "endpoints": [ep("r1", "public")]},
+                    {"type": "network", "name": "neutron", "endpoints": [
+                        ep("r1", "public"), ep("r2", "internal"), ep("r2", "public"),
+                        ep("r1", "internal"), ep("r1", "admin")]},
+                ]}}),
+                "X-Subject-Token",
+                "tok".into(),
+            );
+        }
+        match req.headers.get("x-auth-token").map(String::as_str) {
+            Some("tok") => Reply::Json(200, json!({"port": port_json(PORT, "h1", "ovs")})),
+            _ => Reply::Json(401, json!({"error": "unauthorized"})),
+        }
+    })
+    .await;
+    *base.lock().unwrap() = mock.url();
+    let client = |region: &str, interfaces: Vec<Interface>| {
+        let mut cfg = config(&mock);
+        cfg.url = String::new();
+        cfg.region_name = Some(region.to_owned());
+        cfg.valid_interfaces = interfaces;
+        cfg.auth = Auth::ApplicationCredential {
+            auth_url: mock.url(),
+            id: "app-cred-id".into(),
+            secret: "app-cred-secret".into(),
+        };
+        NeutronClient::new(cfg).unwrap()
+    };
+    // Nova's default order: internal, then public.
+    client("r1", vec![Interface::Internal, Interface::Public])
+        .get_port(pid())
+        .await
+        .unwrap();
+    assert_eq!(
+        mock.count("GET", &format!("/internal-r1{}", port_path())),
+        1
+    );
+    client("r2", vec![Interface::Public])
+        .get_port(pid())
+        .await
+        .unwrap();
+    assert_eq!(mock.count("GET", &format!("/public-r2{}", port_path())), 1);
+    client("r1", vec![Interface::Admin, Interface::Internal])
+        .get_port(pid())
+        .await
+        .unwrap();
+    assert_eq!(mock.count("GET", &format!("/admin-r1{}", port_path())), 1);
+    let auth = mock
+        .requests()
+        .into_iter()
+        .find(|r| r.path() == "/v3/auth/tokens")
+        .unwrap();
+    assert_eq!(
+        auth.body["auth"]["identity"],
+        json!({"methods": ["application_credential"],
+               "application_credential": {"id": "app-cred-id", "secret": "app-cred-secret"}})
+    );
+    // A region with no Neutron: the operation fails as an authentication failure, named.
+    let err = client("r3", vec![Interface::Public])
+        .get_port(pid())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            &err,
+            NetworkError::Authenticate {
+                failure: Failure::Status(404),
+                ..
+            }
+        ),
+        "{err:?}"
+    );
 }
 
 #[tokio::test]

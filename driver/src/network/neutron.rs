@@ -4,8 +4,15 @@
 //!   no project header; Neutron's `fake_project_id` middleware then gives every request an
 //!   admin context, which binding updates need. A configured `project_id` is put into the
 //!   body of created ports instead of a header, because a project header would make the
-//!   context non-admin) or [`Auth::Keystone`] (v3 password auth; the token is cached and
-//!   fetched again once when Neutron answers 401).
+//!   context non-admin), [`Auth::Keystone`] (v3 password, project-scoped) or
+//!   [`Auth::ApplicationCredential`]. Keystone is spoken by the `osauth` crate (evaluated
+//!   against keeping a hand-written v3 password request, which had no catalog, no application
+//!   credentials and no token expiry, and against `openstack`, a higher-level crate built on
+//!   it): it caches the token until it expires, renews it, and finds Neutron in the catalog
+//!   (`region_name`, `valid_interfaces`) when `url` is not given. A 401 from Neutron renews the
+//!   token once.
+//! - TLS: the system's certificate store, plus `cafile` (a PEM bundle) when given, for both
+//!   Keystone and Neutron.
 //! - Timeouts: connect and whole-request timeouts from [`NeutronConfig`].
 //! - Retries: GET, PUT and DELETE are retried on 5xx answers, timeouts and connection
 //!   failures, at most `max_retries` times, with exponential backoff. POST is never retried;
@@ -17,6 +24,7 @@
 //!   the composite operations run in spans carrying the instance uuid.
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -58,6 +66,15 @@ pub enum Auth {
         #[serde(default = "default_domain")]
         domain: String,
     },
+    /// A Keystone application credential (its project is the one it was made in).
+    ApplicationCredential {
+        /// Identity endpoint, as for [`Auth::Keystone`].
+        auth_url: String,
+        /// The application credential's id.
+        id: String,
+        /// Its secret.
+        secret: String,
+    },
 }
 
 impl Default for Auth {
@@ -87,8 +104,40 @@ impl fmt::Debug for Auth {
                 .field("project", project)
                 .field("domain", domain)
                 .finish(),
+            Auth::ApplicationCredential { auth_url, id, .. } => f
+                .debug_struct("ApplicationCredential")
+                .field("auth_url", auth_url)
+                .field("id", id)
+                .field("secret", &"<redacted>")
+                .finish(),
         }
     }
+}
+
+/// The endpoint interfaces Neutron may be reached on, from the catalog.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Interface {
+    /// `public`.
+    Public,
+    /// `internal`.
+    Internal,
+    /// `admin`.
+    Admin,
+}
+
+impl Interface {
+    fn osauth(self) -> osauth::InterfaceType {
+        match self {
+            Interface::Public => osauth::InterfaceType::Public,
+            Interface::Internal => osauth::InterfaceType::Internal,
+            Interface::Admin => osauth::InterfaceType::Admin,
+        }
+    }
+}
+
+fn default_valid_interfaces() -> Vec<Interface> {
+    vec![Interface::Internal, Interface::Public]
 }
 
 fn default_domain() -> String {
@@ -99,11 +148,23 @@ fn default_domain() -> String {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct NeutronConfig {
-    /// Neutron's endpoint, e.g. `http://127.0.0.1:9696` (the `/v2.0` paths are added).
+    /// Neutron's endpoint, e.g. `http://127.0.0.1:9696` (the `/v2.0` paths are added). Empty
+    /// (or absent): the `network` endpoint of Keystone's catalog (Keystone auth only).
+    #[serde(default)]
     pub url: String,
     /// Authentication.
     #[serde(default)]
     pub auth: Auth,
+    /// A PEM file of CA certificates trusted besides the system's, for Keystone and Neutron.
+    #[serde(default)]
+    pub cafile: Option<std::path::PathBuf>,
+    /// The catalog region Neutron is taken from (any when absent).
+    #[serde(default)]
+    pub region_name: Option<String>,
+    /// The catalog interfaces Neutron may be reached on, in order of preference (Nova's
+    /// `[neutron] valid_interfaces`). Default `["internal", "public"]`.
+    #[serde(default = "default_valid_interfaces")]
+    pub valid_interfaces: Vec<Interface>,
     /// TCP connect timeout.
     #[serde(default = "default_connect_timeout_ms")]
     pub connect_timeout_ms: u64,
@@ -154,6 +215,9 @@ impl NeutronConfig {
         NeutronConfig {
             url: url.into(),
             auth: Auth::default(),
+            cafile: None,
+            region_name: None,
+            valid_interfaces: default_valid_interfaces(),
             connect_timeout_ms: default_connect_timeout_ms(),
             request_timeout_ms: default_request_timeout_ms(),
             max_retries: default_max_retries(),
@@ -212,34 +276,31 @@ pub enum ClientError {
         /// What was wrong.
         detail: String,
     },
-    /// Keystone refused the credentials or failed.
-    #[error("keystone token request: HTTP {status}: {message}")]
-    KeystoneStatus {
-        /// HTTP status.
-        status: u16,
-        /// Keystone's message.
-        message: String,
+    /// Keystone refused the credentials, could not be reached, or its catalog has no Neutron.
+    #[error("keystone")]
+    Keystone(#[source] osauth::Error),
+    /// `cafile` could not be read or holds no certificate.
+    #[error("cafile {path}")]
+    CaFile {
+        /// The file.
+        path: std::path::PathBuf,
+        /// Why.
+        #[source]
+        source: BoxError,
     },
-    /// Keystone could not be reached.
-    #[error("keystone token request")]
-    KeystoneSend(#[source] reqwest::Error),
-    /// Keystone answered without a token.
-    #[error("keystone answered without X-Subject-Token")]
-    NoToken,
 }
 
 impl ClientError {
     /// The failure kind, for [`NetworkError`].
     pub fn failure(&self) -> Failure {
         match self {
-            ClientError::Status { status, .. } | ClientError::KeystoneStatus { status, .. } => {
-                Failure::Status(*status)
+            ClientError::Status { status, .. } => Failure::Status(*status),
+            ClientError::Send { source, .. } => transport_failure(source),
+            ClientError::Keystone(e) => keystone_failure(e),
+            ClientError::Build(_) | ClientError::Config(_) | ClientError::CaFile { .. } => {
+                Failure::Transport
             }
-            ClientError::Send { source, .. } | ClientError::KeystoneSend(source) => {
-                transport_failure(source)
-            }
-            ClientError::Build(_) | ClientError::Config(_) => Failure::Transport,
-            ClientError::Decode { .. } | ClientError::NoToken => Failure::BadResponse,
+            ClientError::Decode { .. } => Failure::BadResponse,
         }
     }
 
@@ -260,12 +321,23 @@ impl ClientError {
     }
 
     fn is_auth(&self) -> bool {
-        matches!(
-            self,
-            ClientError::KeystoneStatus { .. }
-                | ClientError::KeystoneSend(_)
-                | ClientError::NoToken
-        )
+        matches!(self, ClientError::Keystone(_))
+    }
+}
+
+/// The failure of a Keystone exchange, from `osauth`'s error kind (it keeps the HTTP status
+/// private): refused credentials are Keystone's 401, a refused scope its 403.
+fn keystone_failure(e: &osauth::Error) -> Failure {
+    use osauth::ErrorKind as K;
+    match e.kind() {
+        K::AuthenticationFailed => Failure::Status(401),
+        K::AccessDenied => Failure::Status(403),
+        K::ResourceNotFound | K::EndpointNotFound => Failure::Status(404),
+        K::InternalServerError => Failure::Status(500),
+        K::OperationTimedOut => Failure::Timeout,
+        K::ProtocolError => Failure::Connect,
+        K::InvalidResponse => Failure::BadResponse,
+        _ => Failure::Transport,
     }
 }
 
@@ -339,30 +411,103 @@ impl Call {
 /// A Neutron REST client.
 pub struct NeutronClient {
     http: reqwest::Client,
-    base: Url,
+    /// Neutron's endpoint: configured, or found in the catalog on the first request.
+    base: tokio::sync::OnceCell<Url>,
     config: NeutronConfig,
-    token: tokio::sync::Mutex<Option<String>>,
+    /// Keystone (none with noauth). Replaced by a fresh one, with no cached token, when
+    /// Neutron answers 401: osauth's forced refresh keeps a token that has not expired yet,
+    /// and a revoked token has not.
+    keystone: std::sync::Mutex<Option<Arc<dyn osauth::AuthType>>>,
+    filters: osauth::EndpointFilters,
 }
 
 impl fmt::Debug for NeutronClient {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("NeutronClient")
-            .field("base", &self.base.as_str())
+            .field("base", &self.base.get().map(Url::as_str))
             .field("auth", &self.config.auth)
             .finish_non_exhaustive()
     }
 }
 
+/// `osauth`'s authentication for `auth` (none for noauth).
+fn keystone_auth(auth: &Auth) -> Result<Option<Arc<dyn osauth::AuthType>>, ClientError> {
+    use osauth::common::IdOrName;
+    let bad = |what: &str, e: osauth::Error| ClientError::Config(format!("{what}: {e}"));
+    Ok(match auth {
+        Auth::Noauth { .. } => None,
+        Auth::Keystone {
+            auth_url,
+            username,
+            password,
+            project,
+            domain,
+        } => Some(Arc::new(
+            osauth::identity::Password::new(
+                auth_url,
+                username.clone(),
+                password.clone(),
+                domain.clone(),
+            )
+            .map_err(|e| bad("auth_url", e))?
+            .with_project_scope(
+                IdOrName::Name(project.clone()),
+                IdOrName::Name(domain.clone()),
+            ),
+        )),
+        Auth::ApplicationCredential {
+            auth_url,
+            id,
+            secret,
+        } => Some(Arc::new(
+            osauth::identity::ApplicationCredential::new(auth_url, id.clone(), secret.clone())
+                .map_err(|e| bad("auth_url", e))?,
+        )),
+    })
+}
+
+/// The HTTP client: timeouts, the system's CA store and `cafile`.
+fn http_client(config: &NeutronConfig) -> Result<reqwest::Client, ClientError> {
+    let mut b = reqwest::Client::builder()
+        .connect_timeout(Duration::from_millis(config.connect_timeout_ms))
+        .timeout(Duration::from_millis(config.request_timeout_ms));
+    if let Some(path) = &config.cafile {
+        let ca_err = |source: BoxError| ClientError::CaFile {
+            path: path.clone(),
+            source,
+        };
+        let pem = std::fs::read(path).map_err(|e| ca_err(Box::new(e)))?;
+        let certs = reqwest::Certificate::from_pem_bundle(&pem).map_err(|e| ca_err(Box::new(e)))?;
+        if certs.is_empty() {
+            return Err(ca_err("no PEM certificate in the file".into()));
+        }
+        for c in certs {
+            b = b.add_root_certificate(c);
+        }
+    }
+    b.build().map_err(ClientError::Build)
+}
+
 impl NeutronClient {
-    /// A client for `config` (validated: URL, timeouts, retries, device owner).
+    /// A client for `config` (validated: URL, timeouts, retries, device owner, auth, CA file).
     pub fn new(config: NeutronConfig) -> Result<Self, ClientError> {
-        let base = Url::parse(&config.url)
-            .map_err(|e| ClientError::Config(format!("url {:?}: {e}", config.url)))?;
-        if !matches!(base.scheme(), "http" | "https") || base.cannot_be_a_base() {
-            return Err(ClientError::Config(format!(
-                "url {:?}: not an http(s) URL",
-                config.url
-            )));
+        let base = tokio::sync::OnceCell::new();
+        if config.url.is_empty() {
+            if matches!(config.auth, Auth::Noauth { .. }) {
+                return Err(ClientError::Config(
+                    "url: required without Keystone (no catalog to find Neutron in)".into(),
+                ));
+            }
+        } else {
+            let url = Url::parse(&config.url)
+                .map_err(|e| ClientError::Config(format!("url {:?}: {e}", config.url)))?;
+            if !matches!(url.scheme(), "http" | "https") || url.cannot_be_a_base() {
+                return Err(ClientError::Config(format!(
+                    "url {:?}: not an http(s) URL",
+                    config.url
+                )));
+            }
+            let _ = base.set(url);
         }
         if config.connect_timeout_ms == 0 || config.request_timeout_ms == 0 {
             return Err(ClientError::Config("timeouts must be positive".into()));
@@ -379,20 +524,25 @@ impl NeutronClient {
                 config.device_owner
             )));
         }
-        if let Auth::Keystone { auth_url, .. } = &config.auth {
-            Url::parse(auth_url)
-                .map_err(|e| ClientError::Config(format!("auth_url {auth_url:?}: {e}")))?;
+        if config.valid_interfaces.is_empty() {
+            return Err(ClientError::Config("valid_interfaces: empty".into()));
         }
-        let http = reqwest::Client::builder()
-            .connect_timeout(Duration::from_millis(config.connect_timeout_ms))
-            .timeout(Duration::from_millis(config.request_timeout_ms))
-            .build()
-            .map_err(ClientError::Build)?;
+        let keystone = keystone_auth(&config.auth)?;
+        // The catalog's endpoints are ranked by their position here: first preferred.
+        let preferred: Vec<osauth::InterfaceType> =
+            config.valid_interfaces.iter().map(|i| i.osauth()).collect();
+        let interfaces: osauth::ValidInterfaces = preferred.iter().collect();
+        let mut filters = osauth::EndpointFilters::default().with_interfaces(interfaces);
+        if let Some(r) = &config.region_name {
+            filters = filters.with_region(r.clone());
+        }
+        let http = http_client(&config)?;
         Ok(NeutronClient {
             http,
             base,
             config,
-            token: tokio::sync::Mutex::new(None),
+            keystone: std::sync::Mutex::new(keystone),
+            filters,
         })
     }
 
@@ -401,8 +551,25 @@ impl NeutronClient {
         &self.config
     }
 
-    fn url(&self, call: &Call) -> Url {
-        let mut url = self.base.clone();
+    /// Neutron's endpoint: the configured one, else the catalog's (looked up once).
+    async fn base(&self) -> Result<&Url, ClientError> {
+        self.base
+            .get_or_try_init(|| async {
+                let auth = self
+                    .keystone()
+                    .ok_or_else(|| ClientError::Config("url: required without Keystone".into()))?;
+                let url = auth
+                    .get_endpoint(&self.http, "network", &self.filters)
+                    .await
+                    .map_err(ClientError::Keystone)?;
+                debug!(%url, "Neutron's endpoint, from the catalog");
+                Ok(url)
+            })
+            .await
+    }
+
+    fn url(base: &Url, call: &Call) -> Url {
+        let mut url = base.clone();
         if let Ok(mut segs) = url.path_segments_mut() {
             segs.pop_if_empty().push("v2.0");
             for s in &call.segments {
@@ -427,63 +594,33 @@ impl NeutronClient {
         Duration::from_millis(ms)
     }
 
-    /// The Keystone token (fetched when none is cached); `None` with noauth.
-    async fn token(&self) -> Result<Option<String>, ClientError> {
-        let Auth::Keystone {
-            auth_url,
-            username,
-            password,
-            project,
-            domain,
-        } = &self.config.auth
-        else {
-            return Ok(None);
-        };
-        let mut cached = self.token.lock().await;
-        if let Some(t) = cached.as_ref() {
-            return Ok(Some(t.clone()));
-        }
-        let mut url = auth_url.trim_end_matches('/').to_owned();
-        if !url.ends_with("/v3") {
-            url.push_str("/v3");
-        }
-        url.push_str("/auth/tokens");
-        let body = json!({"auth": {
-            "identity": {"methods": ["password"], "password": {"user": {
-                "name": username, "domain": {"name": domain}, "password": password}}},
-            "scope": {"project": {"name": project, "domain": {"name": domain}}},
-        }});
-        debug!(%url, user = %username, "requesting a keystone token");
-        let resp = self
-            .http
-            .post(&url)
-            .json(&body)
-            .send()
-            .await
-            .map_err(ClientError::KeystoneSend)?;
-        let status = resp.status();
-        if !status.is_success() {
-            let message = resp.text().await.unwrap_or_default();
-            return Err(ClientError::KeystoneStatus {
-                status: status.as_u16(),
-                message: truncate(&message),
-            });
-        }
-        let token = resp
-            .headers()
-            .get("x-subject-token")
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned)
-            .ok_or(ClientError::NoToken)?;
-        *cached = Some(token.clone());
-        Ok(Some(token))
+    /// The Keystone authentication in use.
+    fn keystone(&self) -> Option<Arc<dyn osauth::AuthType>> {
+        self.keystone
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
-    /// Forget `used` if it is still the cached token.
-    async fn drop_token(&self, used: &str) {
-        let mut cached = self.token.lock().await;
-        if cached.as_deref() == Some(used) {
-            *cached = None;
+    /// Start Keystone afresh: the next request authenticates again.
+    fn renew_keystone(&self) -> Result<(), ClientError> {
+        let fresh = keystone_auth(&self.config.auth)?;
+        *self.keystone.lock().unwrap_or_else(|e| e.into_inner()) = fresh;
+        Ok(())
+    }
+
+    /// Add the Keystone token (fetched, or renewed once expired, by `osauth`); nothing with
+    /// noauth.
+    async fn authenticate(
+        &self,
+        req: reqwest::RequestBuilder,
+    ) -> Result<reqwest::RequestBuilder, ClientError> {
+        match self.keystone() {
+            Some(auth) => auth
+                .authenticate(&self.http, req)
+                .await
+                .map_err(ClientError::Keystone),
+            None => Ok(req),
         }
     }
 
@@ -498,32 +635,30 @@ impl NeutronClient {
             port = call.port.map(|p| p.to_string()).unwrap_or_default(),
         );
         async {
-            let url = self.url(call);
+            let url = Self::url(self.base().await?, call);
             let mut attempt: u32 = 0;
             let mut reauthenticated = false;
             loop {
-                let token = self.token().await?;
                 let mut req = self
                     .http
                     .request(call.method.clone(), url.clone())
                     .header("Accept", "application/json");
-                if let Some(t) = &token {
-                    req = req.header("X-Auth-Token", t);
-                }
                 if let Some(body) = &call.body {
                     req = req.json(body);
                 }
+                let req = self.authenticate(req).await?;
                 let retryable_left = call.retry && attempt < self.config.max_retries;
                 match req.send().await {
                     Ok(resp) => {
                         let status = resp.status();
-                        if status == StatusCode::UNAUTHORIZED && !reauthenticated {
-                            if let Some(t) = &token {
-                                debug!("401: fetching a new token");
-                                self.drop_token(t).await;
-                                reauthenticated = true;
-                                continue;
-                            }
+                        if status == StatusCode::UNAUTHORIZED
+                            && !reauthenticated
+                            && self.keystone().is_some()
+                        {
+                            debug!("401: authenticating again");
+                            self.renew_keystone()?;
+                            reauthenticated = true;
+                            continue;
                         }
                         if status.is_server_error() && retryable_left {
                             let wait = self.backoff(attempt);
@@ -1124,20 +1259,46 @@ mod tests {
         let mut c = NeutronConfig::new("http://x");
         c.request_timeout_ms = 0;
         assert!(NeutronClient::new(c).is_err());
+        // No URL: only with Keystone, whose catalog names Neutron.
+        assert!(NeutronClient::new(NeutronConfig::new("")).is_err());
+        let mut c = NeutronConfig::new("");
+        c.auth = Auth::ApplicationCredential {
+            auth_url: "http://keystone:5000".into(),
+            id: "ac".into(),
+            secret: "s".into(),
+        };
+        assert!(NeutronClient::new(c.clone()).is_ok());
+        c.valid_interfaces.clear();
+        assert!(NeutronClient::new(c.clone()).is_err());
+        c.valid_interfaces = vec![Interface::Public];
+        // A PEM bundle (Debian's) is taken; a missing file is refused.
+        c.cafile = Some("/etc/ssl/certs/ca-certificates.crt".into());
+        assert!(NeutronClient::new(c.clone()).is_ok());
+        c.cafile = Some("/nonexistent/ca.pem".into());
+        assert!(matches!(
+            NeutronClient::new(c),
+            Err(ClientError::CaFile { .. })
+        ));
     }
 
     #[test]
     fn urls_keep_a_base_path_and_encode_segments() {
-        let c = NeutronClient::new(NeutronConfig::new("http://h:9696/networking/")).unwrap();
+        let base = |u: &str| {
+            let c = NeutronClient::new(NeutronConfig::new(u)).unwrap();
+            c.base.get().unwrap().clone()
+        };
         let mut call = Call::new(Method::GET, &["ports", "p", "bindings", "host a/b"]);
         call.query.push(("device_id", "x y".into()));
         assert_eq!(
-            c.url(&call).as_str(),
+            NeutronClient::url(&base("http://h:9696/networking/"), &call).as_str(),
             "http://h:9696/networking/v2.0/ports/p/bindings/host%20a%2Fb?device_id=x+y"
         );
-        let c = NeutronClient::new(NeutronConfig::new("http://h:9696")).unwrap();
         assert_eq!(
-            c.url(&Call::new(Method::GET, &["networks"])).as_str(),
+            NeutronClient::url(
+                &base("http://h:9696"),
+                &Call::new(Method::GET, &["networks"])
+            )
+            .as_str(),
             "http://h:9696/v2.0/networks"
         );
     }
