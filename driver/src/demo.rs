@@ -55,6 +55,9 @@ pub struct DemoOptions {
     pub state_dir: PathBuf,
     /// The OVS integration bridge of the real host (never Neutron's br-int).
     pub bridge: String,
+    /// Progress of each operation while it runs, on standard error: `None` none, `Some(true)`
+    /// one line redrawn in place (a terminal), `Some(false)` plain lines.
+    pub progress: Option<bool>,
 }
 
 impl Default for DemoOptions {
@@ -65,6 +68,7 @@ impl Default for DemoOptions {
             timeout: Duration::from_secs(300),
             state_dir: std::env::temp_dir().join(format!("vireo-demo-{}", std::process::id())),
             bridge: "br-vireo-demo".to_owned(),
+            progress: None,
         }
     }
 }
@@ -133,6 +137,8 @@ struct Demo<'a> {
     user_ports: Vec<PortId>,
     /// The real host's OVS integration bridge.
     bridge: String,
+    /// See [`DemoOptions::progress`].
+    progress: Option<bool>,
 }
 
 /// The demo's plugger: the host's plugger (the [`StaticPlugger`] on the test driver, the
@@ -380,6 +386,7 @@ pub async fn run(opts: DemoOptions, out: &mut dyn Write) -> Result<DemoSummary, 
         instances: Vec::new(),
         user_ports: Vec::new(),
         bridge: opts.bridge.clone(),
+        progress: opts.progress,
     };
     let result = demo.scenarios().await;
     let cleanup = demo.cleanup().await;
@@ -574,7 +581,11 @@ impl Demo<'_> {
         f: impl std::future::Future<Output = Result<OpReport, InstanceError>>,
     ) -> Result<OpReport, DemoError> {
         let since = Instant::now();
-        match f.await {
+        let result = match self.progress {
+            None => f.await,
+            Some(live) => self.with_progress(step, uuid, live, f).await,
+        };
+        match result {
             Ok(report) => {
                 self.timeline(&report, uuid, since)?;
                 Ok(report)
@@ -583,6 +594,47 @@ impl Demo<'_> {
                 step: step.to_owned(),
                 source: Box::new(source),
             }),
+        }
+    }
+
+    /// Run `f`, showing the instance's progress on standard error every quarter second
+    /// (its phase, the events it waits for and the time left on that wait), from whichever
+    /// host runs an operation of it.
+    async fn with_progress<T>(
+        &self,
+        step: &str,
+        uuid: Uuid,
+        live: bool,
+        f: impl std::future::Future<Output = T>,
+    ) -> T {
+        let mut view = crate::cli::instance::ProgressView::new(live);
+        let mut tick = tokio::time::interval(Duration::from_millis(250));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let started = Instant::now();
+        tokio::pin!(f);
+        let mut err = std::io::stderr();
+        loop {
+            tokio::select! {
+                r = &mut f => {
+                    let _ = view.finish(&mut err);
+                    return r;
+                }
+                _ = tick.tick() => {
+                    for d in [&self.h1, &self.h2] {
+                        let Ok(v) = d.show(uuid).await else { continue };
+                        if v.operation.is_none() {
+                            continue;
+                        }
+                        let inst = crate::agent::view::instance(&v, None);
+                        let (key, text) = crate::cli::instance::instance_progress(
+                            step, uuid, "running",
+                            u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+                            Some(&inst));
+                        let _ = view.show(key, &text, &mut err);
+                        break;
+                    }
+                }
+            }
         }
     }
 

@@ -207,8 +207,20 @@ async fn client_commands_against_a_running_agent() {
         "{se}"
     );
     assert!(se.contains("phase wait for events"), "{se}");
+    // Plain lines (stderr is a pipe): elapsed time first, the wait's time left (60 s here).
+    let waiting = se
+        .lines()
+        .find(|l| l.contains("waiting for network-vif-plugged"))
+        .unwrap();
+    assert!(waiting.starts_with("[+"), "{waiting}");
+    assert!(waiting.ends_with(" s left)"), "{waiting}");
+    assert!(!se.contains('\r'), "no redraws on a pipe: {se:?}");
     assert!(
         so.contains(&format!("(create of {uuid}): succeeded")),
+        "{so}"
+    );
+    assert!(
+        so.contains("started 20") && so.contains("Z\nfinished 20"),
         "{so}"
     );
     assert!(so.contains("steps: ") && so.contains(" → "), "{so}");

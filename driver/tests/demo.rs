@@ -13,6 +13,7 @@ async fn demo_walks_every_scenario_without_timeouts_or_leaks() {
         event_delay: Duration::from_millis(20),
         timeout: Duration::from_secs(30),
         state_dir: dir.path().join("state"),
+        progress: Some(false),
         ..DemoOptions::default()
     };
     let mut out = Vec::new();

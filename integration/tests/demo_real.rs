@@ -18,6 +18,8 @@ async fn demo_on_qemu_system_completes_without_timeouts_or_leaks() {
         timeout: Duration::from_secs(60),
         state_dir: dir.path().join("state"),
         bridge: bridge.clone(),
+        // Plain progress lines on stderr, as the CLI prints them off a terminal.
+        progress: Some(false),
     };
     let mut out = Vec::new();
     let summary = run(opts, &mut out).await;

@@ -359,10 +359,10 @@ impl InstanceActor {
 
     fn view(&self) -> InstanceView {
         let operation = self.running.as_ref().map(|r| {
-            let (phase, waiting_for) = r
+            let (phase, waiting_for, deadline) = r
                 .live
                 .lock()
-                .map(|l| (l.phase.clone(), l.waiting_for.clone()))
+                .map(|l| (l.phase.clone(), l.waiting_for.clone(), l.wait_deadline))
                 .unwrap_or_default();
             Progress {
                 op_id: r.op_id.0,
@@ -370,6 +370,8 @@ impl InstanceActor {
                 phase,
                 elapsed: r.started.elapsed(),
                 waiting_for,
+                wait_remaining: deadline
+                    .map(|d| d.saturating_duration_since(tokio::time::Instant::now())),
             }
         });
         let vifs = self

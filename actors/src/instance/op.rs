@@ -34,6 +34,9 @@ use super::types::{
 pub(crate) struct LiveProgress {
     pub phase: String,
     pub waiting_for: Vec<ExpectedEvent>,
+    /// When the earliest registered wait times out (none while nothing is awaited, or when
+    /// the waits have no deadline).
+    pub wait_deadline: Option<tokio::time::Instant>,
 }
 
 /// A registered wait, not yet awaited.
@@ -537,6 +540,10 @@ impl OpCtx {
             .map_err(|_| InstanceError::Unavailable)?;
         if let Ok(mut l) = self.live.lock() {
             l.waiting_for.extend(events.iter().cloned());
+            if !events.is_empty() && !policy.timeout.is_zero() {
+                let deadline = tokio::time::Instant::now() + policy.timeout;
+                l.wait_deadline = Some(l.wait_deadline.map_or(deadline, |d| d.min(deadline)));
+            }
         }
         Ok(PendingWait {
             timing,
@@ -559,6 +566,9 @@ impl OpCtx {
         let took = registered.elapsed();
         if let Ok(mut l) = self.live.lock() {
             l.waiting_for.retain(|e| !events.contains(e));
+            if l.waiting_for.is_empty() {
+                l.wait_deadline = None;
+            }
         }
         let label = timing_label(timing);
         self.step(
@@ -598,6 +608,7 @@ impl OpCtx {
         let _ = self.deps.events.cancel(self.uuid, self.op_id).await;
         if let Ok(mut l) = self.live.lock() {
             l.waiting_for.clear();
+            l.wait_deadline = None;
         }
     }
 }

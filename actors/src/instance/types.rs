@@ -272,6 +272,8 @@ pub struct Progress {
     pub elapsed: Duration,
     /// Events it is waiting for right now.
     pub waiting_for: Vec<ExpectedEvent>,
+    /// Time left before the earliest of those waits times out.
+    pub wait_remaining: Option<Duration>,
 }
 
 /// A VIF as `show` reports it.

@@ -235,9 +235,15 @@ pub struct OpStatus {
     pub state: OpState,
     /// Start, milliseconds since the Unix epoch.
     pub started_ms: u64,
+    /// Start, RFC 3339 (UTC, milliseconds).
+    #[serde(default)]
+    pub started_at: String,
     /// End, milliseconds since the Unix epoch.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub finished_ms: Option<u64>,
+    /// End, RFC 3339 (UTC, milliseconds).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_at: Option<String>,
     /// The driver's report when it succeeded: `{"op_id", "request", "took_ms", "steps":
     /// [{"name", "kind", "took_ms", "at_ms", "failed"}], "waits": [{"timing", "expected":
     /// [{"name", "tag"}], "took_ms", "complete", "missing", "outcome"}], "released"?}`.
@@ -299,6 +305,9 @@ pub struct InstanceOperation {
     /// Events it waits for now.
     #[serde(default)]
     pub waiting_for: Vec<AwaitedEvent>,
+    /// Milliseconds left before the earliest of those waits times out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wait_remaining_ms: Option<u64>,
 }
 
 /// `GET /v1/instances/{uuid}`; `GET /v1/instances` returns `{"instances": [...]}`.
@@ -461,6 +470,16 @@ pub struct Health {
     pub host: String,
     /// Driver name.
     pub driver: String,
+}
+
+/// `ms` since the Unix epoch as RFC 3339, UTC, with milliseconds
+/// (`2026-12-05T03:40:00.123Z`).
+pub fn rfc3339(ms: u64) -> String {
+    i64::try_from(ms)
+        .ok()
+        .and_then(chrono::DateTime::from_timestamp_millis)
+        .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
+        .unwrap_or_default()
 }
 
 #[cfg(test)]

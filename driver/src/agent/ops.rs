@@ -19,7 +19,7 @@ use tokio::task::AbortHandle;
 use tokio::time::Instant;
 use uuid::Uuid;
 
-use super::model::{ErrorDetail, OpKind, OpState, OpStatus};
+use super::model::{rfc3339, ErrorDetail, OpKind, OpState, OpStatus};
 
 /// Milliseconds since the Unix epoch.
 pub fn now_ms() -> u64 {
@@ -72,13 +72,16 @@ impl Operations {
     /// delete may run next to another operation of the same instance).
     pub fn record(&self, instance: Uuid, kind: OpKind) -> OpStatus {
         let mut inner = self.lock();
+        let started = now_ms();
         let op = OpStatus {
             id: Uuid::new_v4(),
             instance,
             kind,
             state: OpState::Running,
-            started_ms: now_ms(),
+            started_ms: started,
+            started_at: rfc3339(started),
             finished_ms: None,
+            finished_at: None,
             report: None,
             error: None,
         };
@@ -117,7 +120,9 @@ impl Operations {
         let r = inner.running.remove(&id)?;
         Self::unlink(&mut inner, r.op.instance, id);
         let mut op = r.op;
-        op.finished_ms = Some(now_ms());
+        let finished = now_ms();
+        op.finished_ms = Some(finished);
+        op.finished_at = Some(rfc3339(finished));
         match result {
             Ok(report) => {
                 op.state = OpState::Succeeded;

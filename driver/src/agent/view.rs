@@ -52,6 +52,7 @@ pub fn instance(v: &InstanceView, op: Option<&OpStatus>) -> Instance {
             phase: Some(p.phase.clone()),
             elapsed_ms: ms(p.elapsed),
             waiting_for: p.waiting_for.iter().map(awaited).collect(),
+            wait_remaining_ms: p.wait_remaining.map(ms),
         }),
         (None, Some(op)) => Some(InstanceOperation {
             id: Some(op.id),
@@ -59,6 +60,7 @@ pub fn instance(v: &InstanceView, op: Option<&OpStatus>) -> Instance {
             phase: None,
             elapsed_ms: 0,
             waiting_for: Vec::new(),
+            wait_remaining_ms: None,
         }),
         (None, None) => None,
     };

@@ -32,6 +32,10 @@ pub struct DemoArgs {
     /// Print the summary as JSON after the timeline.
     #[arg(long)]
     pub json: bool,
+    /// Each operation's progress while it runs, on standard error (auto: live on a
+    /// terminal, plain lines otherwise).
+    #[arg(long, value_enum, default_value_t = super::instance::ProgressStyle::Auto)]
+    pub progress: super::instance::ProgressStyle,
 }
 
 /// Run the demo. Exit 0 when every scenario behaved and nothing leaked.
@@ -43,6 +47,13 @@ pub fn run(args: DemoArgs, stdout: &mut dyn Write, stderr: &mut dyn Write) -> u8
         timeout: Duration::from_secs(args.timeout),
         state_dir: args.state_dir.unwrap_or(defaults.state_dir),
         bridge: args.bridge,
+        progress: Some(match args.progress {
+            super::instance::ProgressStyle::Live => true,
+            super::instance::ProgressStyle::Plain => false,
+            super::instance::ProgressStyle::Auto => {
+                std::io::IsTerminal::is_terminal(&std::io::stderr())
+            }
+        }),
     };
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -13,7 +13,7 @@ use clap::{Args, Subcommand};
 use serde_json::{json, Map, Value};
 use uuid::Uuid;
 
-use crate::agent::model::{CreateInstance, Instance, OpState, OpStatus};
+use crate::agent::model::{rfc3339, CreateInstance, Instance, OpState, OpStatus};
 use crate::client::{to_json, AgentClient};
 use vireo_actors::instance::Operation;
 
@@ -23,10 +23,30 @@ use super::ClientOpts;
 /// How often `--wait` polls.
 pub const POLL_EVERY: Duration = Duration::from_millis(250);
 
+/// The actions `vireo instance action` takes: every request the API's action endpoint takes
+/// (create and delete have their own commands).
+pub const API_ACTIONS: [&str; 15] = [
+    "power-on",
+    "power-off",
+    "reboot-soft",
+    "reboot-hard",
+    "pause",
+    "unpause",
+    "suspend",
+    "resume",
+    "resize",
+    "confirm-resize",
+    "revert-resize",
+    "live-migrate",
+    "attach-interface",
+    "detach-interface",
+    "cleanup-for-reschedule",
+];
+
 /// `vireo instance ...`.
 #[derive(Debug, Subcommand)]
 pub enum InstanceCommand {
-    /// Create (spawn) an instance from a JSON request (see docs/AGENT.md).
+    /// Create (spawn) an instance from a JSON request.
     Create(CreateArgs),
     /// List the instances.
     List(ListArgs),
@@ -45,8 +65,10 @@ pub enum InstanceCommand {
 /// `vireo instance create`.
 #[derive(Debug, Args)]
 pub struct CreateArgs {
-    /// The request: {"uuid"?, "name"?, "flavor", "image"?, "ports"? | "network_info"?,
-    /// "power_on"?}; `-` reads standard input.
+    /// The request, JSON: {"uuid"?, "name"?, "flavor": {"name", "vcpus", "memory_mb",
+    /// "root_gb"?, "ephemeral_gb"?, "swap_mb"?}, "image"?, "ports"? | "network_info"?,
+    /// "power_on"?}; `-` reads standard input. Example: {"flavor": {"name": "m1.tiny",
+    /// "vcpus": 1, "memory_mb": 64}}.
     #[arg(long, value_name = "FILE")]
     pub file: PathBuf,
     /// Follow the operation until it ends.
@@ -96,9 +118,10 @@ pub struct DeleteArgs {
 pub struct ActionArgs {
     /// The instance.
     pub uuid: Uuid,
-    /// The action name.
+    /// The action.
+    #[arg(value_parser = clap::builder::PossibleValuesParser::new(API_ACTIONS))]
     pub action: String,
-    /// resize: the new flavor as JSON {"name", "vcpus", "memory_mib", ...}.
+    /// resize: the new flavor as JSON {"name", "vcpus", "memory_mb", "root_gb"?, ...}.
     #[arg(long, value_name = "FILE")]
     pub flavor: Option<PathBuf>,
     /// resize, live-migrate: the destination host.
@@ -169,7 +192,7 @@ fn dispatch(
             let c = client(&a.client)?;
             block_on(async {
                 let op = c.create_instance(&req).await?;
-                finish_op(&c, op, a.wait, a.client.json, stdout, stderr).await
+                finish_op(&c, op, &Follow::new(a.wait, &a.client), stdout, stderr).await
             })
         }
         InstanceCommand::List(a) => {
@@ -196,7 +219,7 @@ fn dispatch(
             let c = client(&a.client)?;
             block_on(async {
                 let op = c.delete_instance(a.uuid, !a.keep_network).await?;
-                finish_op(&c, op, a.wait, a.client.json, stdout, stderr).await
+                finish_op(&c, op, &Follow::new(a.wait, &a.client), stdout, stderr).await
             })
         }
         InstanceCommand::Action(a) => {
@@ -204,14 +227,14 @@ fn dispatch(
             let c = client(&a.client)?;
             block_on(async {
                 let op = c.action(a.uuid, &action).await?;
-                finish_op(&c, op, a.wait, a.client.json, stdout, stderr).await
+                finish_op(&c, op, &Follow::new(a.wait, &a.client), stdout, stderr).await
             })
         }
         InstanceCommand::Operation(a) => {
             let c = client(&a.client)?;
             block_on(async {
                 let op = c.operation(a.id).await?;
-                finish_op(&c, op, a.wait, a.client.json, stdout, stderr).await
+                finish_op(&c, op, &Follow::new(a.wait, &a.client), stdout, stderr).await
             })
         }
     }
@@ -241,12 +264,56 @@ pub fn build_action(a: &ActionArgs, stdin: &mut dyn Read) -> Result<Operation, R
         .map_err(|e| RemoteError::Input(format!("action {:?}: {e}", a.action)))
 }
 
-/// The progress line for a poll (printed when it changes).
-pub fn progress_line(op: &OpStatus, inst: Option<&Instance>) -> String {
-    let mut line = format!("{} {}: {}", op.kind, op.instance, op.state.as_str());
-    if let Some(o) = inst.and_then(|i| i.operation.as_ref()) {
-        if let Some(phase) = &o.phase {
-            line.push_str(&format!(", phase {phase}"));
+/// How `--wait` shows an operation while it runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum ProgressStyle {
+    /// `live` when standard error is a terminal, else `plain`.
+    #[default]
+    Auto,
+    /// One status line redrawn in place (elapsed time, phase, awaited events and the time
+    /// left on their wait); each finished phase stays on its own line.
+    Live,
+    /// A line per phase change, and a line every 10 s while nothing changes.
+    Plain,
+}
+
+/// How often `plain` progress repeats an unchanged state.
+pub const PLAIN_EVERY: Duration = Duration::from_secs(10);
+
+/// One poll's progress: `key` changes with the phase (its name, before any `:` detail) and the
+/// awaited events; `text` is the line shown.
+pub fn progress_line(op: &OpStatus, inst: Option<&Instance>, now_ms: u64) -> (String, String) {
+    let started_ms = op.started_ms;
+    let elapsed_ms = now_ms.saturating_sub(started_ms);
+    let kind = op.kind.to_string();
+    instance_progress(&kind, op.instance, op.state.as_str(), elapsed_ms, inst)
+}
+
+/// [`progress_line`] from its parts: what runs (`kind` on `instance`, in `state`), the time
+/// since it started as the caller knows it, and the instance as the driver shows it (its
+/// own elapsed time wins).
+pub fn instance_progress(
+    kind: &str,
+    instance: Uuid,
+    state: &str,
+    elapsed_ms: u64,
+    inst: Option<&Instance>,
+) -> (String, String) {
+    let running = inst.and_then(|i| i.operation.as_ref());
+    let elapsed_ms = running
+        .map(|o| o.elapsed_ms)
+        .filter(|ms| *ms > 0)
+        .unwrap_or(elapsed_ms);
+    let mut text = format!(
+        "[+{:.1}s] {kind} {instance}: {state}",
+        elapsed_ms as f64 / 1000.0
+    );
+    let mut key = state.to_owned();
+    if let Some(o) = running {
+        if let Some(phase) = o.phase.as_ref().filter(|p| !p.is_empty()) {
+            text.push_str(&format!(", phase {phase}"));
+            key.push('|');
+            key.push_str(phase.split(':').next().unwrap_or(phase));
         }
         if !o.waiting_for.is_empty() {
             let w: Vec<String> = o
@@ -254,34 +321,101 @@ pub fn progress_line(op: &OpStatus, inst: Option<&Instance>) -> String {
                 .iter()
                 .map(|e| format!("{} {}", e.name, e.tag))
                 .collect();
-            line.push_str(&format!(", waiting for {}", w.join(", ")));
+            text.push_str(&format!(", waiting for {}", w.join(", ")));
+            key.push('|');
+            key.push_str(&w.join(","));
+            if let Some(left) = o.wait_remaining_ms {
+                text.push_str(&format!(" ({} s left)", left.div_ceil(1000)));
+            }
         }
     }
-    line
+    (key, text)
+}
+
+/// Renders the polls of `--wait` (see [`ProgressStyle`]).
+#[derive(Debug)]
+pub struct ProgressView {
+    live: bool,
+    key: String,
+    last_plain: Option<std::time::Instant>,
+    open: bool,
+}
+
+impl ProgressView {
+    /// A view; `live` redraws one line in place.
+    pub fn new(live: bool) -> Self {
+        ProgressView {
+            live,
+            key: String::new(),
+            last_plain: None,
+            open: false,
+        }
+    }
+
+    /// Show one poll.
+    pub fn update(
+        &mut self,
+        op: &OpStatus,
+        inst: Option<&Instance>,
+        out: &mut dyn Write,
+    ) -> std::io::Result<()> {
+        if op.state != OpState::Running {
+            return Ok(());
+        }
+        let (key, text) = progress_line(op, inst, crate::agent::ops::now_ms());
+        self.show(key, &text, out)
+    }
+
+    /// Show one line of progress; `key` says whether it is news (see [`progress_line`]).
+    pub fn show(&mut self, key: String, text: &str, out: &mut dyn Write) -> std::io::Result<()> {
+        let changed = key != self.key;
+        if self.live {
+            if changed && self.open {
+                // The finished phase stays on its own line.
+                writeln!(out)?;
+            }
+            write!(out, "\r\x1b[2K{text}")?;
+            self.open = true;
+        } else {
+            let due = self.last_plain.is_none_or(|t| t.elapsed() >= PLAIN_EVERY);
+            if changed || due {
+                writeln!(out, "{text}")?;
+                self.last_plain = Some(std::time::Instant::now());
+            }
+        }
+        out.flush()?;
+        self.key = key;
+        Ok(())
+    }
+
+    /// End the live line.
+    pub fn finish(&mut self, out: &mut dyn Write) -> std::io::Result<()> {
+        if self.open {
+            writeln!(out)?;
+            self.open = false;
+        }
+        Ok(())
+    }
 }
 
 async fn finish_op(
     c: &AgentClient,
     op: OpStatus,
-    wait: bool,
-    json: bool,
+    opts: &Follow,
     stdout: &mut dyn Write,
     stderr: &mut dyn Write,
 ) -> Result<(), RemoteError> {
-    let op = if wait && op.state == OpState::Running {
-        let mut last = String::new();
+    let op = if opts.wait && op.state == OpState::Running {
+        let mut view = ProgressView::new(opts.live);
         let mut io_err = None;
         let done = c
             .wait(op.id, POLL_EVERY, |op, inst| {
-                let line = progress_line(op, inst);
-                if line != last && op.state == OpState::Running {
-                    if let Err(e) = writeln!(stderr, "{line}") {
-                        io_err.get_or_insert(e);
-                    }
-                    last = line;
+                if let Err(e) = view.update(op, inst, stderr) {
+                    io_err.get_or_insert(e);
                 }
             })
             .await?;
+        view.finish(stderr)?;
         if let Some(e) = io_err {
             return Err(RemoteError::Write(e));
         }
@@ -289,7 +423,7 @@ async fn finish_op(
     } else {
         op
     };
-    if json {
+    if opts.json {
         writeln!(stdout, "{}", to_json(&op))?;
     } else {
         write!(stdout, "{}", op_text(&op))?;
@@ -298,6 +432,29 @@ async fn finish_op(
         return Err(RemoteError::OperationFailed(op.id));
     }
     Ok(())
+}
+
+/// What `finish_op` does after the agent accepted an operation.
+#[derive(Debug, Clone, Copy)]
+struct Follow {
+    wait: bool,
+    json: bool,
+    live: bool,
+}
+
+impl Follow {
+    fn new(wait: bool, client: &ClientOpts) -> Self {
+        let live = match client.progress {
+            ProgressStyle::Live => true,
+            ProgressStyle::Plain => false,
+            ProgressStyle::Auto => std::io::IsTerminal::is_terminal(&std::io::stderr()),
+        };
+        Follow {
+            wait,
+            json: client.json,
+            live,
+        }
+    }
 }
 
 /// `vireo instance list` as a table.
@@ -388,8 +545,13 @@ pub fn op_text(op: &OpStatus) -> String {
         op.instance,
         op.state.as_str()
     );
+    s.push_str(&format!("started {}\n", rfc3339(op.started_ms)));
     if let (Some(end), start) = (op.finished_ms, op.started_ms) {
-        s.push_str(&format!("took {} ms\n", end.saturating_sub(start)));
+        s.push_str(&format!(
+            "finished {}, took {} ms\n",
+            rfc3339(end),
+            end.saturating_sub(start)
+        ));
     }
     if let Some(e) = &op.error {
         s.push_str(&format!("error {}: {}\n", e.code, e.message));
@@ -444,6 +606,7 @@ mod tests {
                     name: "network-vif-plugged".into(),
                     tag: "p1".into(),
                 }],
+                wait_remaining_ms: Some(298_500),
             }),
             last_operation: None,
         }
@@ -461,22 +624,123 @@ mod tests {
         );
     }
 
-    #[test]
-    fn progress_lines_name_phase_and_events() {
-        let op = OpStatus {
+    fn running_op() -> OpStatus {
+        OpStatus {
             id: Uuid::nil(),
             instance: Uuid::nil(),
             kind: OpKind::Create,
             state: OpState::Running,
-            started_ms: 0,
+            started_ms: 1_764_906_000_000,
+            started_at: String::new(),
             finished_ms: None,
+            finished_at: None,
             report: None,
             error: None,
-        };
-        let l = progress_line(&op, Some(&inst()));
-        assert!(l.starts_with("create 00000000-0000-0000-0000-000000000000: running"));
+        }
+    }
+
+    #[test]
+    fn progress_lines_name_elapsed_phase_events_and_time_left() {
+        let (key, l) = progress_line(&running_op(), Some(&inst()), 0);
+        assert!(
+            l.starts_with("[+1.5s] create 00000000-0000-0000-0000-000000000000: running"),
+            "{l}"
+        );
         assert!(l.contains("phase wait for events"), "{l}");
-        assert!(l.contains("waiting for network-vif-plugged p1"), "{l}");
+        assert!(
+            l.contains("waiting for network-vif-plugged p1 (299 s left)"),
+            "{l}"
+        );
+        // The key ignores counters and a phase's detail.
+        let mut i = inst();
+        if let Some(o) = i.operation.as_mut() {
+            o.elapsed_ms = 9_000;
+            o.wait_remaining_ms = Some(1_000);
+        }
+        assert_eq!(progress_line(&running_op(), Some(&i), 0).0, key);
+        let migrate = |detail: &str| {
+            let mut i = inst();
+            if let Some(o) = i.operation.as_mut() {
+                o.phase = Some(format!("migrate: {detail}"));
+                o.waiting_for.clear();
+            }
+            progress_line(&running_op(), Some(&i), 0)
+        };
+        let (k1, t1) = migrate("900 of 1024 MiB left");
+        let (k2, t2) = migrate("100 of 1024 MiB left");
+        assert_eq!(k1, k2);
+        assert_ne!(t1, t2);
+        assert!(t2.contains("phase migrate: 100 of 1024 MiB left"), "{t2}");
+        // Before the driver reports progress: elapsed from the operation's start.
+        let (_, l) = progress_line(&running_op(), None, 1_764_906_002_500);
+        assert!(l.starts_with("[+2.5s] create"), "{l}");
+    }
+
+    #[test]
+    fn live_progress_redraws_one_line_and_keeps_finished_phases() {
+        let mut out = Vec::new();
+        let mut v = ProgressView::new(true);
+        let mut i = inst();
+        v.update(&running_op(), Some(&i), &mut out).unwrap();
+        v.update(&running_op(), Some(&i), &mut out).unwrap();
+        if let Some(o) = i.operation.as_mut() {
+            o.phase = Some("plug".into());
+            o.waiting_for.clear();
+        }
+        v.update(&running_op(), Some(&i), &mut out).unwrap();
+        v.finish(&mut out).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert_eq!(text.matches("\r\x1b[2K").count(), 3, "{text:?}");
+        // Two lines: the finished wait phase, then the plug phase.
+        assert_eq!(text.matches('\n').count(), 2, "{text:?}");
+        assert!(text.ends_with("phase plug\n"), "{text:?}");
+    }
+
+    #[test]
+    fn plain_progress_prints_changes_only() {
+        let mut out = Vec::new();
+        let mut v = ProgressView::new(false);
+        let mut i = inst();
+        for _ in 0..3 {
+            v.update(&running_op(), Some(&i), &mut out).unwrap();
+        }
+        if let Some(o) = i.operation.as_mut() {
+            o.phase = Some("plug".into());
+        }
+        v.update(&running_op(), Some(&i), &mut out).unwrap();
+        v.finish(&mut out).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert_eq!(text.lines().count(), 2, "{text}");
+        assert!(!text.contains('\r'), "{text:?}");
+    }
+
+    #[test]
+    fn operations_show_rfc3339_times() {
+        let mut op = running_op();
+        op.state = OpState::Succeeded;
+        op.finished_ms = Some(op.started_ms + 1_234);
+        let t = op_text(&op);
+        assert!(t.contains("started 2025-12-05T03:40:00.000Z"), "{t}");
+        assert!(
+            t.contains("finished 2025-12-05T03:40:01.234Z, took 1234 ms"),
+            "{t}"
+        );
+    }
+
+    #[test]
+    fn the_action_list_is_every_api_action() {
+        use vireo_actors::lifecycle::{Caller, Request};
+        let api: Vec<&str> = Request::ALL
+            .iter()
+            .filter(|r| r.caller() == Caller::Api)
+            .filter(|r| !matches!(r, Request::Spawn | Request::Destroy))
+            .map(|r| r.as_str())
+            .collect();
+        let mut listed = API_ACTIONS.to_vec();
+        listed.sort_unstable();
+        let mut want = api.clone();
+        want.sort_unstable();
+        assert_eq!(listed, want);
     }
 
     #[test]

@@ -23,9 +23,16 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
-/// vireo: the libvirt virt driver, its agent and tools.
+/// vireo: the hypervisor layer of one compute host, over libvirt.
+///
+/// `vireo agent` runs the compute agent: an HTTP API over the virt driver (instances, their
+/// operations, the host), Nova's external-events endpoint for Neutron, and metrics. The
+/// `instance` and `events send` commands are its clients (`--url`, `--token-file`, or
+/// $VIREO_URL and $VIREO_TOKEN_FILE). `events explain` shows, without an agent, which Neutron
+/// events an operation waits for and why. `demo` walks a normal life and three Nova bugs
+/// vireo must never have on libvirt's test driver.
 #[derive(Debug, Parser)]
-#[command(name = "vireo", version, about)]
+#[command(name = "vireo", version)]
 pub struct Cli {
     /// What to do.
     #[command(subcommand)]
@@ -57,7 +64,8 @@ pub enum Command {
 /// Options of `vireo agent`.
 #[derive(Debug, Clone, Args)]
 pub struct AgentArgs {
-    /// The agent's TOML configuration file (see docs/AGENT.md).
+    /// The agent's TOML configuration file (every key is optional; an empty file drives
+    /// qemu:///system with the token in /etc/vireo/api-token).
     #[arg(long, value_name = "FILE")]
     pub config: PathBuf,
 }
@@ -78,6 +86,9 @@ pub struct ClientOpts {
     /// Print the agent's JSON instead of tables.
     #[arg(long)]
     pub json: bool,
+    /// How --wait shows a running operation on standard error.
+    #[arg(long, value_enum, default_value_t = instance::ProgressStyle::Auto)]
+    pub progress: instance::ProgressStyle,
 }
 
 /// `vireo events ...`.
@@ -135,5 +146,62 @@ where
         Command::Events {
             command: EventsCommand::Send(args),
         } => send::run(args, stdin, stdout, stderr),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run_args(args: &[&str]) -> (u8, String, String) {
+        let (mut out, mut err) = (Vec::new(), Vec::new());
+        let mut stdin: &[u8] = b"";
+        let code = run(
+            std::iter::once("vireo").chain(args.iter().copied()),
+            &mut stdin,
+            &mut out,
+            &mut err,
+        );
+        (
+            code,
+            String::from_utf8_lossy(&out).into_owned(),
+            String::from_utf8_lossy(&err).into_owned(),
+        )
+    }
+
+    #[test]
+    fn free_strings_are_checked_before_anything_is_sent() {
+        let uuid = "00000000-0000-0000-0000-000000000001";
+        let (code, _, err) = run_args(&["instance", "action", uuid, "explode"]);
+        assert_eq!(code, EXIT_INVALID_INPUT, "{err}");
+        assert!(err.contains("invalid value 'explode'"), "{err}");
+        assert!(err.contains("power-on"), "names the possible values: {err}");
+        for (flag, value) in [("--status", "done"), ("--name", "network-vif-exploded")] {
+            let (code, _, err) = run_args(&["events", "send", "--server", uuid, flag, value]);
+            assert_eq!(code, EXIT_INVALID_INPUT, "{flag}: {err}");
+            assert!(err.contains(&format!("invalid value '{value}'")), "{err}");
+        }
+        let (code, _, err) = run_args(&["instance", "list", "--progress", "fancy"]);
+        assert_eq!(code, EXIT_INVALID_INPUT, "{err}");
+    }
+
+    #[test]
+    fn help_says_what_the_api_wants_and_names_no_source_path() {
+        let (code, out, _) = run_args(&["instance", "create", "--help"]);
+        assert_eq!(code, 0);
+        assert!(out.contains("\"memory_mb\""), "{out}");
+        assert!(!out.contains("memory_mib"), "{out}");
+        let (_, out, _) = run_args(&["instance", "action", "--help"]);
+        assert!(out.contains("\"memory_mb\""), "{out}");
+        let (_, top, _) = run_args(&["--help"]);
+        assert!(top.contains("hypervisor layer"), "{top}");
+        for args in [
+            &["--help"][..],
+            &["agent", "--help"][..],
+            &["instance", "create", "--help"][..],
+        ] {
+            let (_, out, _) = run_args(args);
+            assert!(!out.contains("docs/"), "{args:?}: {out}");
+        }
     }
 }

@@ -19,6 +19,18 @@ use crate::client::{to_json, EventsReply};
 use super::remote::{block_on, client, read_json, report, table, RemoteError};
 use super::ClientOpts;
 
+/// The event names Nova's API knows (`--name`).
+pub const EVENT_NAMES: [&str; 8] = [
+    "network-vif-plugged",
+    "network-vif-unplugged",
+    "network-vif-deleted",
+    "network-changed",
+    "volume-extended",
+    "power-update",
+    "accelerator-request-bound",
+    "volume-reimaged",
+];
+
 /// Options of `vireo events send`.
 #[derive(Debug, Args)]
 pub struct SendArgs {
@@ -26,13 +38,15 @@ pub struct SendArgs {
     #[arg(long, conflicts_with = "file", required_unless_present = "file")]
     pub server: Option<Uuid>,
     /// Event name.
-    #[arg(long, default_value = "network-vif-plugged")]
+    #[arg(long, default_value = "network-vif-plugged",
+          value_parser = clap::builder::PossibleValuesParser::new(EVENT_NAMES))]
     pub name: String,
     /// The tag (the port id for network events).
     #[arg(long)]
     pub tag: Option<String>,
-    /// completed, failed or in-progress.
-    #[arg(long, default_value = "completed")]
+    /// The event's status.
+    #[arg(long, default_value = "completed",
+          value_parser = clap::builder::PossibleValuesParser::new(["completed", "failed", "in-progress"]))]
     pub status: String,
     /// A whole body: {"events": [...]} or a list of events; `-` reads standard input.
     #[arg(long, value_name = "FILE")]
