@@ -363,6 +363,14 @@ pub struct InstancesSection {
     /// `[libvirt] wait_soft_reboot_seconds`). Default 120.
     #[serde(default = "default_soft_reboot_timeout")]
     pub soft_reboot_timeout: u64,
+    /// Seconds one request to a running guest to release a detached interface waits for
+    /// libvirt's device-removed event (Nova's `[libvirt] device_detach_timeout`). Default 20.
+    #[serde(default = "default_device_detach_timeout")]
+    pub device_detach_timeout: u64,
+    /// How many times the guest is asked before the detach fails with the interface left
+    /// plugged (Nova's `[libvirt] device_detach_attempts`). Default 8.
+    #[serde(default = "default_device_detach_attempts")]
+    pub device_detach_attempts: u32,
     /// Seconds a cached base image (`<state_dir>/_base/<image id>`) no instance uses is kept
     /// after its last use (Nova's `remove_unused_original_minimum_age_seconds`). Default 86400.
     #[serde(default = "default_remove_unused_base_after")]
@@ -472,6 +480,12 @@ fn default_power_off_timeout() -> u64 {
 fn default_soft_reboot_timeout() -> u64 {
     120
 }
+fn default_device_detach_timeout() -> u64 {
+    20
+}
+fn default_device_detach_attempts() -> u32 {
+    8
+}
 fn default_log_level() -> String {
     "info".to_owned()
 }
@@ -546,6 +560,8 @@ impl Default for InstancesSection {
             machine: None,
             power_off_timeout: default_power_off_timeout(),
             soft_reboot_timeout: default_soft_reboot_timeout(),
+            device_detach_timeout: default_device_detach_timeout(),
+            device_detach_attempts: default_device_detach_attempts(),
             remove_unused_base_after: default_remove_unused_base_after(),
             image_read_timeout: default_image_read_timeout(),
             image_cache_interval: default_image_cache_interval(),
@@ -781,6 +797,25 @@ impl AgentConfig {
             return bad(
                 "plugging",
                 "is only used with a real hypervisor (libvirt.uri is a test: URI)".to_owned(),
+            );
+        }
+        if self.instances.device_detach_timeout == 0 || self.instances.device_detach_timeout > 600 {
+            return bad(
+                "instances.device_detach_timeout",
+                format!(
+                    "{} is not in 1..=600 seconds",
+                    self.instances.device_detach_timeout
+                ),
+            );
+        }
+        if self.instances.device_detach_attempts == 0 || self.instances.device_detach_attempts > 100
+        {
+            return bad(
+                "instances.device_detach_attempts",
+                format!(
+                    "{} is not in 1..=100",
+                    self.instances.device_detach_attempts
+                ),
             );
         }
         if self.instances.soft_reboot_timeout == 0 || self.instances.soft_reboot_timeout > 3_600 {
@@ -1073,6 +1108,10 @@ impl AgentConfig {
             wait: self.wait_policy(),
             power_off_timeout: Duration::from_secs(self.instances.power_off_timeout),
             soft_reboot_timeout: Duration::from_secs(self.instances.soft_reboot_timeout),
+            device_detach: vireo_actors::instance::DetachPolicy {
+                timeout: Duration::from_secs(self.instances.device_detach_timeout),
+                attempts: self.instances.device_detach_attempts,
+            },
             migration: MigrationPolicy {
                 completion_timeout_per_gib: Some(self.libvirt.live_migration_completion_timeout)
                     .filter(|s| *s > 0)

@@ -74,6 +74,9 @@ pub struct HostOptions {
     pub migration_uri: Option<String>,
     /// How live migrations from this host are run and watched.
     pub migration: vireo_actors::instance::MigrationPolicy,
+    /// How a device detached from a running guest is waited for (the booted guest releases
+    /// it in a second or two; a diskless guest, with no OS, never does).
+    pub device_detach: vireo_actors::instance::DetachPolicy,
     /// The state directory (instance disks in `instances/`, the image cache in `_base/`).
     /// Default: one of its own under the system's temporary directory, per process and host.
     pub state_dir: std::path::PathBuf,
@@ -95,6 +98,10 @@ impl HostOptions {
             soft_reboot_timeout: Duration::from_secs(2),
             migration_uri: None,
             migration: vireo_actors::instance::MigrationPolicy::default(),
+            device_detach: vireo_actors::instance::DetachPolicy {
+                timeout: Duration::from_secs(20),
+                attempts: 3,
+            },
             state_dir: std::env::temp_dir().join(format!("vireo-it-{}-{name}", std::process::id())),
         }
     }
@@ -223,6 +230,7 @@ impl Host {
                 power_off_timeout: opts.power_off_timeout,
                 soft_reboot_timeout: opts.soft_reboot_timeout,
                 migration: opts.migration.clone(),
+                device_detach: opts.device_detach,
                 ..InstanceConfig::default()
             },
             events: EventConfig::default(),

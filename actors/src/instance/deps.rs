@@ -111,6 +111,30 @@ pub struct InstanceConfig {
     pub set_migrating_to: bool,
     /// How a live migration is run and watched.
     pub migration: MigrationPolicy,
+    /// How a device detached from a running guest is waited for.
+    pub device_detach: DetachPolicy,
+}
+
+/// How a device detached from a running guest is waited for (Nova's `[libvirt]
+/// device_detach_timeout` and `device_detach_attempts`): the guest releases the device
+/// asynchronously and libvirt says so with a device-removed event. Each attempt asks the guest
+/// to release it and waits `timeout` for the event; after `attempts` the detach fails and the
+/// host side stays plugged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DetachPolicy {
+    /// How long one attempt waits for the device-removed event.
+    pub timeout: Duration,
+    /// How many times the guest is asked.
+    pub attempts: u32,
+}
+
+impl Default for DetachPolicy {
+    fn default() -> Self {
+        DetachPolicy {
+            timeout: Duration::from_secs(20),
+            attempts: 8,
+        }
+    }
 }
 
 /// How a live migration is run and watched.
@@ -165,6 +189,7 @@ impl Default for InstanceConfig {
             lifecycle_debounce: Duration::from_secs(2),
             set_migrating_to: true,
             migration: MigrationPolicy::default(),
+            device_detach: DetachPolicy::default(),
         }
     }
 }

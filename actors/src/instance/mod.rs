@@ -26,7 +26,7 @@ pub mod types;
 
 pub use actor::{error_chain, InstanceActor};
 pub use admission::{AdmissionError, Admitted, Completion, Ticket};
-pub use deps::{HostDeps, InstanceConfig, MigrationPolicy, PeerHost, Peers};
+pub use deps::{DetachPolicy, HostDeps, InstanceConfig, MigrationPolicy, PeerHost, Peers};
 pub use in_flight::{InFlight, InFlightError, Interrupted, Marker};
 pub use op::ALIAS_PREFIX;
 pub use operation::{cleanup_flags, LiveMigrateArgs, Operation, ResizeArgs};

@@ -376,6 +376,17 @@ pub enum InstanceError {
         #[source]
         source: LibvirtError,
     },
+    /// The guest did not release a device detached from it: no device-removed event and the
+    /// device still in its live definition after every attempt. The host side stays plugged.
+    #[error("the guest did not release device {alias} after {attempts} requests ({waited:?})")]
+    DeviceNotReleased {
+        /// The device's alias.
+        alias: String,
+        /// How many times the guest was asked.
+        attempts: u32,
+        /// How long it was waited for in all.
+        waited: Duration,
+    },
     /// A network-service call failed.
     #[error("network {step} failed")]
     Network {
@@ -585,6 +596,7 @@ impl InstanceError {
             InstanceError::Network { .. } => "network",
             InstanceError::Storage { .. } => "storage",
             InstanceError::MigrationAborted { .. } => "migration-timeout",
+            InstanceError::DeviceNotReleased { .. } => "device-not-released",
             InstanceError::EventWait { .. } => "event-wait",
             InstanceError::Predict(_) => "unsupported-vif",
             InstanceError::VifConfig(_) => "unsupported-vif",

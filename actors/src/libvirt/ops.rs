@@ -426,6 +426,21 @@ impl LibvirtHandle {
         .await?
     }
 
+    /// True while the running domain's live definition still has a device with `alias` (a
+    /// detach of a live device finishes when the guest released it).
+    #[instrument(level = "debug", skip(self, alias), fields(%uuid))]
+    pub async fn has_live_device(
+        &self,
+        uuid: Uuid,
+        alias: impl Into<String>,
+    ) -> Result<bool, LibvirtError> {
+        let alias = alias.into();
+        self.call("has_live_device", move |conn| {
+            alias_present(&lookup(conn, uuid)?, &alias, Affect::Live)
+        })
+        .await
+    }
+
     /// Migrates the domain peer-to-peer to `dest_uri` (`virDomainMigrateToURI3`; `flags` are
     /// `VIR_MIGRATE_*`, `VIR_MIGRATE_PEER2PEER` is added). Uses `migrate_timeout_ms`; a driver
     /// without migration (the test driver) gives [`LibvirtError::Unsupported`].

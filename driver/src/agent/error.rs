@@ -172,6 +172,7 @@ pub fn status_for_driver(e: &InstanceError) -> StatusCode {
         | InstanceError::Network { .. }
         | InstanceError::Storage { .. }
         | InstanceError::MigrationAborted { .. }
+        | InstanceError::DeviceNotReleased { .. }
         | InstanceError::EventWait { .. }
         | InstanceError::Predict(_)
         | InstanceError::VifConfig(_)

@@ -15,6 +15,7 @@ use crate::instance::in_flight::{InFlight, InterfaceStep};
 use crate::instance::op::OpCtx;
 use crate::instance::record::InstanceRecord;
 use crate::instance::types::{InstanceError, InvalidOperation};
+use tracing::warn;
 
 use super::{expect_predicted, predicted, refresh_active, with_rollback, Finished};
 
@@ -176,6 +177,9 @@ pub(super) async fn detach(
     } else {
         crate::libvirt::Affect::Config
     };
+    // Subscribed before the request, so that a device-removed event that comes at once is
+    // not missed.
+    let mut removed = live.then(|| lv.events());
     let r = op
         .lv(
             "detach device",
@@ -190,7 +194,11 @@ pub(super) async fn detach(
                 let r = op
                     .lv(
                         "detach device (live)",
-                        lv.detach_device_alias(op.uuid, alias, crate::libvirt::Affect::Live),
+                        lv.detach_device_alias(
+                            op.uuid,
+                            alias.clone(),
+                            crate::libvirt::Affect::Live,
+                        ),
                     )
                     .await;
                 if !no_device(&r) {
@@ -201,8 +209,81 @@ pub(super) async fn detach(
         }
         Err(e) => return Err(e),
     }
+    if let Some(events) = removed.as_mut() {
+        released(op, &alias, events).await?;
+    }
     op.deps.plugger.devices_detached(&[vif.id]).await;
     Ok(())
+}
+
+/// Wait until the running guest released the device `alias` that was just detached (see
+/// [`crate::instance::DetachPolicy`]): done when the device is no longer in the live
+/// definition or libvirt's device-removed event for it came; otherwise the guest is asked
+/// again, at most `attempts` times in all, then [`InstanceError::DeviceNotReleased`].
+async fn released(
+    op: &mut OpCtx,
+    alias: &str,
+    events: &mut crate::libvirt::EventStream,
+) -> Result<(), InstanceError> {
+    let lv = op.deps.libvirt.clone();
+    let policy = op.deps.config.device_detach;
+    let started = tokio::time::Instant::now();
+    for attempt in 1..=policy.attempts.max(1) {
+        if attempt > 1 {
+            warn!(instance = %op.uuid, alias, attempt,
+                  "the guest has not released the device: asking again");
+            let r = op
+                .lv(
+                    "detach device (again)",
+                    lv.detach_device_alias(op.uuid, alias.to_owned(), crate::libvirt::Affect::Live),
+                )
+                .await;
+            if no_device(&r) {
+                return Ok(());
+            }
+            r?;
+        }
+        if !op
+            .lv(
+                "read live devices",
+                lv.has_live_device(op.uuid, alias.to_owned()),
+            )
+            .await?
+        {
+            return Ok(());
+        }
+        op.phase(&format!(
+            "wait for the guest to release {alias} ({attempt}/{})",
+            policy.attempts.max(1)
+        ));
+        let deadline = tokio::time::Instant::now() + policy.timeout;
+        loop {
+            match tokio::time::timeout_at(deadline, events.recv()).await {
+                Ok(Some(crate::libvirt::LibvirtEvent::DeviceRemoved { uuid, alias: a }))
+                    if uuid == op.uuid && a == alias =>
+                {
+                    return Ok(());
+                }
+                Ok(Some(_)) => continue,
+                // The event stream ended (the connection is gone): read the definition.
+                Ok(None) | Err(_) => break,
+            }
+        }
+    }
+    if !op
+        .lv(
+            "read live devices",
+            lv.has_live_device(op.uuid, alias.to_owned()),
+        )
+        .await?
+    {
+        return Ok(());
+    }
+    Err(InstanceError::DeviceNotReleased {
+        alias: alias.to_owned(),
+        attempts: policy.attempts.max(1),
+        waited: started.elapsed(),
+    })
 }
 
 /// Hot-unplug a port: detach the device, unplug the host side.
