@@ -183,7 +183,7 @@ check() {
   in_ct systemctl reset-failed vireo.service 2>/dev/null || true
 
   # 1. Type=notify: `systemctl start` returns once READY=1 came; the status line names it.
-  local t=$SECONDS
+  local t=$SECONDS i
   in_ct timeout 300 systemctl start vireo.service || {
     in_ct journalctl -u vireo --no-pager | tail -40
     die "vireo.service did not start"
@@ -203,9 +203,12 @@ check() {
   [[ $(jq -r .hypervisor_type <<<"$host") == QEMU ]] || die "hypervisor: $host"
 
   # 3. journald, natively: the listening line at priority notice (5), identifier vireo.
-  local listening
-  listening=$(in_ct journalctl -u vireo -o json --no-pager |
-    jq -c 'select(.MESSAGE == "agent listening") | {PRIORITY, SYSLOG_IDENTIFIER}' | head -n1)
+  # (The journal is read whole into a variable: a reader that stops early, such as `head` or
+  # `grep -q`, would make journalctl die of SIGPIPE and fail the pipeline.)
+  local journal listening
+  journal=$(in_ct journalctl -u vireo -o json --no-pager)
+  listening=$(jq -c 'select(.MESSAGE == "agent listening") | {PRIORITY, SYSLOG_IDENTIFIER}' \
+    <<<"$journal" | sed -n 1p)
   [[ $listening == '{"PRIORITY":"5","SYSLOG_IDENTIFIER":"vireo"}' ]] ||
     die "journal entry of 'agent listening': '$listening'"
   log "journald: $listening"
@@ -237,7 +240,17 @@ check() {
   in_ct systemctl stop vireo.service
   [[ $(show Result vireo) == success && $(show ExecMainStatus vireo) == 0 ]] ||
     die "stop: Result $(show Result vireo), status $(show ExecMainStatus vireo)"
-  in_ct journalctl -u vireo --no-pager | grep -q "agent stopped" || die "no 'agent stopped' in the journal"
+  # journald stores what it received asynchronously: give the last lines a moment.
+  local stopped=
+  for ((i = 0; i < 20; i++)); do
+    journal=$(in_ct journalctl -u vireo --no-pager -o cat)
+    if [[ $journal == *"agent stopped"* ]]; then
+      stopped=1
+      break
+    fi
+    sleep 0.25
+  done
+  [[ -n $stopped ]] || die "no 'agent stopped' in the journal: $(tail -n 5 <<<"$journal")"
   log "stopped cleanly; all checks passed in $((SECONDS - t0)) s"
 }
 
