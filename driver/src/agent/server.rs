@@ -327,13 +327,12 @@ async fn peer_request(
     Ok(HttpResponse::Ok().json(svc.peer_request(uuid, body).await?))
 }
 
-/// The answer's request id header, as every OpenStack API sets it (`req-<uuid>`): the id a
-/// client logs (Neutron's "Nova event matching [req-...]") and the agent's log lines carry.
+/// The request id header, as every OpenStack API names it: in an answer, this request's id
+/// (`req-<uuid>`), which a client logs (Neutron's "Nova event matching [req-...]") and the
+/// agent's log lines carry; in a request, the caller's global request id (oslo.context).
 static REQUEST_ID: HeaderName = HeaderName::from_static("x-openstack-request-id");
-/// The same id under the name Nova's compute API also answers with.
+/// The answer's request id under the name Nova's compute API also answers with.
 static COMPUTE_REQUEST_ID: HeaderName = HeaderName::from_static("x-compute-request-id");
-/// The caller's global request id (oslo.context's `X-OpenStack-Request-ID`).
-const GLOBAL_REQUEST_ID: &str = "x-openstack-request-id";
 
 /// A new request id, `req-<uuid4>`.
 fn request_id() -> String {
@@ -343,14 +342,11 @@ fn request_id() -> String {
 /// The caller's global request id when it is one (`req-` and a lower-case hyphenated UUID,
 /// as oslo.context accepts it); anything else is ignored, as OpenStack services ignore it.
 fn global_request_id(headers: &HeaderMap) -> Option<&str> {
-    let v = headers.get(GLOBAL_REQUEST_ID)?.to_str().ok()?;
+    let v = headers.get(&REQUEST_ID)?.to_str().ok()?;
     let uuid = v.strip_prefix("req-")?;
-    let shaped = uuid.len() == 36
-        && uuid.bytes().enumerate().all(|(i, b)| match i {
-            8 | 13 | 18 | 23 => b == b'-',
-            _ => b.is_ascii_digit() || (b'a'..=b'f').contains(&b),
-        });
-    shaped.then_some(v)
+    Uuid::parse_str(uuid)
+        .is_ok_and(|u| u.hyphenated().to_string() == uuid)
+        .then_some(v)
 }
 
 async fn no_route() -> Result<HttpResponse, ApiError> {
@@ -497,4 +493,32 @@ pub async fn serve(
     let _ = tokio::time::timeout_at(deadline, running).await;
     info!("agent stopped");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_global_request_id_is_taken_only_in_oslo_contexts_shape() {
+        let with = |v: &'static str| {
+            let mut h = HeaderMap::new();
+            h.insert(REQUEST_ID.clone(), HeaderValue::from_static(v));
+            global_request_id(&h).map(str::to_owned)
+        };
+        let good = "req-9a1c2e44-5d2b-4e55-9c51-3f0f3a6c4d10";
+        assert_eq!(with(good).as_deref(), Some(good));
+        for bad in [
+            "req-9A1C2E44-5D2B-4E55-9C51-3F0F3A6C4D10",
+            "9a1c2e44-5d2b-4e55-9c51-3f0f3a6c4d10",
+            "req-9a1c2e445d2b4e559c513f0f3a6c4d10",
+            "req-nope",
+            "",
+        ] {
+            assert_eq!(with(bad), None, "{bad:?}");
+        }
+        assert_eq!(global_request_id(&HeaderMap::new()), None);
+        assert!(request_id().starts_with("req-"));
+        assert_ne!(request_id(), request_id());
+    }
 }
