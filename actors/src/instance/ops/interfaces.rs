@@ -243,13 +243,7 @@ async fn released(
             }
             r?;
         }
-        if !op
-            .lv(
-                "read live devices",
-                lv.has_live_device(op.uuid, alias.to_owned()),
-            )
-            .await?
-        {
+        if !still_attached(op, alias).await? {
             return Ok(());
         }
         op.phase(&format!(
@@ -270,13 +264,7 @@ async fn released(
             }
         }
     }
-    if !op
-        .lv(
-            "read live devices",
-            lv.has_live_device(op.uuid, alias.to_owned()),
-        )
-        .await?
-    {
+    if !still_attached(op, alias).await? {
         return Ok(());
     }
     Err(InstanceError::DeviceNotReleased {
@@ -284,6 +272,16 @@ async fn released(
         attempts: policy.attempts.max(1),
         waited: started.elapsed(),
     })
+}
+
+/// True while the running guest's live definition still has the device `alias`.
+async fn still_attached(op: &mut OpCtx, alias: &str) -> Result<bool, InstanceError> {
+    let lv = op.deps.libvirt.clone();
+    op.lv(
+        "read live devices",
+        lv.has_live_device(op.uuid, alias.to_owned()),
+    )
+    .await
 }
 
 /// Hot-unplug a port: detach the device, unplug the host side.
