@@ -46,6 +46,25 @@ fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
 
+/// A loopback port nothing listens on now.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// SIGTERM the agent process and wait (at most 40 s) for it to exit; its output.
+async fn sigterm_and_wait(child: tokio::process::Child) -> Output {
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id().unwrap()).unwrap());
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    tokio::time::timeout(Duration::from_secs(40), child.wait_with_output())
+        .await
+        .expect("the agent did not stop")
+        .unwrap()
+}
+
 /// A config file plus its token file in `dir`, on the embedded default's libvirt unless
 /// `body` has its own `[libvirt]`.
 fn config(dir: &Path, body: &str, token_mode: u32) -> PathBuf {
@@ -364,11 +383,7 @@ async fn client_commands_against_a_running_agent() {
 #[actix_rt::test]
 async fn an_agent_without_a_libvirt_uri_drives_qemu_system() {
     let d = tempfile::tempdir().unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
     let host = format!("vireo-default-uri-{}", Uuid::new_v4().simple());
     let cfg = config_with(
         d.path(),
@@ -406,23 +421,14 @@ async fn an_agent_without_a_libvirt_uri_drives_qemu_system() {
         !d.path().join("state/libvirt-test-node.xml").exists(),
         "no test-driver node"
     );
-    let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id().unwrap()).unwrap());
-    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
-    let out = tokio::time::timeout(Duration::from_secs(40), child.wait_with_output())
-        .await
-        .expect("the agent did not stop")
-        .unwrap();
+    let out = sigterm_and_wait(child).await;
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
 }
 
 #[actix_rt::test]
 async fn the_agent_binary_serves_and_stops_on_sigterm() {
     let d = tempfile::tempdir().unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
     let cfg = config(d.path(), "", 0o600);
     let text_cfg = std::fs::read_to_string(&cfg).unwrap().replace(
         "listen = \"127.0.0.1:0\"",
@@ -519,12 +525,7 @@ async fn the_agent_binary_serves_and_stops_on_sigterm() {
     }
     assert!(d.path().join("state/libvirt-test-node.xml").exists());
 
-    let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id().unwrap()).unwrap());
-    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
-    let out = tokio::time::timeout(Duration::from_secs(40), child.wait_with_output())
-        .await
-        .expect("the agent did not stop")
-        .unwrap();
+    let out = sigterm_and_wait(child).await;
     next_notification("STOPPING=1");
     let err = text(&out.stderr);
     assert_eq!(out.status.code(), Some(0), "{err}");
