@@ -106,6 +106,9 @@ pub fn valid_transition(from: InstanceState, to: InstanceState) -> bool {
         (_, Error) => true,
         // Arrivals.
         (Absent, Building | Incoming | ResizeTarget) => true,
+        // A resize Nova runs finishes on the destination as an ordinary instance: Nova's
+        // confirm never asks the destination, and its revert destroys it.
+        (Absent, Running | Stopped) => true,
         (Building, Running | Paused | Stopped) => true,
         (Incoming, Running | Paused) => true,
         // Power and pause.
@@ -295,7 +298,7 @@ impl Request {
             Request::Unpause | Request::Resume => &[Running],
             Request::Suspend => &[Suspended],
             Request::Resize => &[ResizeSource, ResizeTarget],
-            Request::FinishResize => &[ResizeTarget],
+            Request::FinishResize => &[ResizeTarget, Running, Stopped],
             Request::ConfirmResize | Request::FinishRevertResize => &[Running, Stopped],
             Request::ConfirmResizeSource => &[Gone],
             Request::RevertResize => &[Gone, Running, Stopped],
@@ -400,7 +403,8 @@ mod tests {
     /// The full table, written out independently of `valid_transition`'s match arms.
     fn expected(from: InstanceState, to: InstanceState) -> bool {
         let allowed: &[InstanceState] = match from {
-            Absent => &[Building, Incoming, ResizeTarget, Gone],
+            // Running, Stopped: a resize Nova runs, finished on its destination.
+            Absent => &[Building, Incoming, ResizeTarget, Running, Stopped, Gone],
             Building => &[Running, Paused, Stopped, Error, Gone],
             Running => &[
                 Running,

@@ -322,11 +322,12 @@ fn sample(req: Request, vif: &Vif, handover: &Handover) -> Operation {
         Request::FinishResize => Operation::FinishResize {
             migration,
             handover: Box::new(handover.clone()),
+            caller: None,
         },
         Request::ConfirmResize => Operation::ConfirmResize {},
         Request::ConfirmResizeSource => Operation::ConfirmResizeSource {},
         Request::RevertResize => Operation::RevertResize {},
-        Request::FinishRevertResize => Operation::FinishRevertResize {},
+        Request::FinishRevertResize => Operation::FinishRevertResize { caller: None },
         Request::LiveMigrate => Operation::LiveMigrate(Box::new(LiveMigrateArgs::of(&migration))),
         Request::PreLiveMigration => Operation::PreLiveMigration {
             migration,

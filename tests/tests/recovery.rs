@@ -262,7 +262,7 @@ async fn a_resize_interrupted_at_the_handover_waits_for_confirm_or_revert() {
     .await;
     // The destination never finished: the instance is brought back here.
     h1.driver
-        .complete(id, Operation::FinishRevertResize {})
+        .complete(id, Operation::FinishRevertResize { caller: None })
         .await
         .unwrap();
     let view = h1.driver.show(id).await.unwrap();

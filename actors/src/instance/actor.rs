@@ -653,7 +653,9 @@ impl Handler<RecoverInterrupted> for InstanceActor {
                     Some(Operation::RevertResize {})
                 }
                 // The source bringing a reverted instance back: do it again.
-                InFlight::FinishRevertResize(_) if source => Some(Operation::FinishRevertResize {}),
+                InFlight::FinishRevertResize(_) if source => {
+                    Some(Operation::FinishRevertResize { caller: None })
+                }
                 // A start that did not finish (a soft reboot's too, which shuts the guest
                 // down and starts it): start again, waiting for what the model predicts.
                 InFlight::PowerOn | InFlight::RebootHard | InFlight::RebootSoft => {

@@ -29,6 +29,6 @@ pub use admission::{AdmissionError, Admitted, Completion, Ticket};
 pub use deps::{DetachPolicy, HostDeps, InstanceConfig, MigrationPolicy, PeerHost, Peers};
 pub use in_flight::{InFlight, InFlightError, Interrupted, Marker};
 pub use op::ALIAS_PREFIX;
-pub use operation::{cleanup_flags, LiveMigrateArgs, Operation, ResizeArgs};
+pub use operation::{cleanup_flags, CallerTask, LiveMigrateArgs, Operation, ResizeArgs};
 pub use record::{BootSource, DomainSettings, InstanceRecord, RecordError, StorageRecord};
 pub use types::*;

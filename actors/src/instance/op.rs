@@ -13,6 +13,7 @@ use vireo_xml::metadata::InFlightOperation;
 use super::in_flight::{InFlight, Marker};
 
 use crate::events::{OpId, WaitHandle, WaitOutcome, WaitPolicy};
+use crate::external::ExternalEvent;
 use crate::libvirt::{Affect, DomainState, LibvirtError, Metadata};
 use crate::lifecycle::Request;
 use crate::network::NetworkError;
@@ -23,7 +24,7 @@ use crate::vif::{PortId, Vif};
 use crate::vif_config::{interface_for, DeviceConfig, InterfaceOptions};
 
 use super::deps::HostDeps;
-use super::operation::Operation;
+use super::operation::{CallerTask, Operation};
 use super::record::InstanceRecord;
 use super::types::{
     InstanceError, InstanceReply, OpReport, PowerState, Step, StepKind, WaitReport,
@@ -208,6 +209,33 @@ impl OpCtx {
         let r = fut.await;
         self.step(step.to_owned(), StepKind::Storage, start, r.is_err());
         r.map_err(|source| InstanceError::Storage { step, source })
+    }
+
+    /// Take over what a caller that runs this half of a move itself (Nova) knows: events
+    /// since its task began count for this operation's waits (at most `vif_plugging_timeout`
+    /// back), and the events it received before asking are delivered as if they came now
+    /// (this host may have dropped them: it did not hold the instance yet). Called before
+    /// any wait is registered.
+    pub fn adopt_caller_task(&mut self, task: &CallerTask) {
+        if let Some(began) = task.events_since_ms {
+            // Both times are whole milliseconds: one more covers what truncation cut off.
+            let back = Duration::from_millis(self.started_unix_ms.saturating_sub(began) + 1)
+                .min(self.deps.config.wait.timeout);
+            if let Some(since) = self.since.checked_sub(back) {
+                self.since = since;
+            }
+        }
+        self.deps.events.track(self.uuid);
+        let mine: Vec<ExternalEvent> = task
+            .events
+            .iter()
+            .filter(|e| e.server_uuid == self.uuid)
+            .cloned()
+            .collect();
+        if !mine.is_empty() {
+            debug!(instance = %self.uuid, events = mine.len(), "events of the caller's task");
+            self.deps.events.deliver_batch(mine);
+        }
     }
 
     /// A request to another host, timed.

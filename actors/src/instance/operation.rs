@@ -23,6 +23,7 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 use vireo_xml::metadata::Flavor;
 
+use crate::external::ExternalEvent;
 use crate::lifecycle::Request;
 use crate::vif::{PortId, Vif};
 
@@ -69,6 +70,9 @@ pub enum Operation {
         migration: Migration,
         /// What to build.
         handover: Box<Handover>,
+        /// Nova's compute manager runs this half (not the source host): what it knows.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        caller: Option<Box<CallerTask>>,
     },
     /// Where the resized instance runs: confirm.
     ConfirmResize {},
@@ -78,7 +82,12 @@ pub enum Operation {
     RevertResize {},
     /// Source of a reverted resize: bring the instance back after the destination removed
     /// its copy.
-    FinishRevertResize {},
+    FinishRevertResize {
+        /// Nova's compute manager runs this half (not the destination host), and has moved
+        /// the port bindings back already: what it knows.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        caller: Option<Box<CallerTask>>,
+    },
     /// Source: live-migrate to another host.
     LiveMigrate(Box<LiveMigrateArgs>),
     /// Destination of a live migration: pre-wire the devices.
@@ -144,7 +153,7 @@ impl Operation {
             Operation::ConfirmResize {} => Request::ConfirmResize,
             Operation::ConfirmResizeSource {} => Request::ConfirmResizeSource,
             Operation::RevertResize {} => Request::RevertResize,
-            Operation::FinishRevertResize {} => Request::FinishRevertResize,
+            Operation::FinishRevertResize { .. } => Request::FinishRevertResize,
             Operation::LiveMigrate(_) => Request::LiveMigrate,
             Operation::PreLiveMigration { .. } => Request::PreLiveMigration,
             Operation::PostLiveMigrationAtDestination { .. } => {
@@ -183,6 +192,31 @@ pub struct ResizeArgs {
     /// The migration's id (a caller that tracks migrations, like Nova, gives its own).
     #[serde(default = "Uuid::new_v4")]
     pub migration_id: Uuid,
+    /// The caller (Nova's compute manager) carries the instance to the destination itself:
+    /// this host powers the guest off, keeps it for a revert and answers with the
+    /// [`Handover`] in its report instead of asking the destination to finish.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub caller_finishes: bool,
+}
+
+/// What a caller that runs each host's half of a move itself (Nova's compute manager) tells
+/// the half it asks for. Nova moves the port bindings *before* it calls a host's driver, so
+/// events caused by that move may have come before this operation began: they count.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CallerTask {
+    /// Network events the caller received for the instance during its task before it asked
+    /// (this host may not have known the instance then, and dropped them).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub events: Vec<ExternalEvent>,
+    /// When the caller's task began here (unix milliseconds): events this host received
+    /// since then count for the operation's waits (at most `vif_plugging_timeout` back).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub events_since_ms: Option<u64>,
+    /// The source host's libvirt URI, which a resize's destination copies the disks from
+    /// (without a caller: the peer directory's `migration_uri`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_uri: Option<String>,
 }
 
 impl ResizeArgs {
@@ -192,6 +226,7 @@ impl ResizeArgs {
             new_flavor,
             dest_host: dest_host.map(str::to_owned),
             migration_id: Uuid::new_v4(),
+            caller_finishes: false,
         }
     }
 
@@ -201,6 +236,7 @@ impl ResizeArgs {
             new_flavor,
             dest_host: Some(migration.dest_host.clone()),
             migration_id: migration.id,
+            caller_finishes: false,
         }
     }
 

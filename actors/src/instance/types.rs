@@ -194,6 +194,10 @@ pub struct OpReport {
     /// What a live migration's destination prepared for the disks (pre-live-migration).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub incoming: Option<IncomingDisks>,
+    /// What a resize's source hands to a caller that carries it to the destination itself
+    /// (`caller_finishes`): the destination's `finish-resize` takes it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub handover: Option<Handover>,
 }
 
 /// What a live migration's destination prepared for the instance's disks, told back to the
@@ -552,6 +556,16 @@ pub enum InvalidOperation {
     #[error("host {host} has no libvirt URI to copy disks from")]
     NoDiskCopyFrom {
         /// The source.
+        host: String,
+    },
+    /// A resize that Nova runs found the source's instances directory shared with this host
+    /// (its probe is here): Nova would destroy or keep the in-place disks wrongly.
+    #[error(
+        "host {host} shares the instances directory with the resize's source: a resize that \
+         Nova runs copies the disks and cannot resize them in place"
+    )]
+    SharedResizeUnderNova {
+        /// This host.
         host: String,
     },
     /// The other host's `network_info` in a handover does not parse.

@@ -416,6 +416,10 @@ pub struct Report {
     /// What a live migration's destination prepared for the disks.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub incoming: Option<vireo_actors::instance::IncomingDisks>,
+    /// What a resize's source hands to a caller that carries it to the destination
+    /// (`caller_finishes`), as the destination's `finish-resize` takes it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub handover: Option<serde_json::Value>,
 }
 
 /// One step of a [`Report`].

@@ -479,7 +479,16 @@ impl AgentService {
             Operation::Resize(args) => {
                 check_flavor(&args.new_flavor)?;
                 match &args.dest_host {
+                    Some(h) if args.caller_finishes && *h == self.settings.host => {
+                        Err(ApiError::Invalid(format!(
+                            "dest_host: {h:?} is this host (caller_finishes hands the \
+                             instance to another host)"
+                        )))
+                    }
                     Some(h) => check_host("dest_host", h),
+                    None if args.caller_finishes => Err(ApiError::Invalid(
+                        "caller_finishes: needs a dest_host".into(),
+                    )),
                     None => Ok(()),
                 }
             }

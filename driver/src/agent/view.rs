@@ -148,6 +148,10 @@ pub fn report_wire(r: &OpReport) -> Report {
             already_gone: rel.already_gone.iter().map(ToString::to_string).collect(),
         }),
         incoming: r.incoming.clone(),
+        handover: r
+            .handover
+            .as_ref()
+            .and_then(|h| serde_json::to_value(h).ok()),
     }
 }
 
@@ -227,6 +231,12 @@ pub fn op_report(r: &Report) -> Result<OpReport, String> {
         waits,
         released,
         incoming: r.incoming.clone(),
+        handover: match &r.handover {
+            None => None,
+            Some(h) => {
+                Some(serde_json::from_value(h.clone()).map_err(|e| format!("handover: {e}"))?)
+            }
+        },
     })
 }
 
@@ -292,6 +302,17 @@ mod tests {
                     cache: Some(vireo_actors::storage::CacheMode::None),
                 }],
             }),
+            handover: Some(
+                serde_json::from_value(serde_json::json!({
+                    "name": "instance-1",
+                    "flavor": {"name": "m2", "vcpus": 2, "memory_mb": 256, "root_gb": 2},
+                    "old_flavor": {"name": "m1", "vcpus": 1, "memory_mb": 128, "root_gb": 1},
+                    "boot": {"type": "none"},
+                    "network_info": [],
+                    "power_on": true,
+                }))
+                .unwrap(),
+            ),
         };
         let wire = serde_json::to_string(&report_wire(&r)).unwrap();
         let back: Report = serde_json::from_str(&wire).unwrap();

@@ -315,7 +315,8 @@ pub(crate) async fn dispatch(
         R::FinishResize {
             migration,
             handover,
-        } => return resize::finish_resize(op, migration, *handover).await,
+            caller,
+        } => return resize::finish_resize(op, migration, *handover, caller).await,
         R::PreLiveMigration {
             migration,
             handover,
@@ -358,7 +359,7 @@ pub(crate) async fn dispatch(
         R::ConfirmResize {} => resize::confirm_resize(op, record).await,
         R::ConfirmResizeSource {} => resize::confirm_resize_source(op, record).await,
         R::RevertResize {} => resize::revert_resize(op, record).await,
-        R::FinishRevertResize {} => resize::finish_revert_resize(op, record).await,
+        R::FinishRevertResize { caller } => resize::finish_revert_resize(op, record, caller).await,
         R::LiveMigrate(args) => migrate::live_migrate(op, record, from, *args).await,
         R::PostLiveMigrationAtDestination { migration } => {
             migrate::post_live_migration(op, record, migration.source_host).await

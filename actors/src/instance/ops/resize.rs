@@ -20,7 +20,7 @@ use crate::vif::{NetworkInfo, PortId};
 use crate::instance::admission::AdmissionError;
 use crate::instance::in_flight::{InFlight, MigrationStep, RevertStep};
 use crate::instance::op::OpCtx;
-use crate::instance::operation::{Operation, ResizeArgs};
+use crate::instance::operation::{CallerTask, Operation, ResizeArgs};
 use crate::instance::record::{InstanceRecord, ResizeRecord, ResizeRole};
 use crate::instance::types::{
     Handover, IncomingDisks, InstanceError, InstanceReply, InvalidOperation, Migration, PowerState,
@@ -42,6 +42,7 @@ pub(crate) async fn resize(
     args: ResizeArgs,
 ) -> Finished {
     let migration = args.migration(&op.deps.host);
+    let caller_finishes = args.caller_finishes;
     let new_flavor = args.new_flavor;
     if migration.same_host() {
         return resize_same_host(op, record, from, migration, new_flavor).await;
@@ -88,8 +89,14 @@ pub(crate) async fn resize(
             )
             .await?;
         }
-        op.phase("finish on destination");
         let h = handover(&record, &new_flavor, was_running);
+        if caller_finishes {
+            // Nova's compute manager takes the handover to the destination's driver. The
+            // probe stays for the destination to look for; confirm or revert removes it.
+            op.report.handover = Some(h);
+            return op.save(&source, None).await;
+        }
+        op.phase("finish on destination");
         let InstanceReply::Done { report, .. } = op
             .peer(
                 &migration.dest_host,
@@ -97,6 +104,7 @@ pub(crate) async fn resize(
                 Operation::FinishResize {
                     migration: migration.clone(),
                     handover: Box::new(h),
+                    caller: None,
                 },
             )
             .await?;
@@ -107,7 +115,7 @@ pub(crate) async fn resize(
         op.save(&source, None).await
     }
     .await;
-    if has_disks {
+    if has_disks && !(caller_finishes && r.is_ok()) {
         op.deps.storage.remove_probe(&probe).await;
     }
     match r {
@@ -116,7 +124,7 @@ pub(crate) async fn resize(
             warn!(instance = %op.uuid, error = %cause, "resize failed; bringing the instance back");
             // The destination removed its copy; bring the instance back here exactly as a
             // revert does (bindings back where they moved, devices, domain).
-            let back = bring_back(op, source.clone()).await;
+            let back = bring_back(op, source.clone(), false).await;
             let rollback = back.result.map_err(|e| e.to_string());
             Finished::rolled_back(Request::Resize, back.state, back.record, cause, rollback)
         }
@@ -125,7 +133,12 @@ pub(crate) async fn resize(
 
 /// Destination side of a cross-host resize: define with the new flavor, register the
 /// predicted waits, bind the ports here, plug, start paused, await, resume if it ran.
-pub(crate) async fn finish_resize(op: &mut OpCtx, migration: Migration, h: Handover) -> Finished {
+pub(crate) async fn finish_resize(
+    op: &mut OpCtx,
+    migration: Migration,
+    h: Handover,
+    caller: Option<Box<CallerTask>>,
+) -> Finished {
     let mut record = match record_from_handover(op, &h) {
         Ok(r) => r,
         Err(e) => return Finished::err(InstanceState::Gone, None, e),
@@ -150,6 +163,15 @@ pub(crate) async fn finish_resize(op: &mut OpCtx, migration: Migration, h: Hando
     if let Some(r) = record.resize.as_mut() {
         r.shared_disks = shared;
     }
+    if shared && caller.is_some() {
+        // Nova's revert destroys the destination's disks unless its driver proves shared
+        // storage, and its confirm removes nothing on the source: in-place disks would be
+        // lost either way. Refused before anything is made.
+        let refused = InvalidOperation::SharedResizeUnderNova {
+            host: op.deps.host.clone(),
+        };
+        return Finished::err(InstanceState::Gone, None, refused.into());
+    }
     // Disks already here otherwise: refused before anything is made, so that no rollback
     // removes them (a leftover, or a directory shared without a probe to show it).
     if !shared && !record.storage.disks.is_empty() && op.deps.storage.holds_disks(op.uuid).await {
@@ -160,6 +182,13 @@ pub(crate) async fn finish_resize(op: &mut OpCtx, migration: Migration, h: Hando
     }
     op.use_record(&record);
     op.deps.events.track(op.uuid);
+    if let Some(task) = &caller {
+        op.adopt_caller_task(task);
+    }
+    let source_uri = caller.as_ref().and_then(|c| c.source_uri.clone());
+    // With a caller (Nova) the resize ends here: its confirm only cleans the source, its
+    // revert destroys this copy; without one this host keeps the resize until either.
+    let caller_runs = caller.is_some();
     let done = with_rollback(
         op,
         // Not boot_with_events: the ports are bound here between registering the waits and
@@ -187,11 +216,14 @@ pub(crate) async fn finish_resize(op: &mut OpCtx, migration: Migration, h: Hando
             } else if !record.storage.disks.is_empty() {
                 op.phase("copy disks");
                 let source = &migration.source_host;
-                let uri = op.deps.peers.get(source)?.migration_uri().ok_or_else(|| {
-                    InstanceError::from(InvalidOperation::NoDiskCopyFrom {
-                        host: source.clone(),
-                    })
-                })?;
+                let uri = match &source_uri {
+                    Some(uri) => uri.clone(),
+                    None => op.deps.peers.get(source)?.migration_uri().ok_or_else(|| {
+                        InstanceError::from(InvalidOperation::NoDiskCopyFrom {
+                            host: source.clone(),
+                        })
+                    })?,
+                };
                 let storage = op.deps.storage.clone();
                 let disks = op
                     .store(
@@ -234,6 +266,10 @@ pub(crate) async fn finish_resize(op: &mut OpCtx, migration: Migration, h: Hando
             } else {
                 op.destroy_domain().await?;
             }
+            if caller_runs {
+                record.resize = None;
+                record.state = running_or_stopped(h.power_on);
+            }
             op.save(&record, None).await?;
             Ok(record)
         },
@@ -241,6 +277,7 @@ pub(crate) async fn finish_resize(op: &mut OpCtx, migration: Migration, h: Hando
     )
     .await;
     match done {
+        Ok(record) if caller_runs => Finished::ok(record.state, Some(record)),
         Ok(record) => Finished::ok(InstanceState::ResizeTarget, Some(record)),
         Err(rolled_back) => rolled_back,
     }
@@ -345,6 +382,7 @@ pub(crate) async fn confirm_resize(op: &mut OpCtx, record: InstanceRecord) -> Fi
 
 /// The source of a confirmed resize: remove the old instance (domain, kept devices).
 pub(crate) async fn confirm_resize_source(op: &mut OpCtx, record: InstanceRecord) -> Finished {
+    remove_probe(op, &record).await;
     op.phase("remove the old instance");
     match remove_domain(op, &record).await {
         Ok(()) => {
@@ -398,7 +436,7 @@ pub(crate) async fn revert_resize(op: &mut OpCtx, record: InstanceRecord) -> Fin
         .peer(
             &resize.migration.source_host,
             "finish-revert-resize",
-            Operation::FinishRevertResize {},
+            Operation::FinishRevertResize { caller: None },
         )
         .await
     {
@@ -407,9 +445,30 @@ pub(crate) async fn revert_resize(op: &mut OpCtx, record: InstanceRecord) -> Fin
     }
 }
 
-/// The source of a reverted resize: bring the instance back.
-pub(crate) async fn finish_revert_resize(op: &mut OpCtx, record: InstanceRecord) -> Finished {
-    bring_back(op, record).await
+/// The source of a reverted resize: bring the instance back. With a caller (Nova), which
+/// moved the bindings back before it asked, the events of that move count.
+pub(crate) async fn finish_revert_resize(
+    op: &mut OpCtx,
+    record: InstanceRecord,
+    caller: Option<Box<CallerTask>>,
+) -> Finished {
+    remove_probe(op, &record).await;
+    if let Some(task) = &caller {
+        op.adopt_caller_task(task);
+    }
+    bring_back(op, record, caller.is_some()).await
+}
+
+/// The probe a source wrote for a destination that a caller finishes (see [`resize`]).
+async fn remove_probe(op: &OpCtx, record: &InstanceRecord) {
+    if let Some(r) = &record.resize {
+        if !record.storage.disks.is_empty() {
+            op.deps
+                .storage
+                .remove_probe(&migration_probe(r.migration.id))
+                .await;
+        }
+    }
 }
 
 /// Bring an instance whose domain waits stopped on this host back to life after the
@@ -417,7 +476,10 @@ pub(crate) async fn finish_revert_resize(op: &mut OpCtx, record: InstanceRecord)
 /// those that moved), await; expect the plug-time events, plug, start paused, await, resume
 /// if it ran. The waits are registered before their triggers, so an event Neutron sends at
 /// bind time — before any plug — is never missed.
-async fn bring_back(op: &mut OpCtx, record: InstanceRecord) -> Finished {
+///
+/// `moved_by_caller`: the caller moved every binding back before it asked (Nova's
+/// `migrate_instance_finish`), so each port counts as moved although it is bound here now.
+async fn bring_back(op: &mut OpCtx, record: InstanceRecord, moved_by_caller: bool) -> Finished {
     let Some(resize) = record.resize.clone() else {
         return Finished::err(
             InstanceState::Error,
@@ -451,7 +513,7 @@ async fn bring_back(op: &mut OpCtx, record: InstanceRecord) -> Finished {
             let mut away = BTreeSet::new();
             for vif in &record.network_info.vifs {
                 let port = op.net("get port", net.get_port(vif.id)).await?;
-                if port.host_id != op.deps.host {
+                if moved_by_caller || port.host_id != op.deps.host {
                     away.insert(vif.id);
                 }
             }

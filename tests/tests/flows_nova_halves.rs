@@ -1,0 +1,324 @@
+//! A cross-host resize that Nova's compute manager runs half by half (the vireo driver under
+//! nova-compute): the source hands the instance to its caller, the destination finishes it
+//! from that handover, and the port bindings move between the halves as Nova moves them —
+//! before the driver is called. On libvirt's test driver with the embedded network service.
+//!
+//! Seed bug 3 under Nova: a revert's binding move back to a source whose hybrid devices stayed
+//! wired makes the service send `network-vif-plugged` before the source's operation starts.
+//! The events of the caller's task count (`events_since_ms`, or the events it hands over);
+//! without them the wait times out.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+mod faults_support;
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use common::*;
+use vireo::compute::{ComputeDriver, ComputeOps};
+use vireo_actors::external::{EventName, EventStatus, ExternalEvent};
+use vireo_actors::instance::{
+    AdmissionError, CallerTask, DestroyArgs, Handover, InstanceError, Migration, Operation,
+    PowerState, ResizeArgs, SpawnArgs, SpawnStorage,
+};
+use vireo_actors::lifecycle::InstanceState;
+use vireo_actors::network::{NetworkApi, PortUpdate};
+use vireo_actors::predict::Timing;
+use vireo_actors::storage::{ImageFormat, ImageId, ImageRef};
+use vireo_actors::vif::PortId;
+
+/// A spawn with a root disk from a small raw image in the cloud's directory.
+fn image_args(c: &TestCloud, name: &str) -> SpawnArgs {
+    let image = c.dir.path().join("img.raw");
+    std::fs::write(&image, vec![0xabu8; 1 << 20]).unwrap();
+    let mut args = spawn_args(name, vec![on(NET_HYBRID)]);
+    args.flavor.root_gb = 1;
+    args.storage = SpawnStorage {
+        image: Some(ImageRef {
+            id: ImageId::new("img-1").unwrap(),
+            source: image.display().to_string(),
+            checksum: None,
+            format: ImageFormat::Raw,
+        }),
+        ..SpawnStorage::default()
+    };
+    args
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+/// What Nova's `migrate_instance_finish` does: bind every port to `host`.
+async fn nova_moves_bindings(c: &TestCloud, ports: &[PortId], host: &str) {
+    for p in ports {
+        let update = PortUpdate {
+            host_id: Some(host.to_owned()),
+            ..PortUpdate::default()
+        };
+        c.network.update_port(*p, &update).await.unwrap();
+    }
+}
+
+/// Spawn on h1 with one port on each of the hybrid, native and Linux-bridge networks, then
+/// run the source's half (`migrate_disk_and_power_off`) and the destination's
+/// (`finish_migration`) as Nova does: the handover is the source's answer.
+async fn resized_to_h2_by_nova(c: &TestCloud, name: &str) -> (uuid::Uuid, Migration, [PortId; 3]) {
+    let (h1, h2) = (c.host("h1"), c.host("h2"));
+    let id = uuid();
+    h1.driver
+        .spawn(
+            id,
+            spawn_args(name, vec![on(NET_HYBRID), on(NET_NATIVE), on(NET_LB)]),
+        )
+        .await
+        .unwrap();
+    let by = ports_by_network(c, &h1.driver.show(id).await.unwrap()).await;
+    let ports = [by[NET_HYBRID], by[NET_NATIVE], by[NET_LB]];
+    let migration = Migration {
+        id: uuid(),
+        source_host: "h1".into(),
+        dest_host: "h2".into(),
+    };
+    let mut args = ResizeArgs::of(&migration, flavor("m1.small", 2, 512));
+    args.caller_finishes = true;
+    let handed = h1
+        .driver
+        .run(id, Operation::Resize(Box::new(args)))
+        .await
+        .unwrap();
+    let handover: Handover = handed
+        .handover
+        .expect("the source answers with the handover");
+    assert_eq!(handover.flavor.vcpus, 2);
+    assert!(handover.power_on);
+    // The source waits stopped, its hybrid devices wired; the destination was not asked.
+    let src = h1.driver.show(id).await.unwrap();
+    assert_eq!(src.state, InstanceState::ResizeSource);
+    assert_eq!(src.power, PowerState::Shutoff);
+    assert_eq!(h1.plugger.plugged(), set(ports));
+    assert!(!h2.driver.knows(id).await);
+
+    nova_moves_bindings(c, &ports, "h2").await;
+    let finish = h2
+        .driver
+        .run(
+            id,
+            Operation::FinishResize {
+                migration: migration.clone(),
+                handover: Box::new(handover),
+                caller: Some(Box::new(CallerTask {
+                    events_since_ms: Some(now_ms()),
+                    ..CallerTask::default()
+                })),
+            },
+        )
+        .await
+        .unwrap();
+    assert!(finish.waits.iter().all(|w| w.complete), "{finish:#?}");
+    assert_eq!(set(waited(&finish, Timing::PlugTime)), set(ports));
+    (id, migration, ports)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resize_nova_runs_is_finished_by_the_destination_and_confirmed_on_the_source() {
+    let c = spec(&["h1", "h2"]).start().await;
+    let (h1, h2) = (c.host("h1"), c.host("h2"));
+    let (id, _, ports) = resized_to_h2_by_nova(&c, "vm-nova-rc").await;
+    // Nova's confirm asks only the source: the destination's instance is an ordinary one
+    // already, which takes the next operation.
+    let dst = h2.driver.show(id).await.unwrap();
+    assert_eq!(dst.state, InstanceState::Running);
+    assert_eq!(dst.flavor.as_deref(), Some("m1.small"));
+    h2.driver
+        .reboot(id, vireo_actors::instance::RebootKind::Hard)
+        .await
+        .unwrap();
+
+    h1.driver
+        .run(id, Operation::ConfirmResizeSource {})
+        .await
+        .unwrap();
+    assert!(matches!(
+        h1.driver.show(id).await,
+        Err(InstanceError::Refused(AdmissionError::NotFound(_)))
+    ));
+    assert!(h1.plugger.plugged().is_empty());
+    assert!(h1.driver.libvirt().list_all().await.unwrap().is_empty());
+    for p in ports {
+        assert_eq!(c.port(p).await.host_id, "h2");
+    }
+    c.destroy_and_assert_clean(&[id], &[]).await;
+}
+
+/// Nova's revert: the destination's driver destroys its copy (`destroy`), the manager moves
+/// the bindings back, and only then asks the source (`finish_revert_migration`).
+async fn nova_reverts(c: &TestCloud, id: uuid::Uuid, ports: &[PortId]) -> u64 {
+    c.host("h2")
+        .driver
+        .destroy(
+            id,
+            DestroyArgs {
+                deallocate_network: false,
+            },
+        )
+        .await
+        .unwrap();
+    let task_began = now_ms();
+    let moved = std::time::Instant::now();
+    nova_moves_bindings(c, ports, "h1").await;
+    // The hybrid port's event (its qvo stayed wired on h1) reaches h1 before anything
+    // there waits for it.
+    eventually(Duration::from_secs(2), "the bind-time event", || async {
+        let seen = c.sink.plugged(id, moved, std::time::Instant::now());
+        seen.contains(&ports[0]).then_some(())
+    })
+    .await;
+    task_began
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revert_nova_runs_counts_the_event_of_the_binding_move_that_came_before_it() {
+    let c = spec(&["h1", "h2"])
+        .timeout(Duration::from_secs(2))
+        .start()
+        .await;
+    let h1 = c.host("h1");
+    let (id, _, ports) = resized_to_h2_by_nova(&c, "vm-nova-rv").await;
+    let task_began = nova_reverts(&c, id, &ports).await;
+
+    let back = h1
+        .driver
+        .run(
+            id,
+            Operation::FinishRevertResize {
+                caller: Some(Box::new(CallerTask {
+                    events_since_ms: Some(task_began),
+                    ..CallerTask::default()
+                })),
+            },
+        )
+        .await
+        .unwrap();
+    // Bind time: the hybrid port, whose event came before the operation; plug time: the
+    // ports whose taps went with the stopped domain.
+    assert_eq!(waited(&back, Timing::BindTime), vec![ports[0]]);
+    assert_eq!(
+        set(waited(&back, Timing::PlugTime)),
+        set([ports[1], ports[2]])
+    );
+    assert!(back.waits.iter().all(|w| w.complete), "{back:#?}");
+    let view = h1.driver.show(id).await.unwrap();
+    assert_eq!(view.state, InstanceState::Running);
+    assert_eq!(view.flavor.as_deref(), Some("m1.tiny"));
+    c.destroy_and_assert_clean(&[id], &[]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revert_nova_runs_takes_the_events_nova_kept_for_it() {
+    let c = spec(&["h1", "h2"])
+        .timeout(Duration::from_secs(2))
+        .start()
+        .await;
+    let h1 = c.host("h1");
+    let (id, _, ports) = resized_to_h2_by_nova(&c, "vm-nova-kept").await;
+    nova_reverts(&c, id, &ports).await;
+    // The event as nova-compute's registry kept it (no time given).
+    let kept = ExternalEvent {
+        name: EventName::NetworkVifPlugged,
+        server_uuid: id,
+        tag: Some(ports[0].to_string()),
+        status: EventStatus::Completed,
+    };
+    let back = h1
+        .driver
+        .run(
+            id,
+            Operation::FinishRevertResize {
+                caller: Some(Box::new(CallerTask {
+                    events: vec![kept],
+                    ..CallerTask::default()
+                })),
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(waited(&back, Timing::BindTime), vec![ports[0]]);
+    assert!(back.waits.iter().all(|w| w.complete), "{back:#?}");
+    c.destroy_and_assert_clean(&[id], &[]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revert_nova_runs_without_its_tasks_events_times_out_at_bind_time() {
+    // The baseline the two tests above guard against: the event came, nothing counts it.
+    let c = spec(&["h1", "h2"])
+        .timeout(Duration::from_secs(1))
+        .start()
+        .await;
+    let h1 = c.host("h1");
+    let (id, _, ports) = resized_to_h2_by_nova(&c, "vm-nova-lost").await;
+    nova_reverts(&c, id, &ports).await;
+    let e = h1
+        .driver
+        .run(
+            id,
+            Operation::FinishRevertResize {
+                caller: Some(Box::new(CallerTask::default())),
+            },
+        )
+        .await
+        .unwrap_err();
+    let chain = chain(&e);
+    assert!(chain.contains("timed out"), "{chain}");
+    assert!(chain.contains(&ports[0].to_string()), "{chain}");
+    c.destroy_everywhere(id).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resize_nova_runs_is_refused_where_the_instances_directory_is_shared() {
+    let c = spec(&["h1", "h2"]).shared_instances(true).start().await;
+    let (h1, h2) = (c.host("h1"), c.host("h2"));
+    let id = uuid();
+    h1.driver
+        .spawn(id, image_args(&c, "vm-nova-shared"))
+        .await
+        .unwrap();
+    let migration = Migration {
+        id: uuid(),
+        source_host: "h1".into(),
+        dest_host: "h2".into(),
+    };
+    let mut args = ResizeArgs::of(&migration, flavor("m1.small", 2, 512));
+    args.caller_finishes = true;
+    let handover = h1
+        .driver
+        .run(id, Operation::Resize(Box::new(args)))
+        .await
+        .unwrap()
+        .handover
+        .unwrap();
+    let e = h2
+        .driver
+        .run(
+            id,
+            Operation::FinishResize {
+                migration,
+                handover: Box::new(handover),
+                caller: Some(Box::new(CallerTask::default())),
+            },
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        chain(&e).contains("shares the instances directory"),
+        "{}",
+        chain(&e)
+    );
+    // Nothing was made there; the source still holds its disks.
+    assert!(!h2.driver.knows(id).await);
+    assert!(!c.disks_left("h1").is_empty());
+    c.destroy_everywhere(id).await;
+}
