@@ -1,5 +1,6 @@
 """Each driver method Nova calls maps to the right agent call, answer and error."""
 
+import json
 import time
 import uuid
 
@@ -14,6 +15,7 @@ from nova.virt.vireo import client as vclient
 from nova.virt import event as virtevent
 from nova.virt.vireo import driver as vdriver
 
+from conftest import Agent
 from conftest import HOST
 from conftest import make_instance
 
@@ -308,16 +310,103 @@ def test_a_revert_of_a_stopped_instance_leaves_it_stopped(driver, agent, monkeyp
     assert _held(agent, instance) == (1, 64, 'shutoff')
 
 
-def test_a_resize_to_another_host_is_refused_before_anything_moves(driver, agent):
+OTHER = 'compute-b'
+
+
+@pytest.fixture(scope='module')
+def agent_b(tmp_path_factory):
+    """The destination host's agent (its own test-driver node)."""
+    b = Agent(tmp_path_factory.mktemp('agent-b'), OTHER)
+    yield b
+    b.stop()
+
+
+@pytest.fixture
+def driver_b(nova_conf, agent_b):
+    """The destination's driver (a second nova-compute's), on the other agent."""
+    d = vdriver.VireoDriver(virtapi=None, agent=vclient.AgentClient(
+        agent_b.url, vclient.read_token(str(agent_b.token_file)), poll_interval=0.02))
+    d.init_host(OTHER)
+    return d
+
+
+def _to_other(instance, monkeypatch):
+    """A migration of `instance` from this host to the other, as Nova's database gives it."""
+    migration = objects.Migration(id=9, uuid=str(uuid.uuid4()), source_compute=HOST,
+                                  dest_compute=OTHER, instance_uuid=instance.uuid)
+    instance.migration_context = objects.MigrationContext(
+        instance_uuid=instance.uuid, migration_id=migration.id)
+    monkeypatch.setattr(objects.Migration, 'get_by_id_and_instance',
+                        lambda context, id_, uuid_: migration)
+    return migration
+
+
+def _moved_to_other(driver, driver_b, agent, instance, monkeypatch):
+    """Nova's resize_instance on the source, then finish_resize on the destination."""
+    migration = _to_other(instance, monkeypatch)
+    disk_info = driver.migrate_disk_and_power_off(None, instance, '192.0.2.99',
+                                                  _flavor(2, 96, 'm1.more'), [])
+    moved = json.loads(disk_info)
+    assert moved['source_uri'] == 'qemu+tcp://192.0.2.10/system'
+    assert moved['handover']['flavor']['vcpus'] == 2
+    # The source waits stopped with its guest kept for a revert.
+    assert _held(agent, instance) == (1, 64, 'shutoff')
+    instance.flavor = _flavor(2, 96, 'm1.more')
+    instance.task_state = task_states.RESIZE_FINISH
+    driver_b.finish_migration(None, migration, instance, disk_info, [], None, True, {},
+                              power_on=True)
+    return migration
+
+
+def test_a_resize_to_another_host_is_handed_over_through_nova_and_confirmed_on_the_source(
+        driver, driver_b, agent, agent_b, monkeypatch):
     instance = make_instance(uuid_=agent.create())
+    migration = _moved_to_other(driver, driver_b, agent, instance, monkeypatch)
+    # The destination runs an ordinary instance: the next operation is taken.
+    assert _held(agent_b, instance) == (2, 96, 'running')
+    driver_b.reboot(None, instance, [], 'HARD')
+    driver.confirm_migration(None, migration, instance, [])
+    assert agent.get('/v1/instances/%s' % instance.uuid).status_code == 404
+    # Confirming again finds nothing to remove: still confirmed.
+    driver.confirm_migration(None, migration, instance, [])
+    driver_b.destroy(None, instance, [])
+    assert agent_b.get('/v1/instances/%s' % instance.uuid).status_code == 404
+
+
+def test_a_revert_from_another_host_brings_the_original_back_on_the_source(
+        driver, driver_b, agent, agent_b, monkeypatch):
+    instance = make_instance(uuid_=agent.create())
+    migration = _moved_to_other(driver, driver_b, agent, instance, monkeypatch)
+    # Nova's revert_resize on the destination destroys its copy, then asks the source.
+    instance.task_state = task_states.RESIZE_REVERTING
+    driver_b.destroy(None, instance, [])
+    assert agent_b.get('/v1/instances/%s' % instance.uuid).status_code == 404
+    instance.flavor = _flavor(1, 64, 'm1.tiny')
+    driver.finish_revert_migration(None, instance, [], migration, power_on=True)
+    assert _held(agent, instance) == (1, 64, 'running')
+    op = agent.get('/v1/instances/%s' % instance.uuid).json()['last_operation']
+    assert op['request'] == 'finish-revert-resize'
+    instance.task_state = None
+    driver.destroy(None, instance, [])
+
+
+def test_a_resize_to_another_host_the_agent_refuses_leaves_the_instance_as_it_was(
+        driver, agent, monkeypatch):
+    instance = make_instance(uuid_=agent.create())
+    migration = _to_other(instance, monkeypatch)
+    migration.dest_compute = HOST  # the agent's own name: no other host to hand it to
     with pytest.raises(exception.InstanceFaultRollback):
         driver.migrate_disk_and_power_off(None, instance, '192.0.2.99',
                                           _flavor(2, 96, 'm1.more'), [])
     assert _held(agent, instance) == (1, 64, 'running')
-    elsewhere = objects.Migration(id=8, uuid=str(uuid.uuid4()), source_compute='other',
-                                  dest_compute=HOST, instance_uuid=instance.uuid)
+
+
+def test_a_finish_without_a_handover_is_a_resize_error(driver_b, agent):
+    instance = make_instance()
+    elsewhere = objects.Migration(id=8, uuid=str(uuid.uuid4()), source_compute=HOST,
+                                  dest_compute=OTHER, instance_uuid=instance.uuid)
     with pytest.raises(exception.ResizeError):
-        driver.finish_migration(None, elsewhere, instance, '', [], None, True, {})
+        driver_b.finish_migration(None, elsewhere, instance, '', [], None, True, {})
 
 
 def test_console_output_is_the_end_of_the_agents_serial_log(driver, agent):

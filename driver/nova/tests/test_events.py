@@ -155,6 +155,26 @@ def test_a_kept_event_expires():
         instance, 'network-vif-plugged', 'b').ready()
 
 
+def test_the_events_of_the_task_under_way_are_handed_to_the_agent_and_stay_kept():
+    now = [100.0]
+    registry = vevents.KeepingInstanceEvents(max_age=300, clock=lambda: now[0])
+    instance = make_instance(task_state=task_states.RESIZE_REVERTING, vm_state='resized')
+    registry.pop_instance_event(instance, make_event(instance, 'a'))
+    registry.pop_instance_event(instance, make_event(instance, 'b', status='failed'))
+    assert registry.task_events(instance) == [
+        {'name': 'network-vif-plugged', 'server_uuid': instance.uuid, 'status': 'completed',
+         'tag': 'a'},
+        {'name': 'network-vif-plugged', 'server_uuid': instance.uuid, 'status': 'failed',
+         'tag': 'b'}]
+    assert registry.kept_count(instance.uuid) == 2
+    # Another task's, or an expired one, is not.
+    instance.task_state = task_states.REBOOTING
+    assert registry.task_events(instance) == []
+    instance.task_state = task_states.RESIZE_REVERTING
+    now[0] += 301
+    assert registry.task_events(instance) == []
+
+
 def test_clearing_an_instance_drops_its_kept_events():
     registry = vevents.KeepingInstanceEvents()
     instance = make_instance(task_state=task_states.RESIZE_REVERTING, vm_state='resized')

@@ -150,6 +150,13 @@ class AgentClient(object):
         params = {'deallocate_network': 'true' if deallocate_network else 'false'}
         return self._run('DELETE', '/v1/instances/%s' % uuid, params=params)
 
+    def host_half(self, uuid, body):
+        """Run one host's half of a move that Nova orchestrates (``finish-resize``,
+        ``confirm-resize-source``, ``finish-revert-resize``): synchronous, answered with
+        ``{"state", "report"}`` once it ended, within the operation timeout."""
+        return self.request('POST', '/v1/peer/instances/%s' % uuid, body,
+                            timeout=self._operation_timeout)
+
     def _run(self, method, path, body=None, params=None):
         """Start an operation and wait for it: its report, or AgentError with its code."""
         op = self.request(method, path, body, params)['operation']

@@ -18,6 +18,11 @@ vireo_opts = [
                     'step, a migration) to finish before it gives up on it.'),
     cfg.FloatOpt('poll_interval', default=0.2, min=0.01,
                  help="Seconds between two reads of a running operation's state."),
+    cfg.StrOpt('migration_uri',
+               help="The libvirt URI other hosts reach this host's libvirtd at: a resize's "
+                    'destination copies the disks from it. Default: qemu+tcp://<my_ip>/system '
+                    "(Nova's libvirt driver's live_migration_scheme tcp and "
+                    'live_migration_inbound_addr).'),
     cfg.IntOpt('kept_events_per_instance', default=32, min=1,
                help='Network events kept per instance that arrived before Nova waited for '
                     'them (oldest dropped first).'),

@@ -9,15 +9,16 @@ until it ends, with ``eventlet.sleep`` between polls.
 What is here so far: loading, the kept-events registry (events.py), host queries and
 resources, spawn from a Glance image (the agent fetches it into its image cache), the lifecycle
 of an instance (power, reboot, pause, suspend, destroy, resume on host boot) and its lifecycle
-events (``emit_event``), its console output, interface attach/detach and a resize on this host
-with its confirm and revert.  A resize to another host is refused before anything is touched
-(``InstanceFaultRollback``: the instance stays as it was); live migration is not yet forwarded
-(the base class raises NotImplementedError), and ``capabilities`` claims nothing that is not
-here.
+events (``emit_event``), its console output, interface attach/detach, and resize and cold
+migration on this host or to another with confirm and revert (each host's half is the agent's:
+the source hands the instance over through Nova, the destination copies the disks from the
+source's libvirtd).  Live migration is not yet forwarded (the base class raises
+NotImplementedError), and ``capabilities`` claims nothing that is not here.
 """
 
 import base64
 import binascii
+import time
 
 import eventlet
 
@@ -452,43 +453,112 @@ class VireoDriver(driver.ComputeDriver):
             context, moving.migration_id, instance.uuid)
         return self._same_host(migration)
 
+    def _migration_of(self, context, instance):
+        """The migration Nova runs for the instance (its migration context names it)."""
+        moving = instance.migration_context
+        if moving is None:
+            raise exception.MigrationNotFoundForInstance(instance_id=instance.uuid)
+        return objects.Migration.get_by_id_and_instance(
+            context, moving.migration_id, instance.uuid)
+
+    def _caller_task(self, instance, **extra):
+        """What Nova knows of its task for the agent's half (``caller``): the network
+        events kept for the task before the driver was called (Nova moved the bindings
+        first), and the time from which the agent counts the events it receives itself."""
+        task = dict(extra, events_since_ms=int(time.time() * 1000))
+        if self.kept_events is not None:
+            events = self.kept_events.task_events(instance)
+            if events:
+                task['events'] = events
+        return task
+
+    def _host_half(self, instance, request, **args):
+        body = dict(args, action=request)
+        try:
+            return self.agent.host_half(instance.uuid, body)
+        except vclient.AgentError as e:
+            raise self._nova_error(instance, request, e)
+
+    def _migration_uri(self):
+        return CONF.vireo.migration_uri or 'qemu+tcp://%s/system' % CONF.my_ip
+
     def migrate_disk_and_power_off(self, context, instance, dest, flavor, network_info,
                                    block_device_info=None, timeout=0, retry_interval=0):
         # `dest` is the destination's [DEFAULT] my_ip (Nova's migration.dest_host).
-        if dest != CONF.my_ip:
+        if dest == CONF.my_ip:
+            # On one host the agent's `resize` (finish_migration) powers the guest off,
+            # copies and grows its disks and boots the new definition: nothing to move.
+            return ''
+        migration = self._migration_of(context, instance)
+        # The source powers off and keeps the guest and its devices for a revert; Nova
+        # carries the handover to the destination (finish_migration's disk_info), whose
+        # agent copies the disks from this host's libvirtd.
+        try:
+            report = self.agent.action(instance.uuid, {
+                'action': 'resize', 'flavor': self._flavor(flavor),
+                'dest_host': migration.dest_compute, 'migration_id': migration.uuid,
+                'caller_finishes': True})
+        except vclient.AgentError as e:
+            # The agent brought the instance back as it was before it answered.
             raise exception.InstanceFaultRollback(exception.ResizeError(
-                reason='vireo resizes on the same host only (allow_resize_to_same_host); '
-                       'a move to %s is not forwarded yet' % dest))
-        # On one host the agent's `resize` (finish_migration) powers the guest off, copies
-        # and grows its disks and boots the new definition: nothing to move here.
-        return ''
+                reason='vireo agent: %s' % e)) from e
+        return jsonutils.dumps({'handover': report['handover'],
+                                'source_uri': self._migration_uri()})
 
     def finish_migration(self, context, migration, instance, disk_info, network_info,
                          image_meta, resize_instance, allocations, block_device_info=None,
                          power_on=True):
-        if not self._same_host(migration):
+        if self._same_host(migration):
+            # instance.flavor is the new flavor by now; the agent keeps the old definition
+            # and disks until confirm or revert, and boots the guest again only if it ran.
+            self._act(instance, 'resize', flavor=self._flavor(instance.flavor),
+                      migration_id=migration.uuid)
+            if power_on and self.get_info(instance).state != power_state.RUNNING:
+                self._act(instance, 'power-on')
+            return
+        try:
+            moved = jsonutils.loads(disk_info)
+            handover = moved['handover']
+            source_uri = moved['source_uri']
+        except (TypeError, ValueError, KeyError) as e:
             raise exception.ResizeError(
-                reason='vireo finishes a resize on its source host only')
-        # instance.flavor is the new flavor by now; the agent keeps the old definition and
-        # disks until confirm or revert, and boots the guest again only if it ran.
-        self._act(instance, 'resize', flavor=self._flavor(instance.flavor),
-                  migration_id=migration.uuid)
-        if power_on and self.get_info(instance).state != power_state.RUNNING:
-            self._act(instance, 'power-on')
+                reason='disk_info from the source is not a vireo handover: %s' % e)
+        # Nova's view wins where it has one: the new flavor, the ports as bound here, and
+        # whether the guest runs after the move.
+        handover['flavor'] = self._flavor(instance.flavor)
+        handover['network_info'] = (jsonutils.loads(network_info.json())
+                                    if network_info else [])
+        handover['power_on'] = bool(power_on)
+        self._host_half(
+            instance, 'finish-resize',
+            migration={'id': migration.uuid, 'source_host': migration.source_compute,
+                       'dest_host': migration.dest_compute},
+            handover=handover,
+            caller=self._caller_task(instance, source_uri=source_uri))
 
     def confirm_migration(self, context, migration, instance, network_info):
-        if not self._same_host(migration):
-            raise exception.ResizeError(reason='vireo confirms same-host resizes only')
-        self._act(instance, 'confirm-resize')
+        if self._same_host(migration):
+            self._act(instance, 'confirm-resize')
+            return
+        # Nova asks only the source: the destination's instance is an ordinary one already.
+        try:
+            self._host_half(instance, 'confirm-resize-source')
+        except exception.InstanceNotFound:
+            LOG.debug('The source holds nothing of the instance any more', instance=instance)
 
     def finish_revert_migration(self, context, instance, network_info, migration,
                                 block_device_info=None, power_on=True):
-        if not self._same_host(migration):
-            raise exception.ResizeError(reason='vireo reverts same-host resizes only')
-        # Removes the resized guest, restores the kept disks and definition and boots it if
-        # it ran; the agent's waits cover the plug-time events of the re-plugged VIFs (on
-        # one host Neutron sends no bind-time event).
-        self._act(instance, 'revert-resize')
+        if self._same_host(migration):
+            # Removes the resized guest, restores the kept disks and definition and boots
+            # it if it ran; the agent's waits cover the plug-time events of the re-plugged
+            # VIFs (on one host Neutron sends no bind-time event).
+            self._act(instance, 'revert-resize')
+        else:
+            # The destination destroyed its copy and Nova moved the bindings back before
+            # this call: a port whose devices stayed wired here reported at that move, and
+            # that event counts (the task's kept events and the time it began).
+            self._host_half(instance, 'finish-revert-resize',
+                            caller=self._caller_task(instance))
         running = self.get_info(instance).state == power_state.RUNNING
         if power_on and not running:
             self._act(instance, 'power-on')

@@ -91,6 +91,23 @@ class KeepingInstanceEvents(manager.InstanceEvents):
         """How many events are kept for an instance (for tests and logs)."""
         return len(self._kept.get(instance_uuid, ()))
 
+    def task_events(self, instance):
+        """The network events kept for the instance's task under way, oldest first, as the
+        agent takes them (``caller.events``); they stay kept for Nova's own waiters."""
+        family = task_family(instance.task_state)
+        kept = self._kept.get(instance.uuid) or {}
+        now = self._clock()
+        events = []
+        for k in list(kept.values()):
+            if k.family != family or now - k.at > self._max_age:
+                continue
+            event = {'name': k.event.name, 'server_uuid': instance.uuid,
+                     'status': k.event.status}
+            if k.event.tag is not None:
+                event['tag'] = k.event.tag
+            events.append(event)
+        return events
+
     def prepare_for_instance_event(self, instance, name, tag):
         @utils.synchronized(self._lock_name(instance))
         def _prepare():
