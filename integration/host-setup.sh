@@ -38,6 +38,8 @@ NOVA_API_PORT=${VIREO_NOVA_API_PORT:-18774}
 PLACEMENT_PORT=8778
 GLANCE_PORT=9292
 AGENT_PORT=${VIREO_NOVA_AGENT_PORT:-8775}
+# This host's address on the link to two-host.sh's host B (its libvirtd is forwarded there).
+HOSTA_LINK_ADDR=${VIREO_HB_ADDR_A:-198.51.100.1}
 OS_TOKEN=admin:admin # noauth2: the user before the colon is the admin
 NEUTRON_PORT=${VIREO_NEUTRON_PORT:-9696}
 FIREWALL=${VIREO_FIREWALL:-iptables_hybrid}
@@ -190,6 +192,7 @@ render() { # render TEMPLATE OUT
     -e "s|@AGENT_PORT@|$AGENT_PORT|g" \
     -e "s|@ETC_DIR@|$ETC_DIR|g" \
     -e "s|@DOMAIN_TYPE@|${DOMAIN_TYPE:-kvm}|g" \
+    -e "s|@HOSTA_LINK_ADDR@|$HOSTA_LINK_ADDR|g" \
     "$SETUP_DIR/$1" >"$2.tmp"
   if cmp -s "$2.tmp" "$2"; then
     rm -f "$2.tmp"

@@ -6,6 +6,9 @@
 #   two-host.sh status                    one line per part; exit 1 when a part is down
 #   two-host.sh exec CMD [ARG...]         run CMD inside host B's namespaces
 #   two-host.sh env                       print `export VIREO_HOSTB_...=` lines
+#   two-host.sh nova-up                   host B as a second nova-compute (vireo.VireoDriver and
+#                                         its vireo agent) of host-setup.sh nova-up's OpenStack
+#   two-host.sh nova-down                 stop them
 #   two-host.sh selftest [--events] [--no-boot] [--no-neutron] [--only PART,...]
 #                                         live migrations A -> B -> A (diskless, OVS, booted
 #                                         guest, Neutron port bindings), an offline move and
@@ -437,6 +440,182 @@ start_agent_b() {
 }
 
 # ---------------------------------------------------------------------------------------------
+# nova-up / nova-down: host B as a second nova-compute of host A's small OpenStack
+
+NOVA_B=$HB_DIR/nova
+NOVA_B_CONF=$NOVA_B/nova.conf
+AGENT_B_DIR=$HB_DIR/vireo-agent
+AGENT_B_PORT=${VIREO_HB_NOVA_AGENT_PORT:-8775}
+A_ETC=$STATE_DIR/etc
+NOVA_API_URL=http://127.0.0.1:${VIREO_NOVA_API_PORT:-18774}
+# Host A's services that host B's nova-compute and agent call, through forwarders on A's side
+# of the link that accept host B's address only (the services listen on A's loopback).
+NOVA_B_FORWARDS=(neutron:9696 placement:8778 glance:9292)
+
+start_forwarder() { # start_forwarder NAME PORT: ADDR_A:PORT -> 127.0.0.1:PORT, from B only
+  alive_root "fwd-$1" && return
+  setsid socat "TCP-LISTEN:$2,bind=$ADDR_A,reuseaddr,fork,range=$ADDR_B/32" "TCP:127.0.0.1:$2" \
+    >>"$LOG/fwd-$1.log" 2>&1 </dev/null &
+  echo $! >"$RUN/fwd-$1.pid"
+}
+
+agent_b_answers() { curl -sSf --max-time 5 "http://$ADDR_B:$AGENT_B_PORT/healthz"; }
+compute_b_registered() {
+  curl -sSf --max-time 10 -H 'X-Auth-Token: admin:admin' \
+    "$NOVA_API_URL/v2.1/os-hypervisors" | jq -e --arg h "$HB_NAME" \
+    '[.hypervisors[] | select(.hypervisor_hostname == $h and .state == "up")] | length == 1'
+}
+
+write_nova_b_configs() {
+  local domain_type=qemu
+  [[ -e /dev/kvm ]] && domain_type=kvm
+  mkdir -p "$NOVA_B/lock" "$NOVA_B/instances" "$AGENT_B_DIR/images"
+  # QEMU (libvirt-qemu) reaches the instance disks by path.
+  chmod 0711 "$AGENT_B_DIR"
+  cat >"$AGENT_B_DIR/agent.toml" <<EOF
+# Host B's vireo agent, driven by host B's nova-compute (two-host.sh nova-up).
+host = "$HB_NAME"
+listen = "$ADDR_B:$AGENT_B_PORT"
+api_token_file = "$A_ETC/vireo-agent-token"
+accept_noauth_events = false
+[libvirt]
+uri = "$HB_UNIX_URI"
+[instances]
+state_dir = "$AGENT_B_DIR"
+image_dirs = ["$AGENT_B_DIR/images"]
+domain_type = "$domain_type"
+power_off_timeout = 5
+soft_reboot_timeout = 5
+[plugging]
+ovsdb_connection = "$B_OVSDB"
+datapath_type = "netdev"
+[network]
+kind = "neutron"
+[network.neutron]
+url = "http://$ADDR_A:9696"
+auth = { type = "noauth" }
+ports_owner = "nova"
+EOF
+  cat >"$NOVA_B_CONF" <<EOF
+# Host B's nova-compute (two-host.sh nova-up): host A's conductor, placement, glance and
+# Neutron through forwarders on host A's address; no database (computes use the conductor).
+[DEFAULT]
+host = $HB_NAME
+my_ip = $ADDR_B
+state_path = $NOVA_B
+instances_path = $NOVA_B/instances
+transport_url = rabbit://guest:guest@$ADDR_A:$RABBIT_PORT/
+compute_driver = vireo.VireoDriver
+vif_plugging_timeout = 300
+vif_plugging_is_fatal = true
+shutdown_timeout = 5
+heal_instance_info_cache_interval = -1
+allow_resize_to_same_host = true
+# Less free memory than host A: the scheduler's RAM weigher puts host A first and host B
+# second, so a build that fails on A is rescheduled here.
+reserved_host_memory_mb = 4096
+
+[placement]
+auth_type = admin_token
+token = admin:admin
+endpoint = http://$ADDR_A:8778
+
+[neutron]
+auth_type = admin_token
+token = admin:admin
+endpoint = http://$ADDR_A:9696
+endpoint_override = http://$ADDR_A:9696
+
+[glance]
+api_servers = http://$ADDR_A:9292
+
+[oslo_concurrency]
+lock_path = $NOVA_B/lock
+
+[vireo]
+agent_url = http://$ADDR_B:$AGENT_B_PORT
+token_file = $A_ETC/vireo-agent-token
+migration_uri = $HB_URI
+EOF
+}
+
+cmd_nova_up() {
+  local s start
+  start=$(now)
+  ns_ready || die "host B is not up (run: $0 up)"
+  [[ -s $A_ETC/nova.conf && -s $A_ETC/vireo-agent-token ]] ||
+    die "no Nova tier on host A (run: integration/host-setup.sh nova-up)"
+  alive_b neutron-ovs-agent || die "host B runs no Open vSwitch agent (run: $0 up with Neutron)"
+  local bin=${VIREO_BIN:-$SCRIPT_DIR/../target/debug/vireo}
+  [[ -x $bin ]] || die "no vireo binary at $bin (cargo build -p vireo, or set VIREO_BIN)"
+  start_forwarder_rabbit
+  local f
+  for f in "${NOVA_B_FORWARDS[@]}"; do start_forwarder "${f%%:*}" "${f#*:}"; done
+  write_nova_b_configs
+  s=$(now)
+  # A new binary or configuration restarts the agent (its own pid file and sum).
+  local sum
+  sum=$(cat "$bin" "$AGENT_B_DIR/agent.toml" | md5sum)
+  if alive_b vireo-agent && [[ $(cat "$RUN/vireo-agent.sum" 2>/dev/null) != "$sum" ]]; then
+    stop_pid vireo-agent 30 alive_b
+  fi
+  if ! alive_b vireo-agent; then
+    setsid nsenter --mount="$NS_DIR/mnt" --uts="$NS_DIR/uts" --net="/run/netns/$NETNS" -- \
+      "$SELF" __in-b "$bin" agent --config "$AGENT_B_DIR/agent.toml" \
+      >>"$LOG/vireo-agent.log" 2>&1 </dev/null &
+    echo $! >"$RUN/vireo-agent.pid"
+    echo "$sum" >"$RUN/vireo-agent.sum"
+  fi
+  wait_for 60 "host B's vireo agent" agent_b_answers || {
+    tail -20 "$LOG/vireo-agent.log" >&2 || true
+    die "host B's vireo agent did not answer"
+  }
+  record hostb-vireo-agent "$s"
+  s=$(now)
+  # The driver package is host A's (one filesystem): a new driver or configuration restarts
+  # nova-compute.
+  sum=$(cat "$NOVA_B_CONF" "$SCRIPT_DIR"/../driver/nova/nova/virt/vireo/*.py | md5sum)
+  if alive_b nova-compute && [[ $(cat "$RUN/nova-compute.sum" 2>/dev/null) != "$sum" ]]; then
+    stop_pid nova-compute 30 alive_b
+  fi
+  if ! alive_b nova-compute; then
+    setsid nsenter --mount="$NS_DIR/mnt" --uts="$NS_DIR/uts" --net="/run/netns/$NETNS" -- \
+      "$SELF" __in-b "$PY" -c \
+      "import sys; from nova.cmd.compute import main; sys.exit(main())" \
+      --config-file "$NOVA_B_CONF" >>"$LOG/nova-compute.log" 2>&1 </dev/null &
+    echo $! >"$RUN/nova-compute.pid"
+    echo "$sum" >"$RUN/nova-compute.sum"
+  fi
+  wait_for 120 "host B's nova-compute in nova-api" compute_b_registered || {
+    tail -30 "$LOG/nova-compute.log" >&2 || true
+    die "host B's nova-compute did not register"
+  }
+  record hostb-nova-compute "$s"
+  record nova-up "$start"
+  print_timings
+  echo "host B's nova-compute: $HB_NAME (agent http://$ADDR_B:$AGENT_B_PORT, log $LOG/nova-compute.log)"
+}
+
+cmd_nova_down() {
+  stop_pid nova-compute 30 alive_b
+  stop_pid vireo-agent 30 alive_b
+  local f
+  for f in "${NOVA_B_FORWARDS[@]}"; do stop_pid "fwd-${f%%:*}" 5 alive_root; done
+  # Guests a failed test left behind go with the agent's state (host A's nova-down drops the
+  # databases, so the next tier numbers instances from 1 again).
+  if ns_ready && alive_b libvirtd && [[ -d $AGENT_B_DIR ]]; then
+    local dir uuid
+    for dir in "$AGENT_B_DIR"/instances/*/; do
+      [[ -d $dir ]] || continue
+      uuid=$(basename "$dir")
+      virsh -c "$HB_URI" destroy "$uuid" >/dev/null 2>&1 || true
+      virsh -c "$HB_URI" undefine "$uuid" >/dev/null 2>&1 || true
+    done
+  fi
+  rm -rf "$NOVA_B" "$AGENT_B_DIR"
+}
+
+# ---------------------------------------------------------------------------------------------
 # down
 
 # Neutron keeps an agent row and a vxlan tunnel endpoint for host B; host A's agent keeps a
@@ -475,6 +654,8 @@ cmd_down() {
   stop_pid ovs-vswitchd 10 alive_b &
   stop_pid fwd-libvirt 5 alive_root &
   stop_pid fwd-rabbit 5 alive_root &
+  local f
+  for f in "${NOVA_B_FORWARDS[@]}"; do stop_pid "fwd-${f%%:*}" 5 alive_root & done
   wait
   stop_pid virtlogd 10 alive_b &
   stop_pid ovsdb-server 10 alive_b &
@@ -677,7 +858,7 @@ esac
 # daemons `up` starts would otherwise inherit it and keep the lock forever).
 if [[ -z ${VIREO_HB_LOCKED:-} ]]; then
   case $CMD in
-  up | down | selftest)
+  up | down | selftest | nova-up | nova-down)
     mkdir -p "$STATE_DIR"
     exec 9>"$STATE_DIR/.two-host.lock"
     mode=-x
@@ -693,6 +874,8 @@ fi
 case $CMD in
 up) cmd_up ;;
 down) cmd_down ;;
+nova-up) cmd_nova_up ;;
+nova-down) cmd_nova_down ;;
 status) cmd_status ;;
 env) cmd_env ;;
 exec)

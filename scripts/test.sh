@@ -51,13 +51,19 @@ section "nova tier (placement, glance, Nova services, nova-compute with vireo.Vi
 # Neutron posts its events to nova-api while this tier is up; nova-down gives them back to
 # vireo's own agents.
 bash integration/host-setup.sh nova-up
+# Host B (two-host.sh) as the second nova-compute: moves between hosts go through Nova.
+bash integration/two-host.sh nova-up
 /usr/bin/python3 -m flake8 --max-line-length 99 integration/nova integration/setup/*.py
-# With each of Neutron's OVS firewall drivers: hybrid plug (qbr/qvb/qvo) and native OVS ports.
+# With each of Neutron's OVS firewall drivers: hybrid plug (qbr/qvb/qvo) and native OVS ports;
+# `two-host.sh up` gives host B's Neutron agent the same driver.
 for firewall in iptables_hybrid openvswitch; do
   bash integration/host-setup.sh neutron-firewall "$firewall"
+  bash integration/two-host.sh up >/dev/null
   /usr/bin/python3 -m pytest -q -p no:cacheprovider integration/nova
 done
 bash integration/host-setup.sh neutron-firewall iptables_hybrid
+bash integration/two-host.sh up >/dev/null
+bash integration/two-host.sh nova-down
 bash integration/host-setup.sh nova-down
 
 if [[ -x scripts/fuzz.sh ]]; then

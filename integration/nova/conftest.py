@@ -21,6 +21,8 @@ ETC = STATE_DIR / 'etc'
 LOG = STATE_DIR / 'log'
 AGENT_URL = 'http://127.0.0.1:%s' % os.environ.get('VIREO_NOVA_AGENT_PORT', '8775')
 NEUTRON_URL = 'http://127.0.0.1:9696'
+HOSTB_ADDR = os.environ.get('VIREO_HOSTB_ADDR', '198.51.100.2')
+TWO_HOST = pathlib.Path(__file__).resolve().parents[1] / 'two-host.sh'
 
 
 def _env_file():
@@ -42,8 +44,19 @@ class Cloud(object):
         self.host = env['VIREO_NEUTRON_HOST']
         self.env = dict(os.environ, OS_CLIENT_CONFIG_FILE=str(ETC / 'clouds.yaml'),
                         OS_CLOUD='vireo')
+        token = (ETC / 'vireo-agent-token').read_text().strip()
         self.agent = requests.Session()
-        self.agent.headers['X-Auth-Token'] = (ETC / 'vireo-agent-token').read_text().strip()
+        self.agent.headers['X-Auth-Token'] = token
+        self.host_a = Host(self.host, AGENT_URL, token, 'qemu:///system',
+                           STATE_DIR / 'vireo-agent', LOG / 'nova-compute.log')
+        self.host_b = None
+        hb_dir = pathlib.Path(os.environ.get('VIREO_HB_DIR', STATE_DIR / 'hostb'))
+        if (hb_dir / 'nova' / 'nova.conf').is_file():
+            self.host_b = Host(
+                os.environ.get('VIREO_HOSTB_NAME', 'vireo-hb'),
+                'http://%s:8775' % HOSTB_ADDR, token, 'qemu+tcp://%s/system' % HOSTB_ADDR,
+                hb_dir / 'vireo-agent', hb_dir / 'log' / 'nova-compute.log',
+                wrap=['bash', str(TWO_HOST), 'exec'])
 
     def cli(self, *args, check=True):
         """`openstack ARGS -f json`'s answer (or None for commands that print nothing)."""
@@ -98,6 +111,68 @@ class Cloud(object):
         return r.json()['ports']
 
 
+class Host(object):
+    """One compute host of the tier: its nova-compute, vireo agent, libvirtd and devices."""
+
+    def __init__(self, name, agent_url, token, libvirt_uri, state_dir, log, wrap=()):
+        self.name = name
+        self.agent_url = agent_url
+        self.libvirt_uri = libvirt_uri
+        self.state_dir = state_dir
+        self.log = log
+        self._wrap = list(wrap)  # runs a command inside the host's namespaces
+        self.agent = requests.Session()
+        self.agent.headers['X-Auth-Token'] = token
+
+    def run(self, *args):
+        return subprocess.run([*self._wrap, *args], capture_output=True, text=True,
+                              check=True).stdout
+
+    def agent_instances(self):
+        r = self.agent.get(self.agent_url + '/v1/instances', timeout=10)
+        r.raise_for_status()
+        return r.json()['instances']
+
+    def agent_instance(self, server_id):
+        r = self.agent.get(self.agent_url + '/v1/instances/' + server_id, timeout=10)
+        r.raise_for_status()
+        return r.json()
+
+    def holds(self, server_id):
+        return any(i['uuid'] == server_id for i in self.agent_instances())
+
+    def domains(self):
+        return subprocess.run(['virsh', '-c', self.libvirt_uri, 'list', '--all', '--uuid'],
+                              capture_output=True, text=True, check=True).stdout.split()
+
+    def log_offset(self):
+        return self.log.stat().st_size if self.log.exists() else 0
+
+    def log_since(self, offset):
+        with open(self.log, 'rb') as f:
+            f.seek(offset)
+            return f.read().decode('utf-8', 'replace')
+
+    def leaks(self, server_id, ports):
+        """What this host still holds of a server gone from it: domain, devices, disks."""
+        found = []
+        if server_id in self.domains():
+            found.append('%s: domain %s' % (self.name, server_id))
+        if self.holds(server_id):
+            found.append('%s: agent instance %s' % (self.name, server_id))
+        instance_dir = self.state_dir / 'instances' / server_id
+        if instance_dir.exists():
+            found.append('%s: instance directory %s' % (self.name, instance_dir))
+        links = self.run('ip', '-o', 'link')
+        ovs = self.run('ovs-vsctl', 'list-ports', 'br-int').split()
+        for port in ports:
+            short = port[:11]
+            for prefix in ('tap', 'qbr', 'qvb', 'qvo'):
+                if ' %s%s' % (prefix, short) in links or '%s%s' % (prefix, short) in ovs:
+                    found.append('%s: device %s%s' % (self.name, prefix, short))
+        return found
+
+
 def compute_log_offset():
     path = LOG / 'nova-compute.log'
     return path.stat().st_size if path.exists() else 0
@@ -109,27 +184,12 @@ def compute_log_since(offset):
         return f.read().decode('utf-8', 'replace')
 
 
-def leaks(cloud, server_id, ports):
-    """What this host still holds of a deleted server: domains, devices, disks, bindings."""
+def leaks(cloud, server_id, ports, hosts=None):
+    """What the hosts (this one by default) still hold of a deleted server, and the ports
+    Neutron still has on it."""
     found = []
-    domains = subprocess.run(['virsh', '-c', 'qemu:///system', 'list', '--all', '--uuid'],
-                             capture_output=True, text=True, check=True).stdout.split()
-    if server_id in domains:
-        found.append('domain %s' % server_id)
-    if any(i['uuid'] == server_id for i in cloud.agent_instances()):
-        found.append('agent instance %s' % server_id)
-    instance_dir = STATE_DIR / 'vireo-agent' / 'instances' / server_id
-    if instance_dir.exists():
-        found.append('instance directory %s' % instance_dir)
-    links = subprocess.run(['ip', '-o', 'link'], capture_output=True, text=True,
-                           check=True).stdout
-    ovs = subprocess.run(['ovs-vsctl', 'list-ports', 'br-int'], capture_output=True,
-                         text=True, check=True).stdout.split()
-    for port in ports:
-        short = port[:11]
-        for prefix in ('tap', 'qbr', 'qvb', 'qvo'):
-            if ' %s%s' % (prefix, short) in links or '%s%s' % (prefix, short) in ovs:
-                found.append('device %s%s' % (prefix, short))
+    for host in hosts or [cloud.host_a]:
+        found.extend(host.leaks(server_id, ports))
     for port in cloud.neutron_ports(device_id=server_id):
         found.append('port %s still on the server (%s)' % (port['id'], port['status']))
     return found
@@ -138,6 +198,14 @@ def leaks(cloud, server_id, ports):
 @pytest.fixture(scope='session')
 def cloud():
     return Cloud()
+
+
+@pytest.fixture(scope='session')
+def host_b(cloud):
+    """Host B as a second nova-compute (`two-host.sh nova-up`); the test fails without it."""
+    if cloud.host_b is None:
+        pytest.fail('no second nova-compute: run integration/two-host.sh nova-up first')
+    return cloud.host_b
 
 
 @pytest.fixture(scope='session')

@@ -14,8 +14,10 @@ BAD = re.compile(r'Timeout waiting for|Received unexpected event network-vif-plu
 
 
 def _boot(cloud, flavor, image, name):
+    # On this host (with host B up the scheduler could pick either): an admin's zone:host.
     server = cloud.cli('server', 'create', '--flavor', flavor, '--image', image, '--network',
-                       cloud.network, '--wait', name, '-f', 'json')
+                       cloud.network, '--availability-zone', 'nova:%s' % cloud.host,
+                       '--wait', name, '-f', 'json')
     assert server['status'] == 'ACTIVE', server.get('fault')
     assert server['OS-EXT-SRV-ATTR:host'] == cloud.host
     return server
@@ -103,7 +105,8 @@ def test_a_users_port_is_unbound_not_deleted(cloud, flavor, image):
     name = 'vireo-%s' % uuid.uuid4().hex[:8]
     try:
         server = cloud.cli('server', 'create', '--flavor', flavor, '--image', image, '--nic',
-                           'port-id=%s' % port['id'], '--wait', name, '-f', 'json')
+                           'port-id=%s' % port['id'], '--availability-zone',
+                           'nova:%s' % cloud.host, '--wait', name, '-f', 'json')
         assert server['status'] == 'ACTIVE', server.get('fault')
         assert cloud.neutron_ports(id=port['id'])[0]['status'] == 'ACTIVE'
         cloud.cli('server', 'delete', '--wait', name)
@@ -162,3 +165,121 @@ def test_a_resize_on_this_host_is_confirmed_and_reverted(cloud, flavor, larger_f
     assert leaks(cloud, sid, ports) == []
     log = compute_log_since(offset)
     assert not BAD.search(log), BAD.search(log).group(0)
+
+
+def _on(cloud, name, host, status):
+    server = cloud.wait_status(name, status)
+    assert server['OS-EXT-SRV-ATTR:host'] == host.name, server
+    return server
+
+
+def _bound_to(cloud, server_id, host):
+    for port in cloud.neutron_ports(device_id=server_id):
+        assert port['binding:host_id'] == host.name, port
+        assert port['status'] == 'ACTIVE', port
+
+
+def _service(cloud, host, state):
+    cloud.cli('compute', 'service', 'set', '--%s' % state, host.name, 'nova-compute')
+
+
+def test_a_server_moves_to_host_b_and_a_resize_back_is_reverted(
+        cloud, flavor, larger_flavors, image, hybrid, host_b):
+    """Cold migration A -> B and confirm, then a resize B -> A reverted (seed bug 3 across
+    hosts: B kept the hybrid devices wired, so Neutron reports at the binding's move back,
+    before B's driver is called), through the `openstack` CLI on two nova-computes."""
+    host_a = cloud.host_a
+    larger, _ = larger_flavors
+    offsets = {h.name: h.log_offset() for h in (host_a, host_b)}
+    name = 'vireo-%s' % uuid.uuid4().hex[:8]
+    sid = _boot(cloud, flavor, image, name)['id']
+    ports = _ports(cloud, sid)
+    try:
+        # Cold migration to B (Nova's resize path, same flavor): B's agent copied the disks
+        # from A's libvirtd and booted the guest, waiting for its plug-time events.
+        cloud.cli('--os-compute-api-version', '2.56', 'server', 'migrate', '--host',
+                  host_b.name, '--wait', name)
+        _on(cloud, name, host_b, 'VERIFY_RESIZE')
+        held = host_b.agent_instance(sid)
+        assert held['power_state'] == 'running'
+        assert held['state'] == 'running', held
+        finish = held['last_operation']
+        assert finish['request'] == 'finish-resize', finish
+        assert all(w['complete'] for w in finish['waits']), finish
+        _bound_to(cloud, sid, host_b)
+        # A keeps the stopped guest until the confirm.
+        assert host_a.agent_instance(sid)['power_state'] == 'shutoff'
+        cloud.cli('server', 'resize', 'confirm', name)
+        _on(cloud, name, host_b, 'ACTIVE')
+        assert host_a.leaks(sid, ports) == []
+
+        # A resize that must leave B (B's service disabled: the scheduler picks A), then
+        # reverted: B brings the guest back and counts the event of Nova's binding move.
+        _service(cloud, host_b, 'disable')
+        try:
+            cloud.cli('server', 'resize', '--flavor', larger, '--wait', name)
+        finally:
+            _service(cloud, host_b, 'enable')
+        _on(cloud, name, cloud.host_a, 'VERIFY_RESIZE')
+        held = host_a.agent_instance(sid)
+        assert (held['vcpus'], held['memory_mb'], held['power_state']) == (2, 192, 'running')
+        cloud.cli('server', 'resize', 'revert', name)
+        _on(cloud, name, host_b, 'ACTIVE')
+        held = host_b.agent_instance(sid)
+        assert (held['vcpus'], held['memory_mb'], held['power_state']) == (1, 128, 'running')
+        back = held['last_operation']
+        assert back['request'] == 'finish-revert-resize', back
+        assert all(w['complete'] for w in back['waits']), back
+        bind_time = {e['tag'] for w in back['waits'] if w['timing'] == 'bind-time'
+                     for e in w['expected']}
+        # Hybrid plug: B's qvo stayed wired, the port reported when Nova bound it back.
+        assert bind_time == (set(ports) if hybrid else set()), back
+        _bound_to(cloud, sid, host_b)
+        assert host_a.leaks(sid, ports) == []
+    finally:
+        cloud.cli('server', 'delete', '--wait', name, check=False)
+    assert leaks(cloud, sid, ports, hosts=[host_a, host_b]) == []
+    for host in (host_a, host_b):
+        log = host.log_since(offsets[host.name])
+        assert not BAD.search(log), (host.name, BAD.search(log).group(0))
+
+
+def test_a_build_that_fails_on_this_host_is_rescheduled_to_host_b(
+        cloud, flavor, image, hybrid, host_b):
+    """Seed bug 1 under Nova: a real failure on A (a device of another kind holds the name
+    vireo plugs the user's port under) after the domain was defined and its disks made; A's
+    agent removes all it made and answers build-failed, Nova reschedules to B (its
+    alternate: less free memory), and the user's port is bound and plugged there."""
+    host_a = cloud.host_a
+    offsets = {h.name: h.log_offset() for h in (host_a, host_b)}
+    port = cloud.neutron_port_create('vireo-user-%s' % uuid.uuid4().hex[:8])
+    squatter = ('qvb' if hybrid else 'tap') + port['id'][:11]
+    subprocess.run(['ip', 'link', 'add', squatter, 'type', 'dummy'], check=True)
+    name = 'vireo-%s' % uuid.uuid4().hex[:8]
+    sid = None
+    try:
+        server = cloud.cli('server', 'create', '--flavor', flavor, '--image', image, '--nic',
+                           'port-id=%s' % port['id'], '--wait', name, '-f', 'json')
+        sid = server['id']
+        assert server['status'] == 'ACTIVE', server.get('fault')
+        assert server['OS-EXT-SRV-ATTR:host'] == host_b.name, server
+        # A really tried: its agent's build failed and rolled back.
+        log_a = host_a.log_since(offsets[host_a.name])
+        assert re.search(r'Build of instance %s was re-scheduled' % sid, log_a), log_a[-3000:]
+        subprocess.run(['ip', 'link', 'del', squatter], check=True)
+        assert host_a.leaks(sid, [port['id']]) == []
+        _bound_to(cloud, sid, host_b)
+        assert host_b.agent_instance(sid)['power_state'] == 'running'
+    finally:
+        subprocess.run(['ip', 'link', 'del', squatter], capture_output=True)
+        cloud.cli('server', 'delete', '--wait', name, check=False)
+    try:
+        assert leaks(cloud, sid, [port['id']], hosts=[host_a, host_b]) == []
+        kept = cloud.neutron_ports(id=port['id'])
+        assert len(kept) == 1 and kept[0]['device_id'] == '', kept
+        assert kept[0]['binding:host_id'] == '', kept
+    finally:
+        cloud.neutron_port_delete(port['id'])
+    for host in (host_a, host_b):
+        log = host.log_since(offsets[host.name])
+        assert not BAD.search(log), (host.name, BAD.search(log).group(0))
