@@ -905,7 +905,11 @@ setup_nova_dbs() {
     tail -20 "$LOG_DIR/nova-manage.log" >&2
     die "nova-manage api_db sync / map_cell0 failed"
   }
-  if ! nova_manage cell_v2 list_cells 2>/dev/null | grep -q ' cell1 '; then
+  # Read whole before searching: grep -q stops reading early, and the SIGPIPE nova-manage then
+  # dies of fails the pipeline (pipefail), which made a second nova-up create cell1 again.
+  local cells
+  cells=$(nova_manage cell_v2 list_cells 2>/dev/null || true)
+  if ! grep -q ' cell1 ' <<<"$cells"; then
     nova_manage cell_v2 create_cell --name cell1 >>"$LOG_DIR/nova-manage.log" 2>&1 || {
       tail -20 "$LOG_DIR/nova-manage.log" >&2
       die "nova-manage cell_v2 create_cell failed"

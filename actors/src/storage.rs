@@ -414,7 +414,8 @@ pub trait InstanceStorage: Send + Sync + fmt::Debug + 'static {
     /// A cross-host resize's destination: copy `disks` (the source host's files) through
     /// `source_uri`, the source's libvirt (the connection live migration already trusts),
     /// into this host's instance directory; the root disk is rebased on this host's base of
-    /// `image` (fetched into this host's cache first) and grown to `root_gb`. Returns the
+    /// `image` (fetched into this host's cache first, with `image_token` for an HTTP source
+    /// that wants one) and grown to `root_gb`. Returns the
     /// disks here. The source is only read; on failure everything made here is removed.
     async fn copy_from(
         &self,
@@ -422,6 +423,7 @@ pub trait InstanceStorage: Send + Sync + fmt::Debug + 'static {
         source_uri: &str,
         disks: &[InstanceDisk],
         image: Option<&ImageRef>,
+        image_token: Option<String>,
         root_gb: u64,
     ) -> Result<Vec<InstanceDisk>, StorageError>;
 
@@ -450,6 +452,7 @@ pub trait InstanceStorage: Send + Sync + fmt::Debug + 'static {
         source_uri: &str,
         disks: &[InstanceDisk],
         image: Option<&ImageRef>,
+        image_token: Option<String>,
     ) -> Result<Vec<InstanceDisk>, StorageError>;
 }
 

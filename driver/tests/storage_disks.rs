@@ -449,7 +449,7 @@ async fn a_shared_instances_directory_keeps_a_base_in_use_and_shows_the_probe() 
     // host's base, the swap an empty file, each of the source's size.
     let c = HostStorage::new(StorageConfig::in_state_dir(&tmp.path().join("c"))).unwrap();
     let targets = c
-        .prepare_incoming(id, "test:///default", &disks, Some(&img))
+        .prepare_incoming(id, "test:///default", &disks, Some(&img), None)
         .await
         .unwrap();
     assert_eq!(targets.len(), disks.len());

@@ -21,6 +21,7 @@ ETC = STATE_DIR / 'etc'
 LOG = STATE_DIR / 'log'
 AGENT_URL = 'http://127.0.0.1:%s' % os.environ.get('VIREO_NOVA_AGENT_PORT', '8775')
 NEUTRON_URL = 'http://127.0.0.1:9696'
+NOVA_URL = 'http://127.0.0.1:%s/v2.1' % os.environ.get('VIREO_NOVA_API_PORT', '18774')
 HOSTB_ADDR = os.environ.get('VIREO_HOSTB_ADDR', '198.51.100.2')
 TWO_HOST = pathlib.Path(__file__).resolve().parents[1] / 'two-host.sh'
 
@@ -66,6 +67,21 @@ class Cloud(object):
             raise AssertionError('openstack %s: %s' % (' '.join(args), run.stderr.strip()))
         out = run.stdout.strip()
         return json.loads(out) if out.startswith(('{', '[')) else out
+
+    def nova(self, method, path, body=None, version='2.53'):
+        """nova-api directly (some CLI commands trip over noauth2's version discovery)."""
+        r = requests.request(method, NOVA_URL + path, json=body, timeout=30,
+                             headers={'X-Auth-Token': 'admin:admin',
+                                      'OpenStack-API-Version': 'compute %s' % version})
+        assert r.ok, '%s %s: %s %s' % (method, path, r.status_code, r.text[:500])
+        return r.json() if r.content else None
+
+    def compute_service(self, host, enabled):
+        """Enable or disable `host`'s nova-compute for the scheduler."""
+        services = self.nova('GET', '/os-services?binary=nova-compute&host=%s' % host)
+        for service in services['services']:
+            self.nova('PUT', '/os-services/%s' % service['id'],
+                      {'status': 'enabled' if enabled else 'disabled'})
 
     def server(self, name):
         return self.cli('server', 'show', name, '-f', 'json')

@@ -1,5 +1,6 @@
 """Servers through `openstack` on nova-compute with vireo.VireoDriver: what an operator does."""
 
+import contextlib
 import re
 import subprocess
 import uuid
@@ -21,6 +22,19 @@ def _boot(cloud, flavor, image, name):
     assert server['status'] == 'ACTIVE', server.get('fault')
     assert server['OS-EXT-SRV-ATTR:host'] == cloud.host
     return server
+
+
+@contextlib.contextmanager
+def _scheduling_only(cloud, host):
+    """The scheduler sees only `host`: the other compute services are disabled meanwhile."""
+    others = [h for h in (cloud.host_a, cloud.host_b) if h is not None and h is not host]
+    for other in others:
+        cloud.compute_service(other.name, enabled=False)
+    try:
+        yield
+    finally:
+        for other in others:
+            cloud.compute_service(other.name, enabled=True)
 
 
 def _ports(cloud, server_id):
@@ -133,7 +147,8 @@ def test_a_resize_on_this_host_is_confirmed_and_reverted(cloud, flavor, larger_f
     sid = _boot(cloud, flavor, image, name)['id']
     ports = _ports(cloud, sid)
     try:
-        cloud.cli('server', 'resize', '--flavor', larger, '--wait', name)
+        with _scheduling_only(cloud, cloud.host_a):
+            cloud.cli('server', 'resize', '--flavor', larger, '--wait', name)
         server = cloud.server(name)
         assert server['status'] == 'VERIFY_RESIZE', server.get('fault')
         assert server['OS-EXT-SRV-ATTR:host'] == cloud.host
@@ -145,7 +160,8 @@ def test_a_resize_on_this_host_is_confirmed_and_reverted(cloud, flavor, larger_f
         held = cloud.agent_instance(sid)
         assert (held['vcpus'], held['memory_mb'], held['power_state']) == (2, 192, 'running')
 
-        cloud.cli('server', 'resize', '--flavor', other, '--wait', name)
+        with _scheduling_only(cloud, cloud.host_a):
+            cloud.cli('server', 'resize', '--flavor', other, '--wait', name)
         assert cloud.server(name)['status'] == 'VERIFY_RESIZE'
         assert cloud.agent_instance(sid)['memory_mb'] == 160
         cloud.cli('server', 'resize', 'revert', name)
@@ -177,10 +193,6 @@ def _bound_to(cloud, server_id, host):
     for port in cloud.neutron_ports(device_id=server_id):
         assert port['binding:host_id'] == host.name, port
         assert port['status'] == 'ACTIVE', port
-
-
-def _service(cloud, host, state):
-    cloud.cli('compute', 'service', 'set', '--%s' % state, host.name, 'nova-compute')
 
 
 def test_a_server_moves_to_host_b_and_a_resize_back_is_reverted(
@@ -215,11 +227,8 @@ def test_a_server_moves_to_host_b_and_a_resize_back_is_reverted(
 
         # A resize that must leave B (B's service disabled: the scheduler picks A), then
         # reverted: B brings the guest back and counts the event of Nova's binding move.
-        _service(cloud, host_b, 'disable')
-        try:
+        with _scheduling_only(cloud, host_a):
             cloud.cli('server', 'resize', '--flavor', larger, '--wait', name)
-        finally:
-            _service(cloud, host_b, 'enable')
         _on(cloud, name, cloud.host_a, 'VERIFY_RESIZE')
         held = host_a.agent_instance(sid)
         assert (held['vcpus'], held['memory_mb'], held['power_state']) == (2, 192, 'running')
@@ -254,10 +263,11 @@ def test_a_build_that_fails_on_this_host_is_rescheduled_to_host_b(
     offsets = {h.name: h.log_offset() for h in (host_a, host_b)}
     port = cloud.neutron_port_create('vireo-user-%s' % uuid.uuid4().hex[:8])
     squatter = ('qvb' if hybrid else 'tap') + port['id'][:11]
-    subprocess.run(['ip', 'link', 'add', squatter, 'type', 'dummy'], check=True)
     name = 'vireo-%s' % uuid.uuid4().hex[:8]
     sid = None
     try:
+        # A bridge (not the veth or tap vireo makes) under the name: plug refuses it.
+        subprocess.run(['ip', 'link', 'add', squatter, 'type', 'bridge'], check=True)
         server = cloud.cli('server', 'create', '--flavor', flavor, '--image', image, '--nic',
                            'port-id=%s' % port['id'], '--wait', name, '-f', 'json')
         sid = server['id']
@@ -265,7 +275,9 @@ def test_a_build_that_fails_on_this_host_is_rescheduled_to_host_b(
         assert server['OS-EXT-SRV-ATTR:host'] == host_b.name, server
         # A really tried: its agent's build failed and rolled back.
         log_a = host_a.log_since(offsets[host_a.name])
-        assert re.search(r'Build of instance %s was re-scheduled' % sid, log_a), log_a[-3000:]
+        failed = re.search(r'\[instance: %s\] Failed to build and run instance: .*'
+                           r'build-failed: .*exists and is a bridge' % sid, log_a)
+        assert failed, log_a[-3000:]
         subprocess.run(['ip', 'link', 'del', squatter], check=True)
         assert host_a.leaks(sid, [port['id']]) == []
         _bound_to(cloud, sid, host_b)
@@ -273,6 +285,8 @@ def test_a_build_that_fails_on_this_host_is_rescheduled_to_host_b(
     finally:
         subprocess.run(['ip', 'link', 'del', squatter], capture_output=True)
         cloud.cli('server', 'delete', '--wait', name, check=False)
+        if sid is None:
+            cloud.neutron_port_delete(port['id'])
     try:
         assert leaks(cloud, sid, [port['id']], hosts=[host_a, host_b]) == []
         kept = cloud.neutron_ports(id=port['id'])

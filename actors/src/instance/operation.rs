@@ -217,6 +217,10 @@ pub struct CallerTask {
     /// (without a caller: the peer directory's `migration_uri`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source_uri: Option<String>,
+    /// The token an HTTP image source wants (Glance's, from the caller's request context):
+    /// the destination fetches the base image into its own cache. Never stored.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_token: Option<String>,
 }
 
 impl ResizeArgs {

@@ -479,3 +479,11 @@ def test_a_restarted_agents_feed_is_read_from_its_start(driver, agent):
     agent.create()
     _until(lambda: driver.agent.lifecycle()['last'] > 0)
     assert driver._read_lifecycle(0) > 0
+
+
+def test_lingering_files_of_a_deleted_instance_are_removed_by_the_agent(driver, agent):
+    instance = make_instance(uuid_=agent.create())
+    assert driver.delete_instance_files(instance)
+    assert agent.get('/v1/instances/%s' % instance.uuid).status_code == 404
+    # Nothing left is success too (Nova's periodic task asks again after a failure).
+    assert driver.delete_instance_files(instance)

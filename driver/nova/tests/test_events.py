@@ -8,6 +8,7 @@ import pytest
 
 from nova.compute import manager as compute_manager
 from nova.compute import task_states
+from nova import objects
 from nova.virt.vireo import driver as vdriver
 from nova.virt.vireo import events as vevents
 
@@ -99,6 +100,21 @@ def test_an_event_kept_for_one_task_does_not_serve_another(manager, context):
     port = str(uuid.uuid4())
     _deliver(manager, context, instance, make_event(instance, port))
     instance.task_state = task_states.REBOOTING_HARD
+    with pytest.raises(eventlet.timeout.Timeout):
+        _wait(manager, instance, port, deadline=0.5)
+
+
+def test_an_event_kept_in_one_resize_does_not_serve_the_next(manager, context):
+    # Two resizes in a row are one task family but two tasks: their migrations differ.
+    instance = make_instance(task_state=task_states.RESIZE_MIGRATED, vm_state='active')
+    instance.migration_context = objects.MigrationContext(instance_uuid=instance.uuid,
+                                                          migration_id=1)
+    port = str(uuid.uuid4())
+    _deliver(manager, context, instance, make_event(instance, port))
+    assert len(manager.instance_events.task_events(instance)) == 1
+    instance.migration_context = objects.MigrationContext(instance_uuid=instance.uuid,
+                                                          migration_id=2)
+    assert manager.instance_events.task_events(instance) == []
     with pytest.raises(eventlet.timeout.Timeout):
         _wait(manager, instance, port, deadline=0.5)
 

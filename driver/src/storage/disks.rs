@@ -391,14 +391,22 @@ impl InstanceStorage for HostStorage {
         source_uri: &str,
         disks: &[InstanceDisk],
         image: Option<&ImageRef>,
+        image_token: Option<String>,
         root_gb: u64,
     ) -> Result<Vec<InstanceDisk>, StorageError> {
         let (dir, existed) = self.open_instance_dir(uuid).await?;
         let mut made = Vec::new();
         let copied = self
             .with_cache_mode(
-                self.copy_into(source_uri, disks, image, root_gb, &dir, &mut made)
-                    .await,
+                self.copy_into(
+                    source_uri,
+                    disks,
+                    image.map(|i| (i, image_token)),
+                    root_gb,
+                    &dir,
+                    &mut made,
+                )
+                .await,
             )
             .await;
         if copied.is_err() {
@@ -444,12 +452,13 @@ impl InstanceStorage for HostStorage {
         source_uri: &str,
         disks: &[InstanceDisk],
         image: Option<&ImageRef>,
+        image_token: Option<String>,
     ) -> Result<Vec<InstanceDisk>, StorageError> {
         let (dir, existed) = self.open_instance_dir(uuid).await?;
         let mut made = Vec::new();
         let prepared = self
             .with_cache_mode(
-                self.prepare_into(source_uri, disks, image, &dir, &mut made)
+                self.prepare_into(source_uri, disks, image, image_token, &dir, &mut made)
                     .await,
             )
             .await;
@@ -479,6 +488,7 @@ impl HostStorage {
         source_uri: &str,
         disks: &[InstanceDisk],
         image: Option<&ImageRef>,
+        image_token: Option<String>,
         dir: &Path,
         made: &mut Vec<PathBuf>,
     ) -> Result<Vec<InstanceDisk>, StorageError> {
@@ -489,7 +499,7 @@ impl HostStorage {
             let size = d.virtual_size.to_string();
             match (d.role, image) {
                 (DiskRole::Root, Some(image)) if d.image.is_some() => {
-                    let base = self.base(image, None).await?;
+                    let base = self.base(image, image_token.clone()).await?;
                     create_overlay(&base, image.format, &path, d.virtual_size).await?;
                 }
                 (DiskRole::ConfigDrive, _) => {
@@ -530,14 +540,15 @@ impl HostStorage {
         &self,
         source_uri: &str,
         disks: &[InstanceDisk],
-        image: Option<&ImageRef>,
+        image: Option<(&ImageRef, Option<String>)>,
         root_gb: u64,
         dir: &Path,
         made: &mut Vec<PathBuf>,
     ) -> Result<Vec<InstanceDisk>, StorageError> {
-        // The base first: a copy whose backing file cannot be had here is of no use.
+        // The base first (with the image's token, if its source wants one): a copy whose
+        // backing file cannot be had here is of no use.
         let base = match image {
-            Some(i) => Some((i, self.base(i, None).await?)),
+            Some((i, token)) => Some((i, self.base(i, token).await?)),
             None => None,
         };
         let mut out = Vec::with_capacity(disks.len());

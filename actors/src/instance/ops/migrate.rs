@@ -568,6 +568,7 @@ pub(crate) async fn pre_live_migration(
                     &uri,
                     &record.storage.disks,
                     record.storage.image.as_ref(),
+                    None,
                 ),
             )
             .await

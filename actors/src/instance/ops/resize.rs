@@ -186,6 +186,7 @@ pub(crate) async fn finish_resize(
         op.adopt_caller_task(task);
     }
     let source_uri = caller.as_ref().and_then(|c| c.source_uri.clone());
+    let image_token = caller.as_ref().and_then(|c| c.image_token.clone());
     // With a caller (Nova) the resize ends here: its confirm only cleans the source, its
     // revert destroys this copy; without one this host keeps the resize until either.
     let caller_runs = caller.is_some();
@@ -233,6 +234,7 @@ pub(crate) async fn finish_resize(
                             &uri,
                             &record.storage.disks,
                             record.storage.image.as_ref(),
+                            image_token.clone(),
                             record.flavor.root_gb,
                         ),
                     )

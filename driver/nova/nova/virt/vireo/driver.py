@@ -397,6 +397,22 @@ class VireoDriver(driver.ComputeDriver):
                 raise
             LOG.debug('The vireo agent has no instance to clean up', instance=instance)
 
+    def delete_instance_files(self, instance):
+        """Nova's periodic clean-ups ask this for deleted instances whose files may linger
+        here, e.g. the source's copy of a server deleted after its move to another host
+        failed: the agent removes whatever it still holds of the instance (domain, devices,
+        disks), never touching Neutron. True once nothing is left."""
+        try:
+            self.agent.delete(instance.uuid, deallocate_network=False)
+        except vclient.AgentError as e:
+            if e.agent_code == 'not-found':
+                return True
+            LOG.warning('The vireo agent could not remove what is left of the instance: '
+                        '%s', e, instance=instance)
+            return False
+        LOG.info('Removed what was left of a deleted instance', instance=instance)
+        return True
+
     def reboot(self, context, instance, network_info, reboot_type,
                block_device_info=None, bad_volumes_callback=None, accel_info=None):
         self._act(instance, 'reboot-hard' if reboot_type == 'HARD' else 'reboot-soft')
@@ -529,12 +545,20 @@ class VireoDriver(driver.ComputeDriver):
         handover['network_info'] = (jsonutils.loads(network_info.json())
                                     if network_info else [])
         handover['power_on'] = bool(power_on)
+        caller = self._caller_task(instance, source_uri=source_uri)
+        image = (handover.get('storage') or {}).get('image')
+        if image is not None:
+            # The base image comes from this host's Glance (the source's URL may not be
+            # reachable from here), with the request's token; the token is never stored.
+            here = self._image(context, instance, image_meta, block_device_info)
+            image['source'] = here['source']
+            if here.get('token'):
+                caller['image_token'] = here['token']
         self._host_half(
             instance, 'finish-resize',
             migration={'id': migration.uuid, 'source_host': migration.source_compute,
                        'dest_host': migration.dest_compute},
-            handover=handover,
-            caller=self._caller_task(instance, source_uri=source_uri))
+            handover=handover, caller=caller)
 
     def confirm_migration(self, context, migration, instance, network_info):
         if self._same_host(migration):

@@ -14,9 +14,10 @@ event for an instance with a task under way is kept, at most ``limit`` per insta
 first out, as vireo's own early-event buffer) and for at most ``max_age`` seconds; a waiter
 registered later for the same event *in the same task* gets it at once.  The task is compared
 by family (a build's ``networking`` and ``spawning`` are one task, a resize's four steps are
-one), so an event kept for one task never satisfies a wait of the next.  Every network event
-is also handed to ``forward`` (the driver posts it to its vireo agent, whose own waits follow
-vireo's prediction).
+one) and, for a move, by its migration (two resizes in a row are two tasks), so an event kept
+for one task never satisfies a wait of the next.  Every network event is also handed to
+``forward`` (the driver posts it to its vireo agent, whose own waits follow vireo's
+prediction); the driver hands the agent the events kept for the task it asks it to finish.
 """
 
 import collections
@@ -57,7 +58,19 @@ def task_family(task_state):
     return _FAMILY_OF.get(task_state, task_state)
 
 
-Kept = collections.namedtuple('Kept', ('event', 'family', 'at'))
+def task_of(instance):
+    """The task under way for an instance: its family and, for a move, the migration (two
+    resizes in a row are two tasks of one family); None when no task is under way."""
+    family = task_family(instance.task_state)
+    if family is None:
+        return None
+    moving = None
+    if instance.obj_attr_is_set('migration_context') and instance.migration_context:
+        moving = instance.migration_context.migration_id
+    return family, moving
+
+
+Kept = collections.namedtuple('Kept', ('event', 'task', 'at'))
 
 
 class KeepingInstanceEvents(manager.InstanceEvents):
@@ -94,12 +107,12 @@ class KeepingInstanceEvents(manager.InstanceEvents):
     def task_events(self, instance):
         """The network events kept for the instance's task under way, oldest first, as the
         agent takes them (``caller.events``); they stay kept for Nova's own waiters."""
-        family = task_family(instance.task_state)
+        task = task_of(instance)
         kept = self._kept.get(instance.uuid) or {}
         now = self._clock()
         events = []
         for k in list(kept.values()):
-            if k.family != family or now - k.at > self._max_age:
+            if task is None or k.task != task or now - k.at > self._max_age:
                 continue
             event = {'name': k.event.name, 'server_uuid': instance.uuid,
                      'status': k.event.status}
@@ -149,10 +162,10 @@ class KeepingInstanceEvents(manager.InstanceEvents):
                     del self._events[instance.uuid]
                 if waiter is not None:
                     return waiter, False
-            family = task_family(instance.task_state)
-            if family is None or event.name not in NETWORK_EVENTS:
+            task = task_of(instance)
+            if task is None or event.name not in NETWORK_EVENTS:
                 return None, False
-            self._keep(instance.uuid, event, family)
+            self._keep(instance.uuid, event, task)
             return None, True
 
         waiter, kept = _pop()
@@ -175,11 +188,11 @@ class KeepingInstanceEvents(manager.InstanceEvents):
         self._kept.clear()
         super().cancel_all_events()
 
-    def _keep(self, uuid, event, family):
+    def _keep(self, uuid, event, task):
         kept = self._kept.setdefault(uuid, collections.OrderedDict())
         key = (event.name, event.tag)
         kept.pop(key, None)
-        kept[key] = Kept(event, family, self._clock())
+        kept[key] = Kept(event, task, self._clock())
         while len(kept) > self._limit:
             (name, tag), _ = kept.popitem(last=False)
             LOG.warning('Dropping the oldest kept event %(name)s-%(tag)s of instance '
@@ -194,7 +207,7 @@ class KeepingInstanceEvents(manager.InstanceEvents):
         for key in [k for k, v in kept.items() if now - v.at > self._max_age]:
             del kept[key]
         found = kept.get((name, tag))
-        if found is not None and found.family == task_family(instance.task_state):
+        if found is not None and found.task == task_of(instance):
             del kept[(name, tag)]
         else:
             found = None
