@@ -486,6 +486,8 @@ image_dirs = ["$AGENT_B_DIR/images"]
 domain_type = "$domain_type"
 power_off_timeout = 5
 soft_reboot_timeout = 5
+device_detach_timeout = 2
+device_detach_attempts = 2
 [plugging]
 ovsdb_connection = "$B_OVSDB"
 datapath_type = "netdev"

@@ -154,6 +154,13 @@ class Host(object):
         r.raise_for_status()
         return r.json()
 
+    def operations(self, server_id):
+        """The agent's operations of an instance, newest first."""
+        r = self.agent.get(self.agent_url + '/v1/operations', params={'instance': server_id},
+                           timeout=10)
+        r.raise_for_status()
+        return r.json()['operations']
+
     def holds(self, server_id):
         return any(i['uuid'] == server_id for i in self.agent_instances())
 

@@ -3,6 +3,7 @@
 import contextlib
 import re
 import subprocess
+import time
 import uuid
 
 from conftest import compute_log_offset
@@ -300,3 +301,58 @@ def test_a_build_that_fails_on_this_host_is_rescheduled_to_host_b(
     for host in (host_a, host_b):
         log = host.log_since(offsets[host.name])
         assert not BAD.search(log), (host.name, BAD.search(log).group(0))
+
+
+def test_an_interface_is_attached_and_a_detach_the_guest_ignores_is_refused(
+        cloud, flavor, image, hybrid):
+    """`server add port` hot-plugs the user's port (plugged, bound, its event awaited);
+    `server remove port` asks the guest to release it, and the zero image's guest, which
+    never boots, never does: the detach fails and nothing is taken from under the guest
+    (the port stays on the server, bound and plugged here)."""
+    host_a = cloud.host_a
+    offset = host_a.log_offset()
+    name = 'vireo-%s' % uuid.uuid4().hex[:8]
+    sid = _boot(cloud, flavor, image, name)['id']
+    first = _ports(cloud, sid)
+    port = cloud.neutron_port_create('vireo-user-%s' % uuid.uuid4().hex[:8])
+    short = port['id'][:11]
+    device = ('qvo' if hybrid else 'tap') + short
+    try:
+        cloud.cli('server', 'add', 'port', name, port['id'])
+        attached = host_a.operations(sid)[0]
+        assert attached['kind'] == 'attach-interface', attached
+        assert attached['state'] == 'succeeded', attached
+        held = host_a.agent_instance(sid)
+        assert port['id'] in {v['port'] for v in held['vifs']}, held['vifs']
+        plugged = [w for w in held['last_operation']['waits'] if w['expected']]
+        assert plugged and all(w['complete'] for w in plugged), held['last_operation']
+        bound = cloud.neutron_ports(id=port['id'])[0]
+        assert bound['device_id'] == sid and bound['binding:host_id'] == cloud.host
+        assert bound['status'] == 'ACTIVE', bound
+        assert device in host_a.run('ovs-vsctl', 'list-ports', 'br-int').split()
+
+        cloud.cli('server', 'remove', 'port', name, port['id'])
+        deadline = time.monotonic() + 60
+        while True:
+            detached = host_a.operations(sid)[0]
+            if detached['kind'] == 'detach-interface' and detached['state'] != 'running':
+                break
+            assert time.monotonic() < deadline, detached
+            time.sleep(0.5)
+        assert detached['state'] == 'failed', detached
+        assert detached['error']['code'] == 'device-not-released', detached
+        held = host_a.agent_instance(sid)
+        assert port['id'] in {v['port'] for v in held['vifs']}, held['vifs']
+        assert device in host_a.run('ovs-vsctl', 'list-ports', 'br-int').split()
+        kept = cloud.neutron_ports(id=port['id'])[0]
+        assert kept['device_id'] == sid and kept['status'] == 'ACTIVE', kept
+        log = host_a.log_since(offset)
+        assert 'InterfaceDetachFailed' in log or 'Failed to detach' in log, log[-3000:]
+    finally:
+        cloud.cli('server', 'delete', '--wait', name, check=False)
+    try:
+        assert leaks(cloud, sid, first + [port['id']]) == []
+        kept = cloud.neutron_ports(id=port['id'])
+        assert len(kept) == 1 and kept[0]['device_id'] == '', kept
+    finally:
+        cloud.neutron_port_delete(port['id'])
