@@ -178,6 +178,10 @@ pub enum Request {
     AttachInterface,
     /// Hot-unplug an interface.
     DetachInterface,
+    /// Make sure the host side of every VIF is plugged (Nova's `plug_vifs`).
+    PlugVifs,
+    /// Remove the host side of every VIF (Nova's `unplug_vifs`).
+    UnplugVifs,
     /// Release networking after a failed build so the build can be rescheduled.
     CleanupForReschedule,
     /// Finish or roll back an operation that was in flight when the agent stopped (internal:
@@ -223,12 +227,14 @@ impl Request {
             | Request::LiveMigrate
             | Request::AttachInterface
             | Request::DetachInterface
+            | Request::PlugVifs
+            | Request::UnplugVifs
             | Request::CleanupForReschedule => Caller::Api,
         }
     }
 
     /// Every request.
-    pub const ALL: [Request; 24] = [
+    pub const ALL: [Request; 26] = [
         Request::Spawn,
         Request::Destroy,
         Request::PowerOff,
@@ -251,6 +257,8 @@ impl Request {
         Request::RollbackLiveMigrationAtDestination,
         Request::AttachInterface,
         Request::DetachInterface,
+        Request::PlugVifs,
+        Request::UnplugVifs,
         Request::CleanupForReschedule,
         Request::Recover,
     ];
@@ -279,6 +287,8 @@ impl Request {
             Request::PostLiveMigrationAtDestination => "post-live-migration-at-destination",
             Request::RollbackLiveMigrationAtDestination => "rollback-live-migration-at-destination",
             Request::AttachInterface => "attach-interface",
+            Request::PlugVifs => "plug-vifs",
+            Request::UnplugVifs => "unplug-vifs",
             Request::DetachInterface => "detach-interface",
             Request::CleanupForReschedule => "cleanup-for-reschedule",
             Request::Recover => "recover",
@@ -311,6 +321,13 @@ impl Request {
             Request::AttachInterface | Request::DetachInterface => match from {
                 Running => &[Running],
                 Paused => &[Paused],
+                _ => &[Stopped],
+            },
+            // The guest's state is not theirs to change.
+            Request::PlugVifs | Request::UnplugVifs => match from {
+                Running => &[Running],
+                Paused => &[Paused],
+                Suspended => &[Suspended],
                 _ => &[Stopped],
             },
         }
@@ -389,6 +406,7 @@ pub fn accepts(state: InstanceState, request: Request) -> bool {
         // The destination may have lost its record (agent restart): roll back from Absent too.
         RollbackLiveMigrationAtDestination => matches!(state, Absent | Incoming),
         AttachInterface | DetachInterface => matches!(state, Running | Paused | Stopped),
+        PlugVifs | UnplugVifs => matches!(state, Running | Paused | Suspended | Stopped),
         // Not while a build or a live migration is under way: their own flows finish or roll
         // them back (recovery releases an interrupted build with the reschedule clean-up).
         Recover => state.has_domain() && !matches!(state, Building | Migrating),

@@ -348,6 +348,8 @@ fn sample(req: Request, vif: &Vif, handover: &Handover) -> Operation {
             vif: Box::new(vif.clone()),
         },
         Request::DetachInterface => Operation::DetachInterface { port_id: vif.id },
+        Request::PlugVifs => Operation::PlugVifs {},
+        Request::UnplugVifs => Operation::UnplugVifs {},
         Request::CleanupForReschedule => Operation::CleanupForReschedule {},
         Request::Recover => Operation::Recover(Box::new(
             vireo_actors::instance::Interrupted::Marked(vireo_actors::instance::Marker {

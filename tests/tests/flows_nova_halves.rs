@@ -322,3 +322,36 @@ async fn a_resize_nova_runs_is_refused_where_the_instances_directory_is_shared()
     assert!(!c.disks_left("h1").is_empty());
     c.destroy_everywhere(id).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nova_unplugs_and_plugs_the_vifs_of_an_instance_whose_guest_stays() {
+    let c = spec(&["h1"]).start().await;
+    let h1 = c.host("h1");
+    let id = uuid();
+    h1.driver
+        .spawn(
+            id,
+            spawn_args("vm-nova-vifs", vec![on(NET_HYBRID), on(NET_NATIVE), on(NET_LB)]),
+        )
+        .await
+        .unwrap();
+    let ports = set(common::ports(&h1.driver.show(id).await.unwrap()));
+    assert_eq!(h1.plugger.plugged(), ports);
+
+    h1.driver.run(id, Operation::UnplugVifs {}).await.unwrap();
+    assert!(h1.plugger.plugged().is_empty());
+    let view = h1.driver.show(id).await.unwrap();
+    assert_eq!(view.state, InstanceState::Running);
+    assert_eq!(view.power, PowerState::Running);
+
+    // What nova-compute asks of every instance when it starts: idempotent.
+    for _ in 0..2 {
+        h1.driver.run(id, Operation::PlugVifs {}).await.unwrap();
+        assert_eq!(h1.plugger.plugged(), ports);
+    }
+    // A stopped guest stays stopped.
+    h1.driver.power_off(id, None).await.unwrap();
+    h1.driver.run(id, Operation::PlugVifs {}).await.unwrap();
+    assert_eq!(h1.driver.show(id).await.unwrap().state, InstanceState::Stopped);
+    c.destroy_and_assert_clean(&[id], &[]).await;
+}

@@ -126,6 +126,13 @@ pub enum Operation {
         /// The port.
         port_id: PortId,
     },
+    /// Make sure the host side of every VIF is plugged (Nova's `plug_vifs`, for the
+    /// instances it finds on this host when nova-compute starts): idempotent, no event waits
+    /// (nothing changes for a VIF already plugged; a re-made one reports to nobody waiting).
+    PlugVifs {},
+    /// Remove the host side of every VIF (Nova's `unplug_vifs`, when it cleans up a build's
+    /// networks); the guest and its definition stay.
+    UnplugVifs {},
     /// Remove a failed build's remains and release its networking, so the build can be
     /// rescheduled.
     CleanupForReschedule {},
@@ -164,6 +171,8 @@ impl Operation {
             }
             Operation::AttachInterface { .. } => Request::AttachInterface,
             Operation::DetachInterface { .. } => Request::DetachInterface,
+            Operation::PlugVifs {} => Request::PlugVifs,
+            Operation::UnplugVifs {} => Request::UnplugVifs,
             Operation::CleanupForReschedule {} => Request::CleanupForReschedule,
             Operation::Recover(_) => Request::Recover,
         }
@@ -385,8 +394,39 @@ mod tests {
                    "do_cleanup": true, "destroy_disks": false, "migration_id": Uuid::new_v4()}),
             json!({"action": "attach-interface", "vif": vif}),
             json!({"action": "detach-interface", "port_id": port}),
+            json!({"action": "plug-vifs"}),
+            json!({"action": "unplug-vifs"}),
             json!({"action": "cleanup-for-reschedule"}),
         ]
+    }
+
+    /// The forms a caller that runs each host's half itself (Nova) sends.
+    fn caller_forms() -> Vec<serde_json::Value> {
+        let mig = json!({"id": Uuid::new_v4(), "source_host": "a", "dest_host": "b"});
+        let handover = json!({"name": "i", "flavor": flavor(), "old_flavor": flavor(),
+                              "boot": {"type": "none"}, "network_info": [], "power_on": true});
+        let event = json!({"name": "network-vif-plugged", "server_uuid": Uuid::new_v4(),
+                           "tag": Uuid::new_v4().to_string(), "status": "completed"});
+        vec![
+            json!({"action": "resize", "flavor": flavor(), "dest_host": "b",
+                   "migration_id": Uuid::new_v4(), "caller_finishes": true}),
+            json!({"action": "finish-resize", "migration": mig, "handover": handover,
+                   "caller": {"events": [event], "events_since_ms": 1_796_000_000_000u64,
+                              "source_uri": "qemu+tcp://a/system", "image_token": "t"}}),
+            json!({"action": "finish-revert-resize",
+                   "caller": {"events_since_ms": 1_796_000_000_000u64}}),
+        ]
+    }
+
+    #[test]
+    fn a_callers_forms_round_trip_and_refuse_unknown_keys() {
+        for form in caller_forms() {
+            let op: Operation =
+                serde_json::from_value(form.clone()).unwrap_or_else(|e| panic!("{form}: {e}"));
+            assert_eq!(serde_json::to_value(&op).unwrap(), form);
+        }
+        let bad = json!({"action": "finish-revert-resize", "caller": {"since": 1}});
+        assert!(serde_json::from_value::<Operation>(bad).is_err());
     }
 
     #[test]

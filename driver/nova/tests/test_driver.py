@@ -487,3 +487,17 @@ def test_lingering_files_of_a_deleted_instance_are_removed_by_the_agent(driver, 
     assert agent.get('/v1/instances/%s' % instance.uuid).status_code == 404
     # Nothing left is success too (Nova's periodic task asks again after a failure).
     assert driver.delete_instance_files(instance)
+
+
+def test_plug_and_unplug_vifs_are_the_agents_and_leave_the_guest_alone(driver, agent):
+    instance = make_instance(uuid_=agent.create())
+    driver.unplug_vifs(instance, [])
+    driver.plug_vifs(instance, [])
+    ops = agent.get('/v1/operations?instance=%s' % instance.uuid).json()['operations']
+    assert [op['kind'] for op in ops[:2]] == ['plug-vifs', 'unplug-vifs'], ops
+    assert all(op['state'] == 'succeeded' for op in ops[:2]), ops
+    assert _held(agent, instance) == (1, 64, 'running')
+    # An instance the agent does not hold: nothing to plug or unplug, no error for Nova.
+    stranger = make_instance()
+    driver.unplug_vifs(stranger, [])
+    driver.plug_vifs(stranger, [])

@@ -25,7 +25,7 @@ pub const POLL_EVERY: Duration = Duration::from_millis(250);
 
 /// The actions `vireo instance action` takes: every request the API's action endpoint takes
 /// (create and delete have their own commands).
-pub const API_ACTIONS: [&str; 15] = [
+pub const API_ACTIONS: [&str; 17] = [
     "power-on",
     "power-off",
     "reboot-soft",
@@ -40,6 +40,8 @@ pub const API_ACTIONS: [&str; 15] = [
     "live-migrate",
     "attach-interface",
     "detach-interface",
+    "plug-vifs",
+    "unplug-vifs",
     "cleanup-for-reschedule",
 ];
 
@@ -56,7 +58,7 @@ pub enum InstanceCommand {
     Delete(DeleteArgs),
     /// Run an action: power-on, power-off, reboot-soft, reboot-hard, pause, unpause, suspend,
     /// resume, resize, confirm-resize, revert-resize, live-migrate, attach-interface,
-    /// detach-interface, cleanup-for-reschedule.
+    /// detach-interface, plug-vifs, unplug-vifs, cleanup-for-reschedule.
     Action(ActionArgs),
     /// Show an operation (and with --wait, follow it to its end).
     Operation(OperationArgs),

@@ -1,4 +1,5 @@
-//! Interface hot-plug: attach and detach a port.
+//! Interface hot-plug: attach and detach a port; plug and unplug the host side of every
+//! VIF (Nova's `plug_vifs` and `unplug_vifs`).
 //!
 //! Why one module: both change one device of a running or stopped guest, through libvirt's
 //! device API where the driver can change the persistent definition and by redefining where
@@ -18,6 +19,34 @@ use crate::instance::types::{InstanceError, InvalidOperation};
 use tracing::warn;
 
 use super::{expect_predicted, predicted, refresh_active, with_rollback, Finished};
+
+/// Plug the host side of every VIF again (vireo's plug makes what is missing and keeps
+/// what is there), for a caller that restarted and does not know what survived.
+pub(crate) async fn plug_vifs(
+    op: &mut OpCtx,
+    record: InstanceRecord,
+    from: InstanceState,
+) -> Finished {
+    op.phase("plug");
+    match op.plug_all(&record).await {
+        Ok(()) => Finished::ok(from, Some(record)),
+        Err(e) => Finished::err(from, Some(record), e),
+    }
+}
+
+/// Remove the host side of every VIF; the guest and its definition stay. Each VIF is tried
+/// whatever the one before did; the first failure is the answer.
+pub(crate) async fn unplug_vifs(
+    op: &mut OpCtx,
+    record: InstanceRecord,
+    from: InstanceState,
+) -> Finished {
+    op.phase("unplug");
+    match op.unplug_all(&record).await {
+        Ok(()) => Finished::ok(from, Some(record)),
+        Err(e) => Finished::err(from, Some(record), e),
+    }
+}
 
 /// Hot-plug a port: expect its events, plug, attach the device, await.
 pub(crate) async fn attach_interface(

@@ -368,6 +368,8 @@ pub(crate) async fn dispatch(
         R::DetachInterface { port_id } => {
             interfaces::detach_interface(op, record, from, port_id).await
         }
+        R::PlugVifs {} => interfaces::plug_vifs(op, record, from).await,
+        R::UnplugVifs {} => interfaces::unplug_vifs(op, record, from).await,
         R::Recover(interrupted) => recover::recover(op, record, from, *interrupted).await,
         R::Spawn(_)
         | R::Destroy(_)

@@ -591,6 +591,28 @@ class VireoDriver(driver.ComputeDriver):
 
     # -- interfaces -----------------------------------------------------------------------
 
+    def plug_vifs(self, instance, network_info):
+        """nova-compute's start asks this for every instance it finds here: the agent plugs
+        what is missing of each VIF's host side (idempotent; the guest is not touched)."""
+        try:
+            self._act(instance, 'plug-vifs')
+        except exception.InstanceNotFound:
+            # The agent holds no such instance: the power-state sync will find the guest
+            # gone; nothing here to plug.
+            LOG.warning('The vireo agent holds no such instance: no VIF to plug',
+                        instance=instance)
+        except vclient.AgentError as e:
+            raise exception.VirtualInterfacePlugException(str(e)) from e
+
+    def unplug_vifs(self, instance, network_info):
+        """Nova's clean-up of a build's networks asks this: the agent removes each VIF's
+        host side (a failed build's were removed with it already: not found is done)."""
+        try:
+            self._act(instance, 'unplug-vifs')
+        except exception.InstanceNotFound:
+            LOG.debug('The vireo agent holds no such instance: no VIF to unplug',
+                      instance=instance)
+
     def attach_interface(self, context, instance, image_meta, vif):
         try:
             self._act(instance, 'attach-interface', vif=jsonutils.loads(jsonutils.dumps(vif)))
