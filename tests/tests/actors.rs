@@ -332,16 +332,19 @@ fn sample(req: Request, vif: &Vif, handover: &Handover) -> Operation {
         Request::PreLiveMigration => Operation::PreLiveMigration {
             migration,
             handover: Box::new(handover.clone()),
+            caller: None,
         },
-        Request::PostLiveMigrationAtDestination => {
-            Operation::PostLiveMigrationAtDestination { migration }
-        }
+        Request::PostLiveMigrationAtDestination => Operation::PostLiveMigrationAtDestination {
+            migration,
+            caller: None,
+        },
         Request::RollbackLiveMigrationAtDestination => {
             Operation::RollbackLiveMigrationAtDestination {
                 handover: Box::new(handover.clone()),
                 do_cleanup: true,
                 destroy_disks: true,
                 migration_id: Some(migration.id),
+                caller: None,
             }
         }
         Request::AttachInterface => Operation::AttachInterface {
@@ -467,6 +470,7 @@ async fn every_request_is_refused_in_every_state_that_does_not_accept_it() {
                     dest_host: "h2".into(),
                 },
                 handover: Box::new(ho_in.clone()),
+                caller: None,
             },
         )
         .await
@@ -519,6 +523,7 @@ async fn every_request_is_refused_in_every_state_that_does_not_accept_it() {
                 do_cleanup: true,
                 destroy_disks: true,
                 migration_id: None,
+                caller: None,
             },
         )
         .await

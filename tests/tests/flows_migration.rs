@@ -344,6 +344,7 @@ async fn destination_waits_only_for_its_activation_events() {
             Operation::PreLiveMigration {
                 migration: migration.clone(),
                 handover: Box::new(handover),
+                caller: None,
             },
         )
         .await
@@ -385,6 +386,7 @@ async fn destination_waits_only_for_its_activation_events() {
             id,
             Operation::PostLiveMigrationAtDestination {
                 migration: migration.clone(),
+                caller: None,
             },
         )
         .await

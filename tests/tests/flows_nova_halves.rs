@@ -23,6 +23,7 @@ use vireo_actors::instance::{
 };
 use vireo_actors::lifecycle::InstanceState;
 use vireo_actors::network::{NetworkApi, PortUpdate};
+use vireo_actors::plug::VifPlugger;
 use vireo_actors::predict::Timing;
 use vireo_actors::storage::{ImageFormat, ImageId, ImageRef};
 use vireo_actors::vif::PortId;
@@ -331,7 +332,10 @@ async fn nova_unplugs_and_plugs_the_vifs_of_an_instance_whose_guest_stays() {
     h1.driver
         .spawn(
             id,
-            spawn_args("vm-nova-vifs", vec![on(NET_HYBRID), on(NET_NATIVE), on(NET_LB)]),
+            spawn_args(
+                "vm-nova-vifs",
+                vec![on(NET_HYBRID), on(NET_NATIVE), on(NET_LB)],
+            ),
         )
         .await
         .unwrap();
@@ -352,6 +356,205 @@ async fn nova_unplugs_and_plugs_the_vifs_of_an_instance_whose_guest_stays() {
     // A stopped guest stays stopped.
     h1.driver.power_off(id, None).await.unwrap();
     h1.driver.run(id, Operation::PlugVifs {}).await.unwrap();
-    assert_eq!(h1.driver.show(id).await.unwrap().state, InstanceState::Stopped);
+    assert_eq!(
+        h1.driver.show(id).await.unwrap().state,
+        InstanceState::Stopped
+    );
     c.destroy_and_assert_clean(&[id], &[]).await;
+}
+
+fn lm_migration() -> Migration {
+    Migration {
+        id: uuid(),
+        source_host: "h1".into(),
+        dest_host: "h2".into(),
+    }
+}
+
+fn lm_args(m: &Migration, dest_uri: &str) -> vireo_actors::instance::LiveMigrateArgs {
+    let mut args = vireo_actors::instance::LiveMigrateArgs::of(m);
+    args.caller = Some(Box::new(CallerTask {
+        dest_uri: Some(dest_uri.to_owned()),
+        ..CallerTask::default()
+    }));
+    args
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_migration_nova_runs_that_fails_in_libvirt_rolls_back_only_this_hosts_part() {
+    let c = spec(&["h1", "h2"]).start().await;
+    let (h1, h2) = (c.host("h1"), c.host("h2"));
+    let id = uuid();
+    h1.driver
+        .spawn(
+            id,
+            spawn_args("vm-nova-lm", vec![on(NET_HYBRID), on(NET_NATIVE)]),
+        )
+        .await
+        .unwrap();
+    let view = h1.driver.show(id).await.unwrap();
+    let ports = common::ports(&view);
+    let handover = view.handover.expect("the source's handover");
+    let m = lm_migration();
+    // Nova's pre_live_migration on the destination: devices wired, the guest expected.
+    h2.driver
+        .run(
+            id,
+            Operation::PreLiveMigration {
+                migration: m.clone(),
+                handover: Box::new(handover.clone()),
+                caller: Some(Box::new(CallerTask::default())),
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        h2.driver.show(id).await.unwrap().state,
+        InstanceState::Incoming
+    );
+    assert_eq!(h2.plugger.plugged(), set(ports.iter().copied()));
+    // The source's live_migration: libvirt's test driver cannot migrate, so it fails there.
+    let e = h1
+        .driver
+        .run(
+            id,
+            Operation::LiveMigrate(Box::new(lm_args(&m, "test:///default"))),
+        )
+        .await
+        .unwrap_err();
+    assert!(chain(&e).contains("migrate"), "{}", chain(&e));
+    // This host's part only: the guest runs on here with its devices; vireo wrote nothing to
+    // the network (no migrating_to, no binding for h2: Nova's to make and remove).
+    let view = h1.driver.show(id).await.unwrap();
+    assert_eq!(
+        (view.state, view.power),
+        (InstanceState::Running, PowerState::Running)
+    );
+    assert_eq!(h1.plugger.plugged(), set(ports.iter().copied()));
+    for p in &ports {
+        let port = c.port(*p).await;
+        assert_eq!(port.migrating_to(), None, "{port:?}");
+        let bindings = c.network.show_bindings(*p).await.unwrap();
+        assert_eq!(bindings.len(), 1, "{bindings:?}");
+    }
+    // Nova's rollback_live_migration_at_destination.
+    h2.driver
+        .run(
+            id,
+            Operation::RollbackLiveMigrationAtDestination {
+                handover: Box::new(handover),
+                do_cleanup: true,
+                destroy_disks: true,
+                migration_id: Some(m.id),
+                caller: Some(Box::new(CallerTask::default())),
+            },
+        )
+        .await
+        .unwrap();
+    assert!(h2.plugger.plugged().is_empty());
+    assert!(!h2.driver.knows(id).await);
+    c.destroy_and_assert_clean(&[id], &[]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nova_never_costs_the_source_its_disks_on_a_shared_directory() {
+    let c = spec(&["h1", "h2"]).shared_instances(true).start().await;
+    let (h1, h2) = (c.host("h1"), c.host("h2"));
+    let id = uuid();
+    h1.driver
+        .spawn(id, image_args(&c, "vm-nova-lm-shared"))
+        .await
+        .unwrap();
+    let handover = h1.driver.show(id).await.unwrap().handover.unwrap();
+    let root = handover.storage.disks[0].path.clone();
+    let m = lm_migration();
+    // The destination sees the source's disks where it would make its own: refused before
+    // anything is made (vireo under Nova copies the disks; a shared directory is refused).
+    let e = h2
+        .driver
+        .run(
+            id,
+            Operation::PreLiveMigration {
+                migration: m.clone(),
+                handover: Box::new(handover.clone()),
+                caller: Some(Box::new(CallerTask::default())),
+            },
+        )
+        .await
+        .unwrap_err();
+    assert!(chain(&e).contains("already"), "{}", chain(&e));
+    // Nova rolls back with destroy_disks (its flags say "not shared"): this host prepared
+    // nothing, so nothing of the directory goes.
+    h2.driver
+        .run(
+            id,
+            Operation::RollbackLiveMigrationAtDestination {
+                handover: Box::new(handover),
+                do_cleanup: true,
+                destroy_disks: true,
+                migration_id: Some(m.id),
+                caller: Some(Box::new(CallerTask::default())),
+            },
+        )
+        .await
+        .unwrap();
+    assert!(root.exists(), "the source's root disk went");
+    assert_eq!(
+        h1.driver.show(id).await.unwrap().state,
+        InstanceState::Running
+    );
+    c.destroy_and_assert_clean(&[id], &[]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_destination_takes_over_a_guest_nova_moved_without_waiting_for_the_sources_events() {
+    let c = spec(&["h1", "h2"]).start().await;
+    let (h1, h2) = (c.host("h1"), c.host("h2"));
+    let id = uuid();
+    h1.driver
+        .spawn(id, spawn_args("vm-nova-post", vec![on(NET_HYBRID)]))
+        .await
+        .unwrap();
+    let view = h1.driver.show(id).await.unwrap();
+    let ports = common::ports(&view);
+    let m = lm_migration();
+    h2.driver
+        .run(
+            id,
+            Operation::PreLiveMigration {
+                migration: m.clone(),
+                handover: Box::new(view.handover.unwrap()),
+                caller: Some(Box::new(CallerTask::default())),
+            },
+        )
+        .await
+        .unwrap();
+    // libvirt moves the guest (the test driver cannot: the domain is copied).
+    let xml = h1.driver.libvirt().xml_desc(id, false).await.unwrap();
+    h2.driver.libvirt().define_xml(xml, false).await.unwrap();
+    h2.driver.libvirt().start(id, false).await.unwrap();
+    h2.plugger.devices_attached(&ports).await;
+    let report = h2
+        .driver
+        .run(
+            id,
+            Operation::PostLiveMigrationAtDestination {
+                migration: m,
+                caller: Some(Box::new(CallerTask::default())),
+            },
+        )
+        .await
+        .unwrap();
+    // Nova activated the bindings before it called; their events went to the source's
+    // nova-compute: none is awaited here, and nothing is written to the network.
+    assert!(
+        report.waits.iter().all(|w| w.expected.is_empty()),
+        "{report:#?}"
+    );
+    assert_eq!(
+        h2.driver.show(id).await.unwrap().state,
+        InstanceState::Running
+    );
+    assert_eq!(c.port(ports[0]).await.host_id, "h1");
+    c.destroy_everywhere(id).await;
 }

@@ -411,6 +411,13 @@ impl InstanceActor {
                 .unwrap_or_default(),
             operation,
             last_operation: self.last_report.clone(),
+            handover: self.record.as_ref().map(|r| {
+                super::ops::handover(
+                    r,
+                    &r.flavor,
+                    self.power == super::types::PowerState::Running,
+                )
+            }),
         }
     }
 

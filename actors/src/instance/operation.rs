@@ -96,11 +96,17 @@ pub enum Operation {
         migration: Migration,
         /// The instance as the source knows it.
         handover: Box<Handover>,
+        /// Nova's compute manager runs this half (not the source host): what it knows.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        caller: Option<Box<CallerTask>>,
     },
     /// Destination of a live migration that succeeded: take over.
     PostLiveMigrationAtDestination {
         /// The migration.
         migration: Migration,
+        /// Nova's compute manager runs this half and activated the bindings here already.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        caller: Option<Box<CallerTask>>,
     },
     /// Destination of a live migration that failed: remove what was prepared.
     RollbackLiveMigrationAtDestination {
@@ -114,6 +120,10 @@ pub enum Operation {
         /// The migration (names its probe file); without it no disk is removed.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         migration_id: Option<Uuid>,
+        /// Nova's compute manager runs this half: only disks this host prepared (it holds
+        /// the incoming instance) are removed, whatever `destroy_disks` says.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        caller: Option<Box<CallerTask>>,
     },
     /// Hot-plug an interface: one `network_info` entry, parsed strictly.
     AttachInterface {
@@ -226,6 +236,10 @@ pub struct CallerTask {
     /// (without a caller: the peer directory's `migration_uri`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source_uri: Option<String>,
+    /// The destination's libvirt URI, which a live migration's source migrates to
+    /// (without a caller: the peer directory's `migration_uri`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dest_uri: Option<String>,
     /// The token an HTTP image source wants (Glance's, from the caller's request context):
     /// the destination fetches the base image into its own cache. Never stored.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -275,6 +289,12 @@ pub struct LiveMigrateArgs {
     /// The migration's id (a caller that tracks migrations, like Nova, gives its own).
     #[serde(default = "Uuid::new_v4")]
     pub migration_id: Uuid,
+    /// Nova's compute manager runs the migration: it moved nothing of the network yet and
+    /// asks the destination itself before and after (pre-live-migration, post- or
+    /// rollback-at-destination); this host migrates to `caller.dest_uri`, copying the disks
+    /// into the destination's at the same paths, and rolls back only its own part.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub caller: Option<Box<CallerTask>>,
 }
 
 impl LiveMigrateArgs {
@@ -283,6 +303,7 @@ impl LiveMigrateArgs {
         LiveMigrateArgs {
             dest_host: dest_host.to_owned(),
             migration_id: Uuid::new_v4(),
+            caller: None,
         }
     }
 
@@ -292,6 +313,7 @@ impl LiveMigrateArgs {
         LiveMigrateArgs {
             dest_host: migration.dest_host.clone(),
             migration_id: migration.id,
+            caller: None,
         }
     }
 

@@ -322,6 +322,9 @@ pub struct InstanceView {
     pub operation: Option<Progress>,
     /// The last operation's report.
     pub last_operation: Option<OpReport>,
+    /// What another host needs to take the instance over (a live migration's destination
+    /// under Nova, which carries it as the source's disk info); None without a record.
+    pub handover: Option<Handover>,
 }
 
 /// What went wrong with a request to an instance actor.

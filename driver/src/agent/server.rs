@@ -13,6 +13,7 @@
 //! | GET | `/v1/instances/{uuid}` | 200 instance |
 //! | DELETE | `/v1/instances/{uuid}[?deallocate_network=false]` | 202 `{"operation": {...}}` |
 //! | POST | `/v1/instances/{uuid}/action` | 202 `{"operation": {...}}` |
+//! | GET | `/v1/instances/{uuid}/handover` | 200 what another host needs to take it over |
 //! | GET | `/v1/operations` | 200 `{"operations": [...]}` (`?instance=UUID` filters) |
 //! | GET | `/v1/operations/{id}` | 200 operation |
 //! | POST | `/v1/peer/instances/{uuid}` | 200 `{"state", "report"}` (another host's flow; synchronous) |
@@ -194,6 +195,18 @@ async fn show_instance(
     api(&req, &svc)?;
     let uuid = parse_uuid("instance", &path)?;
     Ok(HttpResponse::Ok().json(svc.show(uuid).await?))
+}
+
+/// `GET /v1/instances/{uuid}/handover`: what another host needs to take the instance over
+/// (under Nova, a live migration's source hands it to the destination as its disk info).
+async fn show_handover(
+    req: HttpRequest,
+    path: web::Path<String>,
+    svc: Svc,
+) -> Result<HttpResponse, ApiError> {
+    api(&req, &svc)?;
+    let uuid = parse_uuid("instance", &path)?;
+    Ok(HttpResponse::Ok().json(svc.handover(uuid).await?))
 }
 
 /// The most of a console log one request returns (Nova's libvirt driver's bound).
@@ -435,6 +448,7 @@ pub async fn serve(
                     .route("/instances/{uuid}", web::delete().to(delete_instance))
                     .route("/instances/{uuid}/action", web::post().to(instance_action))
                     .route("/instances/{uuid}/console", web::get().to(show_console))
+                    .route("/instances/{uuid}/handover", web::get().to(show_handover))
                     .route("/operations", web::get().to(list_operations))
                     .route("/operations/{id}", web::get().to(show_operation))
                     .route("/peer/instances/{uuid}", web::post().to(peer_request)),

@@ -633,6 +633,15 @@ impl AgentService {
         Ok(view::instance(&v, op.as_ref()))
     }
 
+    /// `GET /v1/instances/{uuid}/handover`.
+    pub async fn handover(&self, uuid: Uuid) -> Result<vireo_actors::instance::Handover, ApiError> {
+        self.driver
+            .show(uuid)
+            .await?
+            .handover
+            .ok_or(ApiError::InstanceNotFound(uuid))
+    }
+
     /// `GET /v1/host`.
     pub async fn host_resources(&self) -> Result<crate::compute::HostResources, ApiError> {
         self.driver.host_resources().await.map_err(ApiError::Host)

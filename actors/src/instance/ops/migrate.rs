@@ -19,7 +19,7 @@ use crate::predict::{EventOp, Timing};
 use crate::instance::admission::AdmissionError;
 use crate::instance::in_flight::{InFlight, MigrationStep};
 use crate::instance::op::OpCtx;
-use crate::instance::operation::{cleanup_flags, LiveMigrateArgs, Operation};
+use crate::instance::operation::{cleanup_flags, CallerTask, LiveMigrateArgs, Operation};
 use crate::instance::record::InstanceRecord;
 use crate::instance::types::{
     Handover, IncomingDisks, InstanceError, InstanceReply, InvalidOperation, Migration, PowerState,
@@ -53,6 +53,9 @@ pub(crate) async fn live_migrate(
             }
             .into(),
         );
+    }
+    if let Some(caller) = args.caller {
+        return live_migrate_for_caller(op, record, from, migration, *caller).await;
     }
     let dest = migration.dest_host.clone();
     let h = handover(&record, &record.flavor, from == InstanceState::Running);
@@ -118,6 +121,7 @@ pub(crate) async fn live_migrate(
                     Operation::PreLiveMigration {
                         migration: migration.clone(),
                         handover: Box::new(h.clone()),
+                        caller: None,
                     },
                 )
                 .await?;
@@ -184,6 +188,7 @@ pub(crate) async fn live_migrate(
                     "post-live-migration",
                     Operation::PostLiveMigrationAtDestination {
                         migration: migration.clone(),
+                        caller: None,
                     },
                 )
                 .await;
@@ -437,6 +442,7 @@ pub(super) async fn rollback_live_migration(
                     do_cleanup,
                     destroy_disks,
                     migration_id: Some(migration.id),
+                    caller: None,
                 },
             )
             .await;
@@ -528,6 +534,7 @@ pub(crate) async fn pre_live_migration(
     op: &mut OpCtx,
     migration: Migration,
     h: Handover,
+    caller: Option<Box<CallerTask>>,
 ) -> Finished {
     let mut record = match record_from_handover(op, &h) {
         Ok(r) => r,
@@ -554,13 +561,18 @@ pub(crate) async fn pre_live_migration(
             return Finished::err(InstanceState::Gone, None, refused.into());
         }
         op.phase("prepare disks");
+        let source_uri = caller.as_ref().and_then(|c| c.source_uri.clone());
+        let image_token = caller.as_ref().and_then(|c| c.image_token.clone());
         let prepared = async {
             let source = &migration.source_host;
-            let uri = op.deps.peers.get(source)?.migration_uri().ok_or_else(|| {
-                InstanceError::from(InvalidOperation::NoDiskCopyFrom {
-                    host: source.clone(),
-                })
-            })?;
+            let uri = match source_uri {
+                Some(uri) => uri,
+                None => op.deps.peers.get(source)?.migration_uri().ok_or_else(|| {
+                    InstanceError::from(InvalidOperation::NoDiskCopyFrom {
+                        host: source.clone(),
+                    })
+                })?,
+            };
             op.store(
                 "prepare disks",
                 storage.prepare_incoming(
@@ -568,7 +580,7 @@ pub(crate) async fn pre_live_migration(
                     &uri,
                     &record.storage.disks,
                     record.storage.image.as_ref(),
-                    None,
+                    image_token,
                 ),
             )
             .await
@@ -602,7 +614,11 @@ pub(crate) async fn post_live_migration(
     op: &mut OpCtx,
     record: InstanceRecord,
     source: String,
+    caller: Option<Box<CallerTask>>,
 ) -> Finished {
+    if caller.is_some() {
+        return post_live_migration_for_caller(op, record).await;
+    }
     let done = with_rollback(
         op,
         async |op| {
@@ -716,5 +732,100 @@ pub(crate) async fn rollback_at_destination(
         Finished::ok(InstanceState::Gone, None)
     } else {
         Finished::err(InstanceState::Error, Some(record), errors.remove(0))
+    }
+}
+
+/// Source side of a live migration Nova runs: Nova created the destination's bindings, had
+/// the destination pre-wired (its pre-live-migration, with this host's disks copied into
+/// its own at the same paths) and owns `migrating_to`; this host migrates the guest to
+/// `caller.dest_uri` and cleans up after itself. A failure rolls back only this host's
+/// part (the guest keeps running here); Nova rolls back the network and the destination.
+async fn live_migrate_for_caller(
+    op: &mut OpCtx,
+    record: InstanceRecord,
+    from: InstanceState,
+    migration: Migration,
+    caller: CallerTask,
+) -> Finished {
+    let has_disks = !record.storage.disks.is_empty();
+    let in_flight = op.in_flight(
+        "migrate",
+        InFlight::LiveMigrate(MigrationStep {
+            migration: migration.clone(),
+        }),
+    );
+    let migrated = with_rollback(
+        op,
+        async |op| {
+            op.save(&record, Some(in_flight)).await?;
+            let uri = caller.dest_uri.clone().ok_or_else(|| {
+                InstanceError::from(InvalidOperation::NoLiveMigrationTo {
+                    host: migration.dest_host.clone(),
+                })
+            })?;
+            // The destination made its disks at this host's paths (Nova's assumption of one
+            // instances path on every host) and was refused if it saw them there already
+            // (a shared directory): every disk is copied.
+            let prepared = IncomingDisks {
+                shared_instance_path: false,
+                disks: record.storage.disks.clone(),
+            };
+            let block = if has_disks {
+                Some(block_migration(op, &migration.dest_host, &record, &prepared).await?)
+            } else {
+                None
+            };
+            op.phase("migrate");
+            migrate_watched(op, uri, record.flavor.memory_mb, block).await?;
+            Ok::<_, InstanceError>(())
+        },
+        async |op, cause| {
+            warn!(instance = %op.uuid, error = %cause, "live migration failed; Nova rolls back the network and the destination");
+            let state = settle_state(op, from).await;
+            let state = if matches!(state, InstanceState::Running | InstanceState::Paused) {
+                state
+            } else {
+                InstanceState::Error
+            };
+            let _ = op.save(&record, None).await;
+            Finished::rolled_back(Request::LiveMigrate, state, Some(record.clone()), cause, Ok(()))
+        },
+    )
+    .await;
+    match migrated {
+        Ok(()) => {
+            // The guest runs on the destination: this host's devices and disks go (libvirt
+            // undefined the domain); Nova deletes the source's bindings.
+            op.phase("clean up the source");
+            let _ = op.unplug_all(&record).await;
+            let _ = op.undefine_domain().await;
+            if has_disks {
+                let storage = op.deps.storage.clone();
+                let _ = op
+                    .store("remove the source's disks", storage.remove(op.uuid))
+                    .await;
+            }
+            op.deps.events.forget(op.uuid);
+            Finished::ok(InstanceState::Gone, None)
+        }
+        Err(rolled_back) => rolled_back,
+    }
+}
+
+/// Destination of a live migration Nova runs, after the guest arrived: Nova activated the
+/// bindings here before it called, and the events of that activation went to the source's
+/// nova-compute (the instance's host until now), so none is awaited here — as Nova's own
+/// libvirt driver awaits none. The record takes the guest's state.
+async fn post_live_migration_for_caller(op: &mut OpCtx, record: InstanceRecord) -> Finished {
+    let state = match op.power().await {
+        Ok(PowerState::Paused) => InstanceState::Paused,
+        Ok(_) => InstanceState::Running,
+        Err(e) => return Finished::err(InstanceState::Error, Some(record), e),
+    };
+    let mut done = record;
+    done.state = state;
+    match op.save(&done, None).await {
+        Ok(()) => Finished::ok(state, Some(done)),
+        Err(e) => Finished::err(InstanceState::Error, Some(done), e),
     }
 }

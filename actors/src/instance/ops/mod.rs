@@ -250,7 +250,7 @@ async fn boot_predicted(
     }
 }
 
-fn handover(
+pub(crate) fn handover(
     record: &InstanceRecord,
     flavor: &vireo_xml::metadata::Flavor,
     power_on: bool,
@@ -320,21 +320,26 @@ pub(crate) async fn dispatch(
         R::PreLiveMigration {
             migration,
             handover,
-        } => return migrate::pre_live_migration(op, migration, *handover).await,
+            caller,
+        } => return migrate::pre_live_migration(op, migration, *handover, caller).await,
         R::RollbackLiveMigrationAtDestination {
             handover,
             do_cleanup,
             destroy_disks,
             migration_id,
+            caller,
         } => {
+            // Under Nova only what this host prepared is removed: it holds the incoming
+            // instance (a pre-live-migration that refused made nothing).
+            let prepared_here = caller.is_none() || record.is_some();
             return migrate::rollback_at_destination(
                 op,
                 *handover,
                 do_cleanup,
-                destroy_disks,
+                destroy_disks && prepared_here,
                 migration_id,
             )
-            .await
+            .await;
         }
         _ => {}
     }
@@ -361,8 +366,8 @@ pub(crate) async fn dispatch(
         R::RevertResize {} => resize::revert_resize(op, record).await,
         R::FinishRevertResize { caller } => resize::finish_revert_resize(op, record, caller).await,
         R::LiveMigrate(args) => migrate::live_migrate(op, record, from, *args).await,
-        R::PostLiveMigrationAtDestination { migration } => {
-            migrate::post_live_migration(op, record, migration.source_host).await
+        R::PostLiveMigrationAtDestination { migration, caller } => {
+            migrate::post_live_migration(op, record, migration.source_host, caller).await
         }
         R::AttachInterface { vif } => interfaces::attach_interface(op, record, from, *vif).await,
         R::DetachInterface { port_id } => {
