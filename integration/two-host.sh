@@ -446,6 +446,11 @@ NOVA_B=$HB_DIR/nova
 NOVA_B_CONF=$NOVA_B/nova.conf
 AGENT_B_DIR=$HB_DIR/vireo-agent
 AGENT_B_PORT=${VIREO_HB_NOVA_AGENT_PORT:-8775}
+# One instances path on every host (Nova's assumption for a block live migration: the disks
+# go to the same paths): inside host B's mount namespace, host B's own directory is mounted at
+# host A's instances path.
+INSTANCES_PATH=$STATE_DIR/vireo-agent/instances
+INSTANCES_B=$AGENT_B_DIR/instances
 A_ETC=$STATE_DIR/etc
 NOVA_API_URL=http://127.0.0.1:${VIREO_NOVA_API_PORT:-18774}
 # Host A's services that host B's nova-compute and agent call, through forwarders on A's side
@@ -482,6 +487,7 @@ accept_noauth_events = false
 uri = "$HB_UNIX_URI"
 [instances]
 state_dir = "$AGENT_B_DIR"
+instances_path = "$INSTANCES_PATH"
 image_dirs = ["$AGENT_B_DIR/images"]
 domain_type = "$domain_type"
 power_off_timeout = 5
@@ -554,6 +560,9 @@ cmd_nova_up() {
   local f
   for f in "${NOVA_B_FORWARDS[@]}"; do start_forwarder "${f%%:*}" "${f#*:}"; done
   write_nova_b_configs
+  mkdir -p "$INSTANCES_PATH" "$INSTANCES_B"
+  chmod 0711 "$INSTANCES_B"
+  in_b mountpoint -q "$INSTANCES_PATH" || in_b mount --bind "$INSTANCES_B" "$INSTANCES_PATH"
   s=$(now)
   # A new binary or configuration restarts the agent (its own pid file and sum).
   local sum
@@ -601,6 +610,7 @@ cmd_nova_up() {
 cmd_nova_down() {
   stop_pid nova-compute 30 alive_b
   stop_pid vireo-agent 30 alive_b
+  if ns_ready && in_b mountpoint -q "$INSTANCES_PATH"; then in_b umount "$INSTANCES_PATH"; fi
   local f
   for f in "${NOVA_B_FORWARDS[@]}"; do stop_pid "fwd-${f%%:*}" 5 alive_root; done
   # Guests a failed test left behind go with the agent's state (host A's nova-down drops the

@@ -120,6 +120,13 @@ class Cloud(object):
         requests.delete(NEUTRON_URL + '/v2.0/ports/' + port_id, timeout=10,
                         headers={'X-Project-Id': 'admin', 'X-Roles': 'admin'})
 
+    def neutron_bindings(self, port_id):
+        """A port's bindings (Neutron's binding-extended API): one per host it is bound to."""
+        r = requests.get(NEUTRON_URL + '/v2.0/ports/%s/bindings' % port_id, timeout=10,
+                         headers={'X-Project-Id': 'vireo', 'X-Roles': 'admin'})
+        r.raise_for_status()
+        return r.json()['bindings']
+
     def neutron_ports(self, **query):
         r = requests.get(NEUTRON_URL + '/v2.0/ports', params=query, timeout=10,
                          headers={'X-Project-Id': 'vireo', 'X-Roles': 'admin'})

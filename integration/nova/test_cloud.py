@@ -356,3 +356,47 @@ def test_an_interface_is_attached_and_a_detach_the_guest_ignores_is_refused(
         assert len(kept) == 1 and kept[0]['device_id'] == '', kept
     finally:
         cloud.neutron_port_delete(port['id'])
+
+
+def _moved_cleanly(cloud, server_id, host, others):
+    """The server runs on `host`: its ports bound there alone, ACTIVE, without
+    `migrating_to`, and nothing of it on the `others`."""
+    deadline = time.monotonic() + 60
+    while True:
+        ports = cloud.neutron_ports(device_id=server_id)
+        if all(p['status'] == 'ACTIVE' and p['binding:host_id'] == host.name for p in ports):
+            break
+        assert time.monotonic() < deadline, ports
+        time.sleep(0.5)
+    for port in ports:
+        assert 'migrating_to' not in (port['binding:profile'] or {}), port
+        bindings = cloud.neutron_bindings(port['id'])
+        assert [(b['host'], b['status']) for b in bindings] == [(host.name, 'ACTIVE')], bindings
+    for other in others:
+        assert other.leaks(server_id, [p['id'] for p in ports]) == []
+
+
+def test_a_server_live_migrates_to_host_b_and_back(cloud, flavor, image, host_b):
+    """Live migration through Nova, both ways: the destination's agent prepares the disks
+    (copied by the migration) and the devices, the source's migrates the guest and cleans up;
+    Nova moves the bindings. No inactive binding, no `migrating_to`, nothing left behind."""
+    host_a = cloud.host_a
+    offsets = {h.name: h.log_offset() for h in (host_a, host_b)}
+    name = 'vireo-%s' % uuid.uuid4().hex[:8]
+    sid = _boot(cloud, flavor, image, name)['id']
+    ports = _ports(cloud, sid)
+    try:
+        for there, here in ((host_b, host_a), (host_a, host_b)):
+            cloud.cli('--os-compute-api-version', '2.30', 'server', 'migrate',
+                      '--live-migration', '--host', there.name, '--wait', name)
+            _on(cloud, name, there, 'ACTIVE')
+            held = there.agent_instance(sid)
+            assert (held['state'], held['power_state']) == ('running', 'running'), held
+            assert held['disks'] and held['disks'][0]['role'] == 'root', held
+            _moved_cleanly(cloud, sid, there, [here])
+    finally:
+        cloud.cli('server', 'delete', '--wait', name, check=False)
+    assert leaks(cloud, sid, ports, hosts=[host_a, host_b]) == []
+    for host in (host_a, host_b):
+        log = host.log_since(offsets[host.name])
+        assert not BAD.search(log), (host.name, BAD.search(log).group(0))

@@ -501,3 +501,42 @@ def test_plug_and_unplug_vifs_are_the_agents_and_leave_the_guest_alone(driver, a
     stranger = make_instance()
     driver.unplug_vifs(stranger, [])
     driver.plug_vifs(stranger, [])
+
+
+def test_a_live_migration_that_fails_in_libvirt_is_recovered_by_the_driver(
+        driver, driver_b, agent, agent_b):
+    instance = make_instance(uuid_=agent.create())
+    instance.flavor = _flavor(1, 64, 'm1.tiny')
+    # Nova's checks: the destination's, then the source's.
+    data = driver_b.check_can_live_migrate_destination(None, instance, {}, {}, None, None)
+    data = driver.check_can_live_migrate_source(None, instance, data)
+    assert data.block_migration is True and data.is_shared_instance_path is False
+    assert data.target_connect_addr == 'qemu+tcp://192.0.2.10/system'
+    driver_b.cleanup_live_migration_destination_check(None, data)
+    # The source's disk info carries its handover to the destination's pre_live_migration.
+    disk_info = driver.get_instance_disk_info(instance)
+    assert json.loads(disk_info)['handover']['name'] == 'instance-%s' % instance.uuid[:8]
+    data.migration = objects.Migration(uuid=str(uuid.uuid4()))
+    driver_b.pre_live_migration(None, instance, None, [], disk_info, data)
+    assert agent_b.get('/v1/instances/%s' % instance.uuid).json()['state'] == 'incoming'
+    # libvirt's test driver cannot migrate: the migration fails there, and the driver calls
+    # Nova's recover method itself (a raise would leave the instance in ERROR).
+    data.target_connect_addr = 'test:///default'
+    calls = []
+    driver.live_migration(None, instance, OTHER,
+                          post_method=lambda *a, **k: calls.append('post'),
+                          recover_method=lambda *a, **k: calls.append('recover'),
+                          block_migration=True, migrate_data=data)
+    assert calls == ['recover']
+    assert _held(agent, instance) == (1, 64, 'running')
+    driver_b.rollback_live_migration_at_destination(None, instance, [], None,
+                                                    destroy_disks=True, migrate_data=data)
+    assert agent_b.get('/v1/instances/%s' % instance.uuid).status_code == 404
+    driver.destroy(None, instance, [])
+
+
+def test_a_live_migration_that_copies_no_disk_is_refused_before_anything_moves(driver):
+    instance = make_instance()
+    data = objects.LibvirtLiveMigrateData(block_migration=False)
+    with pytest.raises(exception.MigrationPreCheckError):
+        driver.check_can_live_migrate_source(None, instance, data)

@@ -19,6 +19,7 @@ NotImplementedError), and ``capabilities`` claims nothing that is not here.
 import base64
 import binascii
 import time
+import uuid
 
 import eventlet
 
@@ -86,6 +87,9 @@ class VireoDriver(driver.ComputeDriver):
         self._nodename = None
         self._lifecycle = None
         self._held_stops = {}
+        # Live migrations coming here: uuid -> (migration, handover), from pre_live_migration
+        # to post- or rollback_live_migration_at_destination.
+        self._incoming = {}
         self.kept_events = None
         compute = getattr(virtapi, '_compute', None)
         if compute is not None:
@@ -588,6 +592,148 @@ class VireoDriver(driver.ComputeDriver):
             self._act(instance, 'power-on')
         elif not power_on and running:
             self._act(instance, 'power-off')
+
+    # -- live migration -------------------------------------------------------------------
+    #
+    # Nova runs each host's half: the destination's checks and pre_live_migration, the
+    # source's live_migration, then post_live_migration_at_destination or
+    # rollback_live_migration_at_destination. vireo copies the disks (a block migration)
+    # into the destination's at the same paths (one instances path on every host, as Nova's
+    # libvirt driver assumes); a destination that finds the source's disks there already (a
+    # shared instances directory) refuses in pre_live_migration. The migrate data is Nova's
+    # LibvirtLiveMigrateData, so that Nova's clean-up flags follow it (no shared path: the
+    # source cleans up); `target_connect_addr` carries the destination's libvirt URI.
+
+    def check_can_live_migrate_destination(self, context, instance, src_compute_info,
+                                           dst_compute_info, block_migration=False,
+                                           disk_over_commit=False):
+        data = objects.LibvirtLiveMigrateData()
+        # None: "auto", which the source decides (check_can_live_migrate_source).
+        if block_migration is not None:
+            data.block_migration = block_migration
+        if disk_over_commit is not None:
+            data.disk_over_commit = disk_over_commit
+        data.is_shared_instance_path = False
+        data.is_shared_block_storage = False
+        data.graphics_listen_addr_vnc = None
+        data.graphics_listen_addr_spice = None
+        data.serial_listen_addr = None
+        data.target_connect_addr = self._migration_uri()
+        data.supported_perf_events = []
+        data.dst_wants_file_backed_memory = False
+        data.file_backed_memory_discard = False
+        return data
+
+    def cleanup_live_migration_destination_check(self, context, dest_check_data):
+        # The check made nothing here (no probe file: see check_can_live_migrate_source).
+        pass
+
+    def check_can_live_migrate_source(self, context, instance, dest_check_data,
+                                      block_device_info=None):
+        if driver.block_device_info_get_mapping(block_device_info):
+            raise exception.MigrationPreCheckError(
+                reason='vireo attaches no volumes')
+        if ('block_migration' in dest_check_data
+                and dest_check_data.block_migration is False):
+            raise exception.MigrationPreCheckError(
+                reason='vireo live-migrates with the disks copied (block migration); a '
+                       'migration that copies none needs a shared instances directory, '
+                       'which vireo under Nova does not use')
+        dest_check_data.block_migration = True
+        dest_check_data.instance_relative_path = instance.uuid
+        return dest_check_data
+
+    def get_instance_disk_info(self, instance, block_device_info=None):
+        """What the destination's pre_live_migration needs (Nova passes it along for a
+        block migration): the agent's handover and this host's libvirt URI."""
+        try:
+            handover = self.agent.request('GET', '/v1/instances/%s/handover' % instance.uuid)
+        except vclient.AgentError as e:
+            raise self._nova_error(instance, 'get_instance_disk_info', e)
+        return jsonutils.dumps({'handover': handover, 'source_uri': self._migration_uri()})
+
+    def pre_live_migration(self, context, instance, block_device_info, network_info,
+                           disk_info, migrate_data):
+        try:
+            moved = jsonutils.loads(disk_info)
+            handover = moved['handover']
+            source_uri = moved['source_uri']
+        except (TypeError, ValueError, KeyError) as e:
+            raise exception.MigrationError(
+                reason='disk_info from the source is not a vireo handover: %s' % e)
+        handover['network_info'] = (jsonutils.loads(network_info.json())
+                                    if network_info else [])
+        caller = {'source_uri': source_uri}
+        image = (handover.get('storage') or {}).get('image')
+        if image is not None:
+            image_meta = objects.ImageMeta.from_instance(instance)
+            here = self._image(context, instance, image_meta, block_device_info)
+            image['source'] = here['source']
+            if here.get('token'):
+                caller['image_token'] = here['token']
+        migration = self._live_migration_of(instance, migrate_data)
+        self._incoming[instance.uuid] = (migration, handover)
+        self._host_half(instance, 'pre-live-migration', migration=migration,
+                        handover=handover, caller=caller)
+        return migrate_data
+
+    def _live_migration_of(self, instance, migrate_data):
+        moving = getattr(migrate_data, 'migration', None) if migrate_data else None
+        return {'id': moving.uuid if moving is not None else str(uuid.uuid4()),
+                'source_host': instance.host, 'dest_host': self._nodename or CONF.host}
+
+    def live_migration(self, context, instance, dest, post_method, recover_method,
+                       block_migration=False, migrate_data=None):
+        moving = getattr(migrate_data, 'migration', None)
+        args = {'action': 'live-migrate', 'dest_host': dest,
+                'caller': {'dest_uri': migrate_data.target_connect_addr}}
+        if moving is not None:
+            args['migration_id'] = moving.uuid
+        try:
+            self.agent.action(instance.uuid, args)
+        except vclient.AgentError as e:
+            # The agent kept the guest running here; Nova rolls back the network and the
+            # destination (it sets ERROR without rolling back if this raised).
+            LOG.error('Live migration to %(dest)s failed: %(error)s',
+                      {'dest': dest, 'error': e}, instance=instance)
+            recover_method(context, instance, dest, migrate_data)
+            return
+        post_method(context, instance, dest, block_migration, migrate_data)
+
+    def post_live_migration_at_source(self, context, instance, network_info):
+        # The agent's live-migrate unplugged and removed everything of the guest here once
+        # it ran on the destination; Nova's clean-up (cleanup) finds nothing left.
+        LOG.debug('The source was cleaned up by the migration', instance=instance)
+
+    def post_live_migration_at_destination(self, context, instance, network_info,
+                                           block_migration=False, block_device_info=None):
+        migration, _ = self._incoming.pop(instance.uuid, (None, None))
+        if migration is None:
+            migration = self._live_migration_of(instance, None)
+        self._host_half(instance, 'post-live-migration-at-destination', migration=migration,
+                        caller={})
+
+    def rollback_live_migration_at_destination(self, context, instance, network_info,
+                                               block_device_info, destroy_disks=True,
+                                               migrate_data=None):
+        migration, handover = self._incoming.pop(instance.uuid, (None, None))
+        if handover is None:
+            # nova-compute restarted since pre_live_migration: what Nova knows is enough to
+            # unplug the VIFs and remove what this host prepared.
+            handover = {'name': instance.name, 'flavor': self._flavor(instance.flavor),
+                        'old_flavor': self._flavor(instance.flavor), 'boot': {'type': 'none'},
+                        'power_on': True}
+        handover['network_info'] = (jsonutils.loads(network_info.json())
+                                    if network_info else [])
+        if migration is None:
+            migration = self._live_migration_of(instance, migrate_data)
+        try:
+            self._host_half(instance, 'rollback-live-migration-at-destination',
+                            handover=handover, do_cleanup=True,
+                            destroy_disks=bool(destroy_disks), migration_id=migration['id'],
+                            caller={})
+        except exception.InstanceNotFound:
+            LOG.debug('Nothing of the instance here to roll back', instance=instance)
 
     # -- interfaces -----------------------------------------------------------------------
 
