@@ -257,9 +257,17 @@ create_dirs() {
   if [[ -z $(ls -A "$LV/cache/qemu/capabilities") ]]; then
     cp -p /var/cache/libvirt/qemu/capabilities/*.xml "$LV/cache/qemu/capabilities/" 2>/dev/null || true
   fi
-  # B's /etc/hosts: the machine's, plus B's name on B's address.
-  { grep -v "[[:space:]]$HB_NAME\$" /etc/hosts || true; printf '%s\t%s\n' "$ADDR_B" "$HB_NAME"; } \
-    >"$HB_DIR/hosts.tmp"
+  # B's /etc/hosts: the machine's, with host A's name on A's address on the link (the
+  # machine maps it to the loopback, which inside B is B's own: a migration to A would connect
+  # to B itself), plus B's name on B's address.
+  local a_name
+  a_name=$(hostname)
+  {
+    awk -v a="$a_name" -v b="$HB_NAME" '/^[[:space:]]*#/ || NF < 2 { print; next }
+      { out = $1; for (i = 2; i <= NF; i++) if ($i != a && $i != b) out = out "\t" $i
+        if (out != $1) print out }' /etc/hosts
+    printf '%s\t%s\n' "$ADDR_A" "$a_name" "$ADDR_B" "$HB_NAME"
+  } >"$HB_DIR/hosts.tmp"
   # In place: B's /etc/hosts is a bind mount of this very inode.
   cmp -s "$HB_DIR/hosts.tmp" "$HB_DIR/hosts" || cat "$HB_DIR/hosts.tmp" >"$HB_DIR/hosts"
   rm -f "$HB_DIR/hosts.tmp"

@@ -11,8 +11,16 @@ from conftest import compute_log_since
 from conftest import leaks
 from conftest import STATE_DIR
 
-# What must never be in nova-compute's log for vireo's instances (seed bug 3's symptoms).
+# What must never be in nova-compute's log for vireo's instances (seed bug 3's symptoms): a
+# wait that timed out, or a plug event that came with nobody to take it (a wait satisfied by
+# something else, or not registered).
 BAD = re.compile(r'Timeout waiting for|Received unexpected event network-vif-plugged')
+# After a live migration Neutron repeats a port's events once the task is over (the binding
+# activated, the source's device gone): nothing awaits anything then, and Nova logs them for
+# its own libvirt driver too. During a task an unexpected plug event is still a failure.
+BAD_AROUND_LIVE_MIGRATION = re.compile(
+    r'Timeout waiting for|Received unexpected event network-vif-plugged-\S+ '
+    r'for instance with vm_state \S+ and task_state (?!None\.)')
 
 
 def _boot(cloud, flavor, image, name):
@@ -399,4 +407,5 @@ def test_a_server_live_migrates_to_host_b_and_back(cloud, flavor, image, host_b)
     assert leaks(cloud, sid, ports, hosts=[host_a, host_b]) == []
     for host in (host_a, host_b):
         log = host.log_since(offsets[host.name])
-        assert not BAD.search(log), (host.name, BAD.search(log).group(0))
+        bad = BAD_AROUND_LIVE_MIGRATION.search(log)
+        assert not bad, (host.name, bad.group(0))

@@ -677,14 +677,23 @@ class VireoDriver(driver.ComputeDriver):
                         handover=handover, caller=caller)
         return migrate_data
 
+    @staticmethod
+    def _migration_in(migrate_data):
+        """Nova's migration record in the migrate data, when it travelled with it."""
+        if migrate_data is not None and migrate_data.obj_attr_is_set('migration'):
+            return migrate_data.migration
+        return None
+
     def _live_migration_of(self, instance, migrate_data):
-        moving = getattr(migrate_data, 'migration', None) if migrate_data else None
+        # The agent names its probe file after the migration; without Nova's record (not
+        # sent to the destination) any id will do: the destination's disks are its own.
+        moving = self._migration_in(migrate_data)
         return {'id': moving.uuid if moving is not None else str(uuid.uuid4()),
                 'source_host': instance.host, 'dest_host': self._nodename or CONF.host}
 
     def live_migration(self, context, instance, dest, post_method, recover_method,
                        block_migration=False, migrate_data=None):
-        moving = getattr(migrate_data, 'migration', None)
+        moving = self._migration_in(migrate_data)
         args = {'action': 'live-migrate', 'dest_host': dest,
                 'caller': {'dest_uri': migrate_data.target_connect_addr}}
         if moving is not None:
