@@ -12,8 +12,9 @@ of an instance (power, reboot, pause, suspend, destroy, resume on host boot) and
 events (``emit_event``), its console output, interface attach/detach, and resize and cold
 migration on this host or to another with confirm and revert (each host's half is the agent's:
 the source hands the instance over through Nova, the destination copies the disks from the
-source's libvirtd).  Live migration is not yet forwarded (the base class raises
-NotImplementedError), and ``capabilities`` claims nothing that is not here.
+source's libvirtd), and live migration (the destination prepares disks and devices, the
+source migrates and cleans up, Nova moves the bindings).  ``capabilities`` claims nothing that
+is not here.
 """
 
 import base64
