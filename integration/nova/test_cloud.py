@@ -10,6 +10,7 @@ from conftest import compute_log_offset
 from conftest import compute_log_since
 from conftest import leaks
 from conftest import STATE_DIR
+from conftest import TWO_HOST
 
 # What must never be in nova-compute's log for vireo's instances (seed bug 3's symptoms): a
 # wait that timed out, or a plug event that came with nobody to take it (a wait satisfied by
@@ -408,4 +409,78 @@ def test_a_server_live_migrates_to_host_b_and_back(cloud, flavor, image, host_b)
     for host in (host_a, host_b):
         log = host.log_since(offsets[host.name])
         bad = BAD_AROUND_LIVE_MIGRATION.search(log)
+        assert not bad, (host.name, bad.group(0))
+
+
+def _live_migration_fails(cloud, host_b, name, sid, ports):
+    """`server migrate --live-migration` to B, which fails: the server stays on A, running, its
+    ports as they were (no migrating_to, no binding for B), and B holds nothing of it."""
+    host_a = cloud.host_a
+    cloud.cli('--os-compute-api-version', '2.30', 'server', 'migrate', '--live-migration',
+              '--host', host_b.name, '--wait', name, check=False)
+    deadline = time.monotonic() + 120
+    while True:
+        migrations = cloud.nova('GET', '/os-migrations?instance_uuid=%s' % sid,
+                                version='2.59')['migrations']
+        live = [m for m in migrations if m['migration_type'] == 'live-migration']
+        if live and live[0]['status'] in ('error', 'failed'):
+            break
+        assert time.monotonic() < deadline, live
+        time.sleep(1)
+    server = cloud.wait_status(name, 'ACTIVE')
+    assert server['OS-EXT-SRV-ATTR:host'] == host_a.name, server
+    held = host_a.agent_instance(sid)
+    assert (held['state'], held['power_state']) == ('running', 'running'), held
+    return live[0]
+
+
+def test_a_live_migration_whose_destination_cannot_take_the_port_is_rolled_back(
+        cloud, flavor, image, hybrid, host_b):
+    """A bridge on B under the name B's side of a port would take: with hybrid plug B's
+    pre-live-migration refuses it (plug); with native OVS libvirt on B cannot make the tap,
+    so the migration itself fails inside libvirt. Nova rolls back either way."""
+    offsets = {h.name: h.log_offset() for h in (cloud.host_a, host_b)}
+    name = 'vireo-%s' % uuid.uuid4().hex[:8]
+    sid = _boot(cloud, flavor, image, name)['id']
+    ports = _ports(cloud, sid)
+    squatter = ('qvb' if hybrid else 'tap') + ports[0][:11]
+    try:
+        host_b.run('ip', 'link', 'add', squatter, 'type', 'bridge')
+        _live_migration_fails(cloud, host_b, name, sid, ports)
+        host_b.run('ip', 'link', 'del', squatter)
+        _moved_cleanly(cloud, sid, cloud.host_a, [host_b])
+    finally:
+        subprocess.run(['bash', str(TWO_HOST), 'exec', 'ip', 'link', 'del', squatter],
+                       capture_output=True)
+        cloud.cli('server', 'delete', '--wait', name, check=False)
+    assert leaks(cloud, sid, ports, hosts=[cloud.host_a, host_b]) == []
+    for host in (cloud.host_a, host_b):
+        bad = BAD_AROUND_LIVE_MIGRATION.search(host.log_since(offsets[host.name]))
+        assert not bad, (host.name, bad.group(0))
+
+
+def test_a_live_migration_that_fails_inside_libvirts_migrate_is_rolled_back(
+        cloud, flavor, image, host_b):
+    """B refuses QEMU's migration connections (its incoming ports): libvirt's migrate fails
+    after B prepared everything; the source's agent keeps the guest running, the driver calls
+    Nova's recover method, and Nova rolls back the network and B."""
+    offsets = {h.name: h.log_offset() for h in (cloud.host_a, host_b)}
+    name = 'vireo-%s' % uuid.uuid4().hex[:8]
+    sid = _boot(cloud, flavor, image, name)['id']
+    ports = _ports(cloud, sid)
+    rule = ['INPUT', '-p', 'tcp', '--dport', '49152:49215', '-j', 'REJECT']
+    try:
+        host_b.run('iptables', '-I', *rule)
+        _live_migration_fails(cloud, host_b, name, sid, ports)
+        assert 'Live migration to %s failed' % host_b.name in \
+            cloud.host_a.log_since(offsets[cloud.host_a.name])
+        host_b.run('iptables', '-D', *rule)
+        _moved_cleanly(cloud, sid, cloud.host_a, [host_b])
+    finally:
+        subprocess.run(['bash', str(TWO_HOST), 'exec', 'iptables', '-D', *rule],
+                       capture_output=True)
+        cloud.cli('server', 'delete', '--wait', name, check=False)
+    assert leaks(cloud, sid, ports, hosts=[cloud.host_a, host_b]) == []
+    for host in (cloud.host_a, host_b):
+        bad = BAD_AROUND_LIVE_MIGRATION.search(host.log_since(offsets[host.name]))
         assert not bad, (host.name, bad.group(0))
