@@ -161,12 +161,7 @@ pub(crate) async fn live_migrate(
             )
             .await;
             op.deps.storage.remove_probe(&probe).await;
-            let state = settle_state(op, from).await;
-            let state = if matches!(state, InstanceState::Running | InstanceState::Paused) {
-                state
-            } else {
-                InstanceState::Error
-            };
+            let state = state_after_failed_migration(op, from).await;
             let _ = op.save(&record, None).await;
             Finished::rolled_back(
                 Request::LiveMigrate,
@@ -201,16 +196,11 @@ pub(crate) async fn live_migrate(
                     .net("delete source binding", net.delete_binding(vif.id, &host))
                     .await;
             }
-            let _ = op.undefine_domain().await;
-            if has_disks && !shared_path(&incoming) {
-                // The migration copied them: the destination's are the guest's now.
-                let storage = op.deps.storage.clone();
-                let _ = op
-                    .store("remove the source's disks", storage.remove(op.uuid))
-                    .await;
-            }
+            // The migration copied the disks unless the directory is shared: the
+            // destination's are the guest's now.
+            let copied = has_disks && !shared_path(&incoming);
+            drop_departed(op, copied).await;
             op.deps.storage.remove_probe(&probe).await;
-            op.deps.events.forget(op.uuid);
             match post {
                 Ok(_) => Finished::ok(InstanceState::Gone, None),
                 Err(e) => Finished::err(InstanceState::Gone, None, e),
@@ -218,6 +208,30 @@ pub(crate) async fn live_migrate(
         }
         Err(rolled_back) => rolled_back,
     }
+}
+
+/// Where a guest whose live migration failed is left on the source: running or paused as
+/// libvirt says, otherwise in error.
+async fn state_after_failed_migration(op: &mut OpCtx, from: InstanceState) -> InstanceState {
+    let state = settle_state(op, from).await;
+    if matches!(state, InstanceState::Running | InstanceState::Paused) {
+        state
+    } else {
+        InstanceState::Error
+    }
+}
+
+/// The source after the guest left: the domain definition goes, and the disks when the
+/// migration copied them (`copied`); the instance is forgotten by the event actor.
+async fn drop_departed(op: &mut OpCtx, copied: bool) {
+    let _ = op.undefine_domain().await;
+    if copied {
+        let storage = op.deps.storage.clone();
+        let _ = op
+            .store("remove the source's disks", storage.remove(op.uuid))
+            .await;
+    }
+    op.deps.events.forget(op.uuid);
 }
 
 /// Migrate the guest to `uri` while reading the job's progress every `poll` (shown as the
@@ -781,12 +795,7 @@ async fn live_migrate_for_caller(
         },
         async |op, cause| {
             warn!(instance = %op.uuid, error = %cause, "live migration failed; Nova rolls back the network and the destination");
-            let state = settle_state(op, from).await;
-            let state = if matches!(state, InstanceState::Running | InstanceState::Paused) {
-                state
-            } else {
-                InstanceState::Error
-            };
+            let state = state_after_failed_migration(op, from).await;
             let _ = op.save(&record, None).await;
             Finished::rolled_back(Request::LiveMigrate, state, Some(record.clone()), cause, Ok(()))
         },
@@ -798,14 +807,7 @@ async fn live_migrate_for_caller(
             // undefined the domain); Nova deletes the source's bindings.
             op.phase("clean up the source");
             let _ = op.unplug_all(&record).await;
-            let _ = op.undefine_domain().await;
-            if has_disks {
-                let storage = op.deps.storage.clone();
-                let _ = op
-                    .store("remove the source's disks", storage.remove(op.uuid))
-                    .await;
-            }
-            op.deps.events.forget(op.uuid);
+            drop_departed(op, has_disks).await;
             Finished::ok(InstanceState::Gone, None)
         }
         Err(rolled_back) => rolled_back,
