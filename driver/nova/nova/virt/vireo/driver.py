@@ -312,7 +312,7 @@ class VireoDriver(driver.ComputeDriver):
             'name': instance.name,
             'flavor': self._flavor(instance.flavor),
             'image': self._image(context, instance, image_meta, block_device_info),
-            'network_info': jsonutils.loads(network_info.json()) if network_info else [],
+            'network_info': self._network_info(network_info),
             'power_on': bool(power_on),
         }
         if configdrive.required_by(instance):
@@ -482,11 +482,11 @@ class VireoDriver(driver.ComputeDriver):
         return objects.Migration.get_by_id_and_instance(
             context, moving.migration_id, instance.uuid)
 
-    def _caller_task(self, instance, **extra):
+    def _caller_task(self, instance):
         """What Nova knows of its task for the agent's half (``caller``): the network
         events kept for the task before the driver was called (Nova moved the bindings
         first), and the time from which the agent counts the events it receives itself."""
-        task = dict(extra, events_since_ms=int(time.time() * 1000))
+        task = {'events_since_ms': int(time.time() * 1000)}
         if self.kept_events is not None:
             events = self.kept_events.task_events(instance)
             if events:
@@ -537,33 +537,49 @@ class VireoDriver(driver.ComputeDriver):
             if power_on and self.get_info(instance).state != power_state.RUNNING:
                 self._act(instance, 'power-on')
             return
-        try:
-            moved = jsonutils.loads(disk_info)
-            handover = moved['handover']
-            source_uri = moved['source_uri']
-        except (TypeError, ValueError, KeyError) as e:
-            raise exception.ResizeError(
-                reason='disk_info from the source is not a vireo handover: %s' % e)
-        # Nova's view wins where it has one: the new flavor, the ports as bound here, and
-        # whether the guest runs after the move.
+        handover, caller = self._take_over(context, instance, disk_info, network_info,
+                                           image_meta, block_device_info,
+                                           exception.ResizeError)
+        # Nova's view wins where it has one: the new flavor and whether the guest runs after
+        # the move.
         handover['flavor'] = self._flavor(instance.flavor)
-        handover['network_info'] = (jsonutils.loads(network_info.json())
-                                    if network_info else [])
         handover['power_on'] = bool(power_on)
-        caller = self._caller_task(instance, source_uri=source_uri)
-        image = (handover.get('storage') or {}).get('image')
-        if image is not None:
-            # The base image comes from this host's Glance (the source's URL may not be
-            # reachable from here), with the request's token; the token is never stored.
-            here = self._image(context, instance, image_meta, block_device_info)
-            image['source'] = here['source']
-            if here.get('token'):
-                caller['image_token'] = here['token']
+        caller.update(self._caller_task(instance))
         self._host_half(
             instance, 'finish-resize',
             migration={'id': migration.uuid, 'source_host': migration.source_compute,
                        'dest_host': migration.dest_compute},
             handover=handover, caller=caller)
+
+    def _take_over(self, context, instance, disk_info, network_info, image_meta,
+                   block_device_info, error):
+        """The source's handover (its ``disk_info``) as this host takes the instance over,
+        and the agent's ``caller`` for it: the ports as Nova bound them here, the base image
+        from this host's Glance (the source's URL may not be reachable from here) with the
+        request's token (never stored), and the source's libvirt URI to copy from. No
+        ``image_meta``: the instance's own. A ``disk_info`` that is no handover is
+        ``error``."""
+        try:
+            moved = jsonutils.loads(disk_info)
+            handover = moved['handover']
+            caller = {'source_uri': moved['source_uri']}
+        except (TypeError, ValueError, KeyError) as e:
+            raise error(reason='disk_info from the source is not a vireo handover: %s' % e)
+        handover['network_info'] = self._network_info(network_info)
+        image = (handover.get('storage') or {}).get('image')
+        if image is not None:
+            if image_meta is None:
+                image_meta = objects.ImageMeta.from_instance(instance)
+            here = self._image(context, instance, image_meta, block_device_info)
+            image['source'] = here['source']
+            if here.get('token'):
+                caller['image_token'] = here['token']
+        return handover, caller
+
+    @staticmethod
+    def _network_info(network_info):
+        """Nova's network_info as the agent reads it (a list of VIF dicts)."""
+        return jsonutils.loads(network_info.json()) if network_info else []
 
     def confirm_migration(self, context, migration, instance, network_info):
         if self._same_host(migration):
@@ -655,23 +671,8 @@ class VireoDriver(driver.ComputeDriver):
 
     def pre_live_migration(self, context, instance, block_device_info, network_info,
                            disk_info, migrate_data):
-        try:
-            moved = jsonutils.loads(disk_info)
-            handover = moved['handover']
-            source_uri = moved['source_uri']
-        except (TypeError, ValueError, KeyError) as e:
-            raise exception.MigrationError(
-                reason='disk_info from the source is not a vireo handover: %s' % e)
-        handover['network_info'] = (jsonutils.loads(network_info.json())
-                                    if network_info else [])
-        caller = {'source_uri': source_uri}
-        image = (handover.get('storage') or {}).get('image')
-        if image is not None:
-            image_meta = objects.ImageMeta.from_instance(instance)
-            here = self._image(context, instance, image_meta, block_device_info)
-            image['source'] = here['source']
-            if here.get('token'):
-                caller['image_token'] = here['token']
+        handover, caller = self._take_over(context, instance, disk_info, network_info, None,
+                                           block_device_info, exception.MigrationError)
         migration = self._live_migration_of(instance, migrate_data)
         self._incoming[instance.uuid] = (migration, handover)
         self._host_half(instance, 'pre-live-migration', migration=migration,
@@ -733,8 +734,7 @@ class VireoDriver(driver.ComputeDriver):
             handover = {'name': instance.name, 'flavor': self._flavor(instance.flavor),
                         'old_flavor': self._flavor(instance.flavor), 'boot': {'type': 'none'},
                         'power_on': True}
-        handover['network_info'] = (jsonutils.loads(network_info.json())
-                                    if network_info else [])
+        handover['network_info'] = self._network_info(network_info)
         if migration is None:
             migration = self._live_migration_of(instance, migrate_data)
         try:
