@@ -371,6 +371,25 @@ fn lm_migration() -> Migration {
     }
 }
 
+/// Nova's `pre_live_migration` on the destination `host`.
+async fn nova_pre_live_migration(
+    host: &Host,
+    id: uuid::Uuid,
+    m: &Migration,
+    handover: Handover,
+) -> Result<vireo_actors::instance::OpReport, InstanceError> {
+    host.driver
+        .run(
+            id,
+            Operation::PreLiveMigration {
+                migration: m.clone(),
+                handover: Box::new(handover),
+                caller: Some(Box::new(CallerTask::default())),
+            },
+        )
+        .await
+}
+
 fn lm_args(m: &Migration, dest_uri: &str) -> vireo_actors::instance::LiveMigrateArgs {
     let mut args = vireo_actors::instance::LiveMigrateArgs::of(m);
     args.caller = Some(Box::new(CallerTask {
@@ -397,15 +416,7 @@ async fn a_live_migration_nova_runs_that_fails_in_libvirt_rolls_back_only_this_h
     let handover = view.handover.expect("the source's handover");
     let m = lm_migration();
     // Nova's pre_live_migration on the destination: devices wired, the guest expected.
-    h2.driver
-        .run(
-            id,
-            Operation::PreLiveMigration {
-                migration: m.clone(),
-                handover: Box::new(handover.clone()),
-                caller: Some(Box::new(CallerTask::default())),
-            },
-        )
+    nova_pre_live_migration(h2, id, &m, handover.clone())
         .await
         .unwrap();
     assert_eq!(
@@ -470,16 +481,7 @@ async fn nova_never_costs_the_source_its_disks_on_a_shared_directory() {
     let m = lm_migration();
     // The destination sees the source's disks where it would make its own: refused before
     // anything is made (vireo under Nova copies the disks; a shared directory is refused).
-    let e = h2
-        .driver
-        .run(
-            id,
-            Operation::PreLiveMigration {
-                migration: m.clone(),
-                handover: Box::new(handover.clone()),
-                caller: Some(Box::new(CallerTask::default())),
-            },
-        )
+    let e = nova_pre_live_migration(h2, id, &m, handover.clone())
         .await
         .unwrap_err();
     assert!(chain(&e).contains("already"), "{}", chain(&e));
@@ -518,15 +520,7 @@ async fn the_destination_takes_over_a_guest_nova_moved_without_waiting_for_the_s
     let view = h1.driver.show(id).await.unwrap();
     let ports = common::ports(&view);
     let m = lm_migration();
-    h2.driver
-        .run(
-            id,
-            Operation::PreLiveMigration {
-                migration: m.clone(),
-                handover: Box::new(view.handover.unwrap()),
-                caller: Some(Box::new(CallerTask::default())),
-            },
-        )
+    nova_pre_live_migration(h2, id, &m, view.handover.unwrap())
         .await
         .unwrap();
     // libvirt moves the guest (the test driver cannot: the domain is copied).
