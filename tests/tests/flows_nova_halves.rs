@@ -390,6 +390,28 @@ async fn nova_pre_live_migration(
         .await
 }
 
+/// Nova's `rollback_live_migration_at_destination` on `host`, with its clean-up flags for a
+/// migration that found no shared storage (`do_cleanup`, `destroy_disks`).
+async fn nova_rollback_at_destination(
+    host: &Host,
+    id: uuid::Uuid,
+    m: &Migration,
+    handover: Handover,
+) -> Result<vireo_actors::instance::OpReport, InstanceError> {
+    host.driver
+        .run(
+            id,
+            Operation::RollbackLiveMigrationAtDestination {
+                handover: Box::new(handover),
+                do_cleanup: true,
+                destroy_disks: true,
+                migration_id: Some(m.id),
+                caller: Some(Box::new(CallerTask::default())),
+            },
+        )
+        .await
+}
+
 fn lm_args(m: &Migration, dest_uri: &str) -> vireo_actors::instance::LiveMigrateArgs {
     let mut args = vireo_actors::instance::LiveMigrateArgs::of(m);
     args.caller = Some(Box::new(CallerTask {
@@ -449,17 +471,7 @@ async fn a_live_migration_nova_runs_that_fails_in_libvirt_rolls_back_only_this_h
         assert_eq!(bindings.len(), 1, "{bindings:?}");
     }
     // Nova's rollback_live_migration_at_destination.
-    h2.driver
-        .run(
-            id,
-            Operation::RollbackLiveMigrationAtDestination {
-                handover: Box::new(handover),
-                do_cleanup: true,
-                destroy_disks: true,
-                migration_id: Some(m.id),
-                caller: Some(Box::new(CallerTask::default())),
-            },
-        )
+    nova_rollback_at_destination(h2, id, &m, handover)
         .await
         .unwrap();
     assert!(h2.plugger.plugged().is_empty());
@@ -487,17 +499,7 @@ async fn nova_never_costs_the_source_its_disks_on_a_shared_directory() {
     assert!(chain(&e).contains("already"), "{}", chain(&e));
     // Nova rolls back with destroy_disks (its flags say "not shared"): this host prepared
     // nothing, so nothing of the directory goes.
-    h2.driver
-        .run(
-            id,
-            Operation::RollbackLiveMigrationAtDestination {
-                handover: Box::new(handover),
-                do_cleanup: true,
-                destroy_disks: true,
-                migration_id: Some(m.id),
-                caller: Some(Box::new(CallerTask::default())),
-            },
-        )
+    nova_rollback_at_destination(h2, id, &m, handover)
         .await
         .unwrap();
     assert!(root.exists(), "the source's root disk went");
