@@ -112,7 +112,7 @@ def nova_conf(tmp_path_factory, agent, glance_api):
         '[DEFAULT]\ntransport_url = fake:/\nhost = %s\nmy_ip = 192.0.2.10\n'
         'vif_plugging_timeout = 300\n'
         '[glance]\napi_servers = %s\n'
-        '[vireo]\nagent_url = %s\ntoken_file = %s\npoll_interval = 0.02\n'
+        '[vireo]\nagent_url = %s\ntoken_file = %s\n'
         % (HOST, glance_api.url, agent.url, agent.token_file))
     CONF(['--config-file', str(conf_file)], project='nova')
     objects.register_all()

@@ -325,7 +325,7 @@ def agent_b(tmp_path_factory):
 def driver_b(nova_conf, agent_b):
     """The destination's driver (a second nova-compute's), on the other agent."""
     d = vdriver.VireoDriver(virtapi=None, agent=vclient.AgentClient(
-        agent_b.url, vclient.read_token(str(agent_b.token_file)), poll_interval=0.02))
+        agent_b.url, vclient.read_token(str(agent_b.token_file))))
     d.init_host(OTHER)
     return d
 

@@ -150,6 +150,24 @@ impl Operations {
         inner.finished.iter().rev().find(|o| o.id == id).cloned()
     }
 
+    /// One operation once it no longer runs, or as it is at `deadline` if it still does (a
+    /// caller's long poll: `GET /v1/operations/{id}?wait=S`). `None` when unknown.
+    pub async fn wait_finished(&self, id: Uuid, deadline: Instant) -> Option<OpStatus> {
+        // Subscribed before the first read: a finish after it marks the channel changed.
+        let mut rx = self.running_tx.subscribe();
+        loop {
+            let op = self.get(id)?;
+            if op.state != OpState::Running {
+                return Some(op);
+            }
+            match tokio::time::timeout_at(deadline, rx.changed()).await {
+                Ok(Ok(())) => {}
+                // The deadline, or the registry gone: the operation as it is now.
+                _ => return self.get(id),
+            }
+        }
+    }
+
     /// The running operation of an instance (the newest, when a delete runs next to one).
     pub fn running_for(&self, instance: Uuid) -> Option<OpStatus> {
         let inner = self.lock();
@@ -289,6 +307,46 @@ mod tests {
         assert!(!ops.is_closed());
         ops.close();
         assert!(ops.is_closed());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_long_poll_answers_when_its_operation_finishes_or_at_the_deadline() {
+        let ops = std::sync::Arc::new(Operations::new(3));
+        let op = ops.record(Uuid::new_v4(), OpKind::Create);
+        let other = ops.record(Uuid::new_v4(), OpKind::Create);
+        let at_deadline = ops
+            .wait_finished(op.id, Instant::now() + Duration::from_secs(1))
+            .await
+            .unwrap();
+        assert_eq!(
+            at_deadline.state,
+            OpState::Running,
+            "still running at the deadline"
+        );
+        let o2 = ops.clone();
+        let (id, other_id) = (op.id, other.id);
+        tokio::spawn(async move {
+            // Another operation's finish wakes the poll, which goes on waiting for its own.
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            o2.finish(other_id, Ok(json!(null)));
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            o2.finish(id, Err(err("failed")));
+        });
+        let start = Instant::now();
+        let done = ops
+            .wait_finished(op.id, start + Duration::from_secs(30))
+            .await
+            .unwrap();
+        assert_eq!(done.state, OpState::Failed);
+        assert_eq!(
+            start.elapsed(),
+            Duration::from_secs(2),
+            "answered at the finish"
+        );
+        assert!(ops
+            .wait_finished(Uuid::new_v4(), Instant::now())
+            .await
+            .is_none());
     }
 
     #[tokio::test(start_paused = true)]

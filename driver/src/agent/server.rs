@@ -15,7 +15,7 @@
 //! | POST | `/v1/instances/{uuid}/action` | 202 `{"operation": {...}}` |
 //! | GET | `/v1/instances/{uuid}/handover` | 200 what another host needs to take it over |
 //! | GET | `/v1/operations` | 200 `{"operations": [...]}` (`?instance=UUID` filters) |
-//! | GET | `/v1/operations/{id}` | 200 operation |
+//! | GET | `/v1/operations/{id}` | 200 operation (`?wait=S`: once it finished, or after S s, at most 30) |
 //! | POST | `/v1/peer/instances/{uuid}` | 200 `{"state", "report"}` (another host's flow; synchronous) |
 
 use std::future::Future;
@@ -314,16 +314,31 @@ async fn list_operations(
     }))
 }
 
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct OperationQuery {
+    /// Seconds to wait for the operation to finish before answering (default 0: at once; at
+    /// most [`MAX_OPERATION_WAIT`]).
+    wait: Option<u64>,
+}
+
+/// The longest long poll of one operation, in seconds (a caller asks again).
+const MAX_OPERATION_WAIT: u64 = 30;
+
 async fn show_operation(
     req: HttpRequest,
     path: web::Path<String>,
+    query: Result<web::Query<OperationQuery>, actix_web::Error>,
     svc: Svc,
 ) -> Result<HttpResponse, ApiError> {
     api(&req, &svc)?;
     let id = parse_uuid("operation", &path)?;
+    let query = query.map_err(|e| ApiError::Invalid(format!("query: {e}")))?;
+    let wait = Duration::from_secs(query.wait.unwrap_or(0).min(MAX_OPERATION_WAIT));
     let op = svc
         .operations()
-        .get(id)
+        .wait_finished(id, tokio::time::Instant::now() + wait)
+        .await
         .ok_or(ApiError::OperationNotFound(id))?;
     Ok(HttpResponse::Ok().json(op))
 }

@@ -1,8 +1,8 @@
 """A small client of the vireo agent's HTTP API (docs/AGENT.md), safe under eventlet.
 
 nova-compute monkey-patches the standard library before it loads a driver, so ``requests``
-sockets are green: a request or a poll never blocks the hub.  Sleeps between polls are
-``eventlet.sleep``.  Errors keep the agent's stable code (``agent_code``: ``busy``,
+sockets are green: a request or a long poll of a running operation never blocks the hub.
+Errors keep the agent's stable code (``agent_code``: ``busy``,
 ``illegal-state``, ``not-found``, ``build-failed``, ...) so the driver can map each to Nova's
 exception.
 """
@@ -11,7 +11,6 @@ import os
 import stat
 import time
 
-import eventlet
 import requests
 from requests import adapters
 from urllib3.util import retry
@@ -66,12 +65,14 @@ def read_token(path):
 class AgentClient(object):
     """One agent: ``url`` is its API, ``token`` its API token."""
 
+    # Seconds one long poll of a running operation waits at the agent (its limit is 30).
+    OPERATION_WAIT = 25
+
     def __init__(self, url, token, request_timeout=30.0, operation_timeout=3600,
-                 poll_interval=0.2, session=None):
+                 session=None):
         self.url = url.rstrip('/')
         self._timeout = request_timeout
         self._operation_timeout = operation_timeout
-        self._poll = poll_interval
         self._session = session or self._new_session()
         self._session.headers.update({'X-Auth-Token': token,
                                       'Content-Type': 'application/json'})
@@ -162,12 +163,16 @@ class AgentClient(object):
         op = self.request(method, path, body, params)['operation']
         deadline = time.monotonic() + self._operation_timeout
         while op['state'] == 'running':
-            if time.monotonic() > deadline:
+            left = deadline - time.monotonic()
+            if left <= 0:
                 raise OperationTimeout(
                     'operation-timeout', 'operation %s (%s of %s) still running after %d s'
                     % (op['id'], op['kind'], op['instance'], self._operation_timeout))
-            eventlet.sleep(self._poll)
-            op = self.request('GET', '/v1/operations/%s' % op['id'])
+            # A long poll: the agent answers as the operation finishes (no sleep between
+            # reads, so no latency added to any operation), or after `wait` seconds.
+            wait = max(1, min(self.OPERATION_WAIT, int(left)))
+            op = self.request('GET', '/v1/operations/%s' % op['id'], params={'wait': wait},
+                              timeout=self._timeout + wait)
         if op['state'] != 'succeeded':
             err = op.get('error') or {}
             raise AgentError(err.get('code', 'failed'),

@@ -16,8 +16,6 @@ vireo_opts = [
     cfg.IntOpt('operation_timeout', default=3600, min=1,
                help='Seconds the driver waits for one agent operation (a spawn, a resize '
                     'step, a migration) to finish before it gives up on it.'),
-    cfg.FloatOpt('poll_interval', default=0.2, min=0.01,
-                 help="Seconds between two reads of a running operation's state."),
     cfg.StrOpt('migration_uri',
                help="The libvirt URI other hosts reach this host's libvirtd at: a resize's "
                     'destination copies the disks from it. Default: qemu+tcp://<my_ip>/system '

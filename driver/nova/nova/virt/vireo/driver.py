@@ -107,8 +107,7 @@ class VireoDriver(driver.ComputeDriver):
             self._agent = vclient.AgentClient(
                 CONF.vireo.agent_url, vclient.read_token(CONF.vireo.token_file),
                 request_timeout=CONF.vireo.request_timeout,
-                operation_timeout=CONF.vireo.operation_timeout,
-                poll_interval=CONF.vireo.poll_interval)
+                operation_timeout=CONF.vireo.operation_timeout)
         return self._agent
 
     def _forward_event(self, instance, event):
