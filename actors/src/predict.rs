@@ -433,14 +433,13 @@ mod why {
     pub const SAME_HOST_KEPT: &str =
         "same-host resize: binding unchanged and the devices stay wired through it";
     pub const SAME_DEVICE_SRIOV: &str = "same host: the port keeps its VF (vireo never rewrites pci_slot) and stays wired: no rebind, and the polling agent sees no change";
-    pub const REVERT_SAME_SRIOV: &str = "same host: the revert unplugs the VF and plugs the same VF again; the SR-IOV agent reports it once re-assigned";
     pub const SAME_DEVICE_AGENTLESS: &str = "same host: the port keeps its device (vireo never rewrites binding:profile): no rebind, and agentless, nothing reports it";
     pub const REVERT_KEPT: &str = "binding returns to this host where the device stayed wired: the agent re-reports it right after the binding update, before any plug";
     pub const REVERT_REPLUG: &str =
         "binding returns to this host; the device is wired again by the plug step: ACTIVE when the agent sees it";
     pub const REVERT_SRIOV: &str =
         "binding returns to this host; the VF is re-attached when the domain is recreated: ACTIVE when the SR-IOV agent sees it";
-    pub const REVERT_SAME_REPLUG: &str = "same host: the revert unplugs the resized guest's VIFs and plugs them again; the agent reports the re-wired device";
+    pub const REVERT_SAME_KEPT: &str = "same-host revert: binding unchanged and the devices stay wired through it (only the guest is recreated)";
     pub const LM_SOURCE_AGENT: &str = "the destination agent skips a device whose active binding is elsewhere (Neutron >= Rocky), so pre-wiring sends nothing; wait at post-live-migration";
     pub const LM_SOURCE_SRIOV: &str =
         "the VF is attached on the destination only after the migration; nothing to wait for before it";
@@ -497,10 +496,12 @@ pub fn table_cell(column: Column, kind: Kind, active: bool) -> Cell {
             Kind::DirectPhysical | Kind::RemoteManaged => cell(Bind, why::FINISH_CROSS_AGENTLESS),
         },
         Column::RevertResizeSameHost => match kind {
-            Kind::OvsHybrid | Kind::OvsNative(_) | Kind::LinuxBridge(_) => {
-                cell(Plug, why::REVERT_SAME_REPLUG)
+            Kind::OvsHybrid | Kind::OvsNative(Pc) | Kind::LinuxBridge(Pc) => {
+                cell(No, why::REVERT_SAME_KEPT)
             }
-            Kind::SriovAgent => cell(Plug, why::REVERT_SAME_SRIOV),
+            Kind::OvsNative(Lm) => cell(Plug, why::OVS_REWIRED),
+            Kind::LinuxBridge(Lm) => cell(Plug, why::LB_REWIRED),
+            Kind::SriovAgent => cell(No, why::SRIOV_POLLED),
             Kind::DirectPhysical | Kind::RemoteManaged => cell(No, why::SAME_DEVICE_AGENTLESS),
         },
         Column::LiveMigrationSource => match kind {

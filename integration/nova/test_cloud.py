@@ -148,8 +148,9 @@ def test_a_resize_on_this_host_is_confirmed_and_reverted(cloud, flavor, larger_f
     the iptables_hybrid firewall; the test job runs it with openvswitch's too).
 
     Nova's revert moves no binding on one host, so Neutron sends no bind-time event; the
-    agent's revert re-plugs the VIFs and waits for their plug-time events, which reach it
-    through nova-api, nova-compute and the driver's event registry.
+    agent's revert keeps the devices wired and waits only for the taps libvirt recreates
+    (native OVS plug), whose events reach it through nova-api, nova-compute and the driver's
+    event registry; with hybrid plug nothing reports and nothing is awaited.
     """
     larger, other = larger_flavors
     offset = compute_log_offset()

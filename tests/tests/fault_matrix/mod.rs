@@ -960,8 +960,9 @@ pub fn plug_calls(op: Op) -> Vec<PlugCall> {
     let all = [0, 1, 2];
     match op {
         Op::Spawn => calls("h1", Plug, true, &all),
-        // Plugging is idempotent: a re-plug of devices that are there changes nothing.
-        Op::HardReboot | Op::SoftReboot | Op::PowerOn | Op::ResizeSameHost => {
+        // Plugging is idempotent: a re-plug of devices that are there changes nothing (a
+        // same-host revert keeps them wired too).
+        Op::HardReboot | Op::SoftReboot | Op::PowerOn | Op::ResizeSameHost | Op::RevertSameHost => {
             calls("h1", Plug, false, &all)
         }
         Op::Resize | Op::LiveMigration => calls("h2", Plug, true, &all),
@@ -969,11 +970,6 @@ pub fn plug_calls(op: Op) -> Vec<PlugCall> {
         Op::Revert => {
             let mut v = calls("h1", Plug, false, &all);
             v.extend(calls("h2", Unplug, true, &all));
-            v
-        }
-        Op::RevertSameHost => {
-            let mut v = calls("h1", Unplug, true, &all);
-            v.extend(calls("h1", Plug, true, &all));
             v
         }
         Op::Rollback => calls("h2", Unplug, true, &all),

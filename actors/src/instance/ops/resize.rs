@@ -676,8 +676,12 @@ async fn resize_same_host(
     }
 }
 
-/// Same-host revert: the resized guest's VIFs are unplugged and plugged again for the
-/// original guest (so every agent-served port reports at plug time).
+/// Same-host revert: the resized guest is destroyed and the original one booted in its place
+/// with the devices that stayed wired through the resize (the same ports, the same binding):
+/// a hard reboot into the old definition and disks. Only a device the new domain really
+/// recreates (a libvirt-managed tap) reports again, and only that is awaited; unplugging and
+/// re-plugging the rest would cost a wait for the L2 agent to notice the churn (about 2.5 s
+/// with the OVS agent, measured in docs/NOVA.md's side-by-side) and buy nothing.
 async fn revert_same_host(
     op: &mut OpCtx,
     record: InstanceRecord,
@@ -702,7 +706,6 @@ async fn revert_same_host(
             op.save(&record, Some(in_flight.clone())).await?;
             op.phase("remove the resized guest");
             op.destroy_domain().await?;
-            op.unplug_all(&record).await?;
             op.phase("restore disks");
             let storage = op.deps.storage.clone();
             let uuid = op.uuid;

@@ -594,8 +594,8 @@ class VireoDriver(driver.ComputeDriver):
                                 block_device_info=None, power_on=True):
         if self._same_host(migration):
             # Removes the resized guest, restores the kept disks and definition and boots
-            # it if it ran; the agent's waits cover the plug-time events of the re-plugged
-            # VIFs (on one host Neutron sends no bind-time event).
+            # it if it ran with the devices that stayed wired; the agent waits only for the
+            # taps libvirt recreates (on one host Neutron sends no bind-time event).
             self._act(instance, 'revert-resize')
         else:
             # The destination destroyed its copy and Nova moved the bindings back before
