@@ -12,6 +12,9 @@
 #                            -scheduler, a vireo agent and nova-compute with vireo.VireoDriver;
 #                            Neutron then posts its events to nova-api)
 #   host-setup.sh nova-down (stops them; Neutron posts to vireo's agents again)
+#   host-setup.sh nova-compute-driver vireo|libvirt (after nova-up: host A's nova-compute on
+#                            vireo.VireoDriver or on Nova's own libvirt.LibvirtDriver, for the
+#                            side-by-side in integration/nova/side_by_side.py)
 #
 # Runs as root on Debian 12 (bookworm) without systemd as PID 1. Idempotent: `up` on a host where
 # everything already runs only checks it. See integration/README.md.
@@ -58,10 +61,11 @@ BASE_PKGS=(pkg-config libxml2-utils openvswitch-switch iproute2 cpio busybox-sta
   linux-image-amd64 kmod xz-utils zstd jq curl procps iptables genisoimage e2fsprogs util-linux
   tini)
 # The OpenStack tier: Neutron and its services, and Nova's libraries for the Nova driver's tests
-# (driver/nova/tests load Nova's own ComputeManager in-process and start their own glance-api).
+# (driver/nova/tests load Nova's own ComputeManager in-process and start their own glance-api),
+# and python3-libvirt for Nova's own libvirt driver (the side-by-side, nova-compute-driver).
 NEUTRON_PKGS=(neutron-server neutron-openvswitch-agent rabbitmq-server mariadb-server
   python3-pymysql sudo ipset conntrack python3-nova python3-pytest python3-flake8 glance-api
-  python3-placement placement-api python3-openstackclient)
+  python3-placement placement-api python3-openstackclient python3-libvirt)
 
 export DEBIAN_FRONTEND=noninteractive
 
@@ -800,6 +804,7 @@ stop_neutron() {
 # a small OpenStack: placement, glance, Nova with vireo as this host's compute driver
 
 NOVA_CONF=$ETC_DIR/nova.conf
+COMPUTE_DRIVER_CONF=$ETC_DIR/nova-compute-driver.conf
 REPO_DIR=$(cd "$SCRIPT_DIR/.." && pwd)
 VIREO_BIN=${VIREO_BIN:-$REPO_DIR/target/debug/vireo}
 
@@ -924,14 +929,34 @@ setup_nova_dbs() {
 start_nova_service() { # start_nova_service NAME MODULE [FILE...]: FILEs also restart it
   local name=$1 module=$2
   shift 2
-  local files=(nova.conf nova-api-paste.ini "$@")
+  local files=(nova.conf nova-api-paste.ini "$@") confs=(--config-file "$NOVA_CONF")
+  # nova-compute also reads the driver's file (nova-compute-driver: vireo or libvirt).
+  if [[ $name == nova-compute ]]; then
+    files+=("$COMPUTE_DRIVER_CONF")
+    confs+=(--config-file "$COMPUTE_DRIVER_CONF")
+  fi
   if alive "$name" && stale "$name" "${files[@]}"; then stop_bg "$name" 30; fi
   alive "$name" && return
   # PYTHONPATH: nova-api's paste pipeline loads setup/nova_context_token.py.
   start_bg "$name" env PYTHONPATH="$SETUP_DIR" \
-    "$PY" -c "import sys; from nova.cmd.$module import main; sys.exit(main())" \
-    --config-file "$NOVA_CONF"
+    "$PY" -c "import sys; from nova.cmd.$module import main; sys.exit(main())" "${confs[@]}"
   stamp "$name" "${files[@]}"
+}
+
+# The driver host A's nova-compute loads: vireo (nova.conf's own) or Nova's libvirt driver.
+write_compute_driver_config() { # write_compute_driver_config vireo|libvirt
+  case $1 in
+  vireo) printf '# nova-compute on vireo.VireoDriver (nova.conf); nothing to add\n' \
+    >"$COMPUTE_DRIVER_CONF" ;;
+  libvirt) render nova-compute-libvirt.conf.in "$COMPUTE_DRIVER_CONF" ;;
+  *) die "no compute driver $1 here (vireo or libvirt)" ;;
+  esac
+}
+
+# Up with nova-compute's current process: its service reported after it started.
+compute_reported_since() { # compute_reported_since UTC-TIME
+  os_api "http://127.0.0.1:$NOVA_API_PORT/v2.1/os-services?binary=nova-compute&host=$HOST" |
+    jq -e --arg t "$1" '.services[] | select(.state == "up" and .updated_at > $t)'
 }
 
 start_vireo_agent() {
@@ -980,6 +1005,7 @@ cmd_nova_up() {
     die "installing the vireo Nova driver failed"
   }
   s=$(now)
+  write_compute_driver_config vireo
   # A new driver (this checkout's) restarts nova-compute.
   start_nova_service nova-compute compute "$REPO_DIR"/driver/nova/nova/virt/vireo/*.py
   wait_alive nova-compute 120 "nova-compute's hypervisor in nova-api" compute_registered || {
@@ -992,6 +1018,27 @@ cmd_nova_up() {
   echo "vireo agent: http://127.0.0.1:$AGENT_PORT (token file $ETC_DIR/vireo-agent-token)"
   record total "$start"
   print_timings
+}
+
+cmd_nova_compute_driver() { # host A's nova-compute restarted on another driver
+  local driver=$1 since
+  alive nova-compute || die "no nova-compute here: host-setup.sh nova-up first"
+  if [[ $driver == libvirt ]]; then
+    "$PY" -c 'import libvirt' 2>/dev/null || die "Nova's libvirt driver needs python3-libvirt"
+    # The domain type vireo's agent uses here (write_nova_config).
+    if [[ -e /dev/kvm ]]; then DOMAIN_TYPE=kvm; else DOMAIN_TYPE=qemu; fi
+  fi
+  write_compute_driver_config "$driver"
+  # Stopped first: the old process reports its heartbeat until it exits, and a server booted
+  # before the new one listens is errored out by the new one's start (an interrupted build).
+  stop_bg nova-compute 30
+  since=$(date -u +%FT%T)
+  start_nova_service nova-compute compute "$REPO_DIR"/driver/nova/nova/virt/vireo/*.py
+  wait_alive nova-compute 120 "nova-compute on the $driver driver" \
+    compute_reported_since "$since" || {
+    tail -30 "$LOG_DIR/nova-compute.log" >&2
+    die "nova-compute did not come back on the $driver driver"
+  }
 }
 
 cmd_nova_down() {
@@ -1220,6 +1267,10 @@ up) cmd_up ;;
 down) cmd_down ;;
 nova-up) cmd_nova_up ;;
 nova-down) cmd_nova_down ;;
+nova-compute-driver)
+  [[ ${#POS[@]} == 1 ]] || die "usage: host-setup.sh nova-compute-driver vireo|libvirt"
+  cmd_nova_compute_driver "${POS[0]}"
+  ;;
 status) cmd_status ;;
 neutron-firewall)
   [[ ${#POS[@]} == 1 ]] || die "usage: host-setup.sh neutron-firewall iptables_hybrid|openvswitch"

@@ -1,0 +1,260 @@
+#!/usr/bin/python3
+"""vireo.VireoDriver and Nova's own libvirt.LibvirtDriver side by side on one cloud.
+
+    integration/nova/side_by_side.py [--runs 5] [--json FILE] [--markdown FILE]
+
+The same server goes through the same operations on host A's nova-compute, once on each
+driver per run, the drivers' order alternating from run to run (vireo first in even runs).
+Between drivers `host-setup.sh nova-compute-driver` restarts nova-compute on the other one;
+the cloud (Neutron, its OVS agent and firewall driver, Glance, the image, the flavors,
+qemu:///system) stays the same. Each operation is timed from the API call that starts it to
+the server's arrival in its end state, polled every 0.2 s through nova-api; interface attach
+is a synchronous call and is timed as such. After each driver's turn: the event timeouts and
+unexpected plug events nova-compute logged meanwhile, and what the host still holds of the
+deleted server (domain, devices, instance directories, ports).
+
+Needs `host-setup.sh up --with-neutron` and `host-setup.sh nova-up`; host B's nova-compute,
+if it runs, is disabled meanwhile so that every resize stays on host A. Leaves host A's
+nova-compute on vireo.
+"""
+
+import argparse
+import json
+import pathlib
+import re
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+
+import requests
+
+from conftest import Cloud
+from conftest import NOVA_URL
+from conftest import STATE_DIR
+
+HOST_SETUP = pathlib.Path(__file__).resolve().parents[1] / 'host-setup.sh'
+DRIVERS = ('vireo', 'libvirt')
+TIMEOUT = re.compile(r'Timeout waiting for')
+UNEXPECTED = re.compile(r'Received unexpected event network-vif-plugged')
+POLL = 0.2
+# One operation may take Nova's whole vif_plugging_timeout (300 s) and its clean-up.
+OP_DEADLINE = 420
+
+
+class OperationFailed(Exception):
+    pass
+
+
+class Server(object):
+    """One server through nova-api: actions and the wait for their end state."""
+
+    def __init__(self, cloud, server_id):
+        self.cloud = cloud
+        self.id = server_id
+
+    def show(self):
+        return self.cloud.nova('GET', '/servers/%s' % self.id)['server']
+
+    def wait(self, status):
+        deadline = time.monotonic() + OP_DEADLINE
+        while True:
+            server = self.show()
+            if server['status'] == status and server['OS-EXT-STS:task_state'] is None:
+                return server
+            if server['status'] == 'ERROR':
+                raise OperationFailed('ERROR: %s' % server.get('fault', {}).get('message'))
+            if time.monotonic() > deadline:
+                raise OperationFailed('%s, not %s after %d s' % (
+                    server['status'], status, OP_DEADLINE))
+            time.sleep(POLL)
+
+    def act(self, body, status):
+        self.cloud.nova('POST', '/servers/%s/action' % self.id, body)
+        self.wait(status)
+
+    def gone(self):
+        self.cloud.nova('DELETE', '/servers/%s' % self.id)
+        deadline = time.monotonic() + OP_DEADLINE
+        while time.monotonic() < deadline:
+            r = requests.get('%s/servers/%s' % (NOVA_URL, self.id), timeout=30,
+                             headers={'X-Auth-Token': 'admin:admin'})
+            if r.status_code == 404:
+                return
+            time.sleep(POLL)
+        raise OperationFailed('still there %d s after the delete' % OP_DEADLINE)
+
+
+def flavor(cloud, vcpus, ram, disk):
+    name = 'vireo-sbs-%s' % uuid.uuid4().hex[:8]
+    body = {'flavor': {'name': name, 'vcpus': vcpus, 'ram': ram, 'disk': disk}}
+    return cloud.nova('POST', '/flavors', body)['flavor']['id']
+
+
+def operations(cloud, image, flavors):
+    """(name, run(state)) in the order one turn runs them; state carries the server."""
+    small, larger, other = flavors
+
+    def boot(state):
+        body = {'server': {
+            'name': 'vireo-sbs-%s' % uuid.uuid4().hex[:8], 'imageRef': image,
+            'flavorRef': small, 'networks': [{'uuid': cloud.network}],
+            'availability_zone': 'nova:%s' % cloud.host}}
+        server = Server(cloud, cloud.nova('POST', '/servers', body)['server']['id'])
+        state['server'] = server
+        server.wait('ACTIVE')
+
+    def attach(state):
+        body = {'interfaceAttachment': {'net_id': cloud.network}}
+        cloud.nova('POST', '/servers/%s/os-interface' % state['server'].id, body)
+
+    def act(body, status):
+        return lambda state: state['server'].act(body, status)
+
+    return [
+        ('boot', boot),
+        ('soft reboot', act({'reboot': {'type': 'SOFT'}}, 'ACTIVE')),
+        ('hard reboot', act({'reboot': {'type': 'HARD'}}, 'ACTIVE')),
+        ('stop', act({'os-stop': None}, 'SHUTOFF')),
+        ('start', act({'os-start': None}, 'ACTIVE')),
+        ('pause', act({'pause': None}, 'PAUSED')),
+        ('unpause', act({'unpause': None}, 'ACTIVE')),
+        ('suspend', act({'suspend': None}, 'SUSPENDED')),
+        ('resume', act({'resume': None}, 'ACTIVE')),
+        ('resize (same host)', act({'resize': {'flavorRef': larger}}, 'VERIFY_RESIZE')),
+        ('confirm resize', act({'confirmResize': None}, 'ACTIVE')),
+        ('resize again', act({'resize': {'flavorRef': other}}, 'VERIFY_RESIZE')),
+        ('revert resize', act({'revertResize': None}, 'ACTIVE')),
+        ('interface attach', attach),
+        ('delete', lambda state: state['server'].gone()),
+    ]
+
+
+def switch(driver):
+    run = subprocess.run(['bash', str(HOST_SETUP), 'nova-compute-driver', driver],
+                         capture_output=True, text=True)
+    if run.returncode != 0:
+        sys.exit('nova-compute-driver %s failed:\n%s' % (driver, run.stderr[-2000:]))
+
+
+def leftovers(cloud, server_id, ports):
+    found = cloud.host_a.leaks(server_id, ports)
+    libvirt_dir = STATE_DIR / 'nova' / 'instances' / server_id
+    if libvirt_dir.exists():
+        found.append('%s: instance directory %s' % (cloud.host, libvirt_dir))
+    for port in cloud.neutron_ports(device_id=server_id):
+        found.append('port %s still on the server (%s)' % (port['id'], port['status']))
+    return found
+
+
+def turn(cloud, ops):
+    """One driver's pass: seconds per operation, failures, log findings, leftovers."""
+    offset = cloud.host_a.log_offset()
+    state, times, failed = {}, {}, None
+    ports = set()
+    for name, op in ops:
+        start = time.monotonic()
+        try:
+            op(state)
+        except (OperationFailed, AssertionError, requests.RequestException) as e:
+            failed = '%s: %s' % (name, e)
+            break
+        times[name] = round(time.monotonic() - start, 2)
+        if 'server' in state and name != 'delete':
+            ports.update(p['id'] for p in cloud.neutron_ports(device_id=state['server'].id))
+    if failed and 'server' in state:
+        server = state['server']
+        try:
+            cloud.nova('POST', '/servers/%s/action' % server.id, {'os-resetState': {
+                'state': 'error'}})
+            server.gone()
+        except (OperationFailed, AssertionError, requests.RequestException) as e:
+            failed += '; the clean-up failed too: %s' % e
+    log = cloud.host_a.log_since(offset)
+    server_id = state['server'].id if 'server' in state else None
+    return {
+        'seconds': times,
+        'failed': failed,
+        'timeouts': len(TIMEOUT.findall(log)),
+        'unexpected_plug_events': len(UNEXPECTED.findall(log)),
+        'left_behind': leftovers(cloud, server_id, sorted(ports)) if server_id else [],
+    }
+
+
+def table(results, names):
+    rows = ['| operation | vireo s, median (min–max) | libvirt s, median (min–max) '
+            '| vireo / libvirt |', '|---|---|---|---|']
+    medians = {}
+    for name in names:
+        cells = []
+        for driver in DRIVERS:
+            xs = [t['seconds'][name] for t in results[driver] if name in t['seconds']]
+            if not xs:
+                cells.append('—')
+                continue
+            medians[(driver, name)] = statistics.median(xs)
+            cells.append('%.2f (%.2f–%.2f), n=%d' % (
+                statistics.median(xs), min(xs), max(xs), len(xs)))
+        ratio = '—'
+        if ('vireo', name) in medians and ('libvirt', name) in medians:
+            ratio = '%.2f' % (medians[('vireo', name)] / medians[('libvirt', name)])
+        rows.append('| %s | %s | %s | %s |' % (name, cells[0], cells[1], ratio))
+    for label, key in (('event timeouts', 'timeouts'),
+                       ('unexpected plug events', 'unexpected_plug_events')):
+        rows.append('| %s | %d | %d | |' % (
+            label, *(sum(t[key] for t in results[d]) for d in DRIVERS)))
+    rows.append('| failed operations | %d | %d | |' % tuple(
+        sum(1 for t in results[d] if t['failed']) for d in DRIVERS))
+    rows.append('| left behind | %d | %d | |' % tuple(
+        sum(len(t['left_behind']) for t in results[d]) for d in DRIVERS))
+    return '\n'.join(rows)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument('--runs', type=int, default=5)
+    parser.add_argument('--json', type=pathlib.Path)
+    parser.add_argument('--markdown', type=pathlib.Path)
+    args = parser.parse_args()
+
+    cloud = Cloud()
+    firewall = (STATE_DIR / 'firewall').read_text().strip()
+    image_path = STATE_DIR / 'nova-test-image.raw'
+    image_path.write_bytes(b'\0' * (1 << 20))
+    image = cloud.cli('image', 'create', '--disk-format', 'raw', '--container-format', 'bare',
+                      '--file', str(image_path), 'vireo-sbs-%s' % uuid.uuid4().hex[:8],
+                      '-f', 'json')['id']
+    flavors = [flavor(cloud, 1, 128, 1), flavor(cloud, 2, 192, 2), flavor(cloud, 1, 160, 2)]
+    ops = operations(cloud, image, flavors)
+    if cloud.host_b is not None:
+        cloud.compute_service(cloud.host_b.name, enabled=False)
+    results = {d: [] for d in DRIVERS}
+    try:
+        for run in range(args.runs):
+            for driver in (DRIVERS if run % 2 == 0 else DRIVERS[::-1]):
+                switch(driver)
+                result = turn(cloud, ops)
+                result['run'] = run
+                results[driver].append(result)
+                print('run %d %-7s %s' % (run, driver, json.dumps(result)), flush=True)
+    finally:
+        switch('vireo')
+        if cloud.host_b is not None:
+            cloud.compute_service(cloud.host_b.name, enabled=True)
+        for f in flavors:
+            cloud.nova('DELETE', '/flavors/%s' % f)
+        cloud.cli('image', 'delete', image, check=False)
+    markdown = table(results, [name for name, _ in ops])
+    print('\nfirewall driver: %s, %d runs\n\n%s' % (firewall, args.runs, markdown))
+    if args.json:
+        args.json.write_text(json.dumps({'firewall': firewall, 'results': results}, indent=1))
+    if args.markdown:
+        args.markdown.write_text(markdown + '\n')
+    clean = all(not t['failed'] and not t['timeouts'] and not t['left_behind']
+                for d in DRIVERS for t in results[d] if d == 'vireo')
+    return 0 if clean else 1
+
+
+if __name__ == '__main__':
+    sys.exit(main())
