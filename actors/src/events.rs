@@ -177,7 +177,8 @@ impl Future for WaitHandle {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct EventConfig {
-    /// Events kept per instance while nobody waits for them; the oldest is dropped first.
+    /// Events kept per instance while nobody waits for them; when full, the oldest that no
+    /// wait takes (not `network-vif-plugged`) is dropped first, then the oldest of all.
     pub buffer_per_instance: usize,
     /// A buffered event older than this is dropped (seconds).
     pub buffer_max_age_secs: u64,
@@ -655,7 +656,16 @@ impl NetworkEventActor {
                 return;
             }
             if entry.buffer.len() >= self.cfg.buffer_per_instance {
-                entry.buffer.pop_front();
+                // The oldest event no wait takes goes first (vireo and Nova wait only for
+                // `network-vif-plugged`; unplugged, deleted and changed come with every
+                // unplug and port update), so that a flood of those cannot push out an early
+                // plug event a wait is about to take. Only then the oldest of all.
+                let evict = entry
+                    .buffer
+                    .iter()
+                    .position(|b| b.key.name != EventName::NetworkVifPlugged)
+                    .unwrap_or(0);
+                entry.buffer.remove(evict);
                 self.stats.buffer_dropped_count += 1;
             }
             if self.cfg.buffer_per_instance > 0 {

@@ -446,6 +446,45 @@ async fn too_many_waits_for_one_instance_are_refused() {
     assert_eq!(w.await, Err(WaitError::TooManyWaits { limit }));
 }
 
+/// Every unplug and port update sends unplugged, deleted or changed events, which no wait
+/// takes: more of them than the buffer holds must not push out an early plug event.
+#[actix_rt::test]
+async fn strays_no_wait_takes_never_evict_an_early_plug_event() {
+    let h = setup().await;
+    h.track(inst(1));
+    let since = Instant::now();
+    h.deliver(plugged(inst(1), port(1)));
+    let cap = EventConfig::default().buffer_per_instance as u32;
+    let names = [
+        EventName::NetworkVifUnplugged,
+        EventName::NetworkVifDeleted,
+        EventName::NetworkChanged,
+    ];
+    for n in 0..2 * cap {
+        let name = names[(n % 3) as usize];
+        h.deliver(ev(inst(1), name, port(100 + n), EventStatus::Completed));
+    }
+    let s = barrier(&h).await;
+    assert_eq!(s.buffered_now, u64::from(cap));
+    assert_eq!(s.buffer_dropped_count, u64::from(cap) + 1);
+    let w = h
+        .expect(inst(1), want(&[1]), since, FATAL, OpId(1))
+        .await
+        .unwrap();
+    assert!(w.await.unwrap().complete(), "the early plug event was kept");
+    // Plug events alone still go oldest first (the bound holds).
+    for n in 0..cap + 1 {
+        h.deliver(plugged(inst(1), port(200 + n)));
+    }
+    let s = barrier(&h).await;
+    assert_eq!(s.buffered_now, u64::from(cap));
+    let mut oldest = h
+        .expect(inst(1), want(&[200]), since, LENIENT, OpId(2))
+        .await
+        .unwrap();
+    assert!(pending(&mut oldest));
+}
+
 #[actix_rt::test]
 async fn the_buffer_is_bounded_by_count_and_age() {
     let h = setup().await;
