@@ -436,14 +436,7 @@ async fn same_host_revert_failing_at_plug_leaves_error_then_power_on_recovers() 
         .unwrap();
     // The revert keeps the devices wired; the hybrid port's went missing meanwhile, so the
     // revert plugs them again, and that plug fails.
-    let vif = network_info(&*c.network, &[hy]).await.vifs.remove(0);
-    let ctx = vireo_actors::plug::PlugContext {
-        instance_uuid: id,
-        instance_name: "vm-revertfail".into(),
-        form: vireo_actors::plug::DomainForm::LibvirtManaged,
-    };
-    use vireo_actors::plug::VifPlugger;
-    h1.plugger.unplug(&ctx, &vif).await.unwrap();
+    remove_port_devices(&c, "h1", id, "vm-revertfail", hy).await;
     h1.plugger
         .faults()
         .fail_once(PlugStep::OvsTransact, Some(hy));

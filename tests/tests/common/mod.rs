@@ -706,6 +706,18 @@ pub async fn network_info(net: &dyn NetworkApi, ports: &[PortId]) -> NetworkInfo
     NetworkInfo::from_value(&serde_json::Value::Array(vifs)).unwrap()
 }
 
+/// Take the devices of `port` away on `host` as if someone removed them outside vireo (those
+/// vireo plugged for instance `uuid`, named `name`).
+pub async fn remove_port_devices(c: &TestCloud, host: &str, uuid: Uuid, name: &str, port: PortId) {
+    let vif = network_info(&*c.network, &[port]).await.vifs.remove(0);
+    let ctx = vireo_actors::plug::PlugContext {
+        instance_uuid: uuid,
+        instance_name: name.to_owned(),
+        form: vireo_actors::plug::DomainForm::LibvirtManaged,
+    };
+    c.host(host).plugger.unplug(&ctx, &vif).await.unwrap();
+}
+
 /// A user port of `id` whose `network-vif-plugged` never comes, and its VIF: bound to h1
 /// when the caller read `network_info`, then moved to a host without an L2 agent.
 pub async fn silent_port(

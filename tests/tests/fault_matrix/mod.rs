@@ -1054,14 +1054,7 @@ pub async fn port_at(c: &TestCloud, s: &Subject, vif: usize) -> PortId {
 
 /// Take the devices of `port` away on `host` as if someone removed them outside vireo.
 pub async fn remove_devices(c: &TestCloud, host: &str, s: &Subject, port: PortId) {
-    let vif = network_info(&*c.network, &[port]).await.vifs.remove(0);
-    let ctx = PlugContext {
-        instance_uuid: s.id,
-        instance_name: s.name.clone(),
-        form: DomainForm::LibvirtManaged,
-    };
-    use vireo_actors::plug::VifPlugger;
-    c.host(host).plugger.unplug(&ctx, &vif).await.unwrap();
+    remove_port_devices(c, host, s.id, &s.name, port).await;
 }
 
 /// Make the devices of `port` exist on `host` already. An unbound (user) port is bound to
