@@ -843,11 +843,15 @@ FLUSH PRIVILEGES;
 EOF
 }
 
+detect_domain_type() { # kvm where the host has it, else TCG
+  if [[ -e /dev/kvm ]]; then DOMAIN_TYPE=kvm; else DOMAIN_TYPE=qemu; fi
+}
+
 write_nova_config() {
   mkdir -p "$ETC_DIR/placement" "$STATE_DIR/nova/lock" "$STATE_DIR/nova/instances" \
     "$STATE_DIR/glance/images" "$STATE_DIR/glance/tasks" "$STATE_DIR/glance/staging" \
     "$STATE_DIR/vireo-agent/images"
-  if [[ -e /dev/kvm ]]; then DOMAIN_TYPE=kvm; else DOMAIN_TYPE=qemu; fi
+  detect_domain_type
   render nova.conf.in "$NOVA_CONF"
   cp "$SETUP_DIR/nova-api-paste.ini" "$ETC_DIR/nova-api-paste.ini"
   render placement.conf.in "$ETC_DIR/placement/placement.conf"
@@ -1025,8 +1029,7 @@ cmd_nova_compute_driver() { # host A's nova-compute restarted on another driver
   alive nova-compute || die "no nova-compute here: host-setup.sh nova-up first"
   if [[ $driver == libvirt ]]; then
     "$PY" -c 'import libvirt' 2>/dev/null || die "Nova's libvirt driver needs python3-libvirt"
-    # The domain type vireo's agent uses here (write_nova_config).
-    if [[ -e /dev/kvm ]]; then DOMAIN_TYPE=kvm; else DOMAIN_TYPE=qemu; fi
+    detect_domain_type # the one vireo's agent uses here
   fi
   write_compute_driver_config "$driver"
   # Stopped first: the old process reports its heartbeat until it exits, and a server booted
