@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use common::{test_domain_xml, unique, TestNode};
 use vireo_actors::libvirt::{
-    Affect, DomainState, Libvirt, LibvirtConfig, LibvirtError, Metadata, MAX_WORKERS,
+    Affect, DomainState, Libvirt, LibvirtConfig, LibvirtError, Metadata, PausedStart, MAX_WORKERS,
 };
 
 /// Runs `calls` calls at once through a handle with `workers` workers; every call waits on a
@@ -262,4 +262,59 @@ async fn transient_domains_vanish_when_destroyed() {
         lv.info(uuid).await.unwrap_err(),
         LibvirtError::NoDomain { .. }
     ));
+}
+
+/// The operations that make several libvirt calls in one worker call: a paused start on a
+/// driver without `START_PAUSED`, a destroy only of what runs, metadata written where the
+/// domain is defined.
+#[tokio::test]
+async fn composite_operations_do_what_their_calls_did() {
+    let node = TestNode::new();
+    let lv = node.open().await;
+    let (a, b) = (unique("composite-a"), unique("composite-b"));
+    for (name, uuid) in [&a, &b] {
+        lv.define_xml(test_domain_xml(name, *uuid), true)
+            .await
+            .unwrap();
+    }
+    let ns = "https://vireo.invalid/instance/1";
+    let meta = |flavor: &str| Metadata {
+        xml: format!("<instance><flavor>{flavor}</flavor></instance>"),
+        key: "vireo".into(),
+        uri: ns.into(),
+    };
+
+    // Shut off: the definition only (a live write would be refused).
+    lv.save_metadata(a.1, meta("m1.tiny")).await.unwrap();
+    let config = lv.get_metadata(a.1, ns, Affect::Config).await.unwrap();
+    assert!(config.unwrap().contains("m1.tiny"));
+    assert!(!lv.destroy_if_running(a.1).await.unwrap(), "nothing ran");
+
+    // The test driver refuses START_PAUSED: started and suspended, for both domains.
+    for (_, uuid) in [&a, &b] {
+        assert_eq!(
+            lv.start_paused(*uuid).await.unwrap(),
+            PausedStart::StartedThenSuspended
+        );
+        assert_eq!(lv.info(*uuid).await.unwrap().state, DomainState::Paused);
+    }
+    // A missing domain is still an error, not a start.
+    let (_, missing) = unique("composite-missing");
+    assert!(matches!(
+        lv.start_paused(missing).await.unwrap_err(),
+        LibvirtError::NoDomain { .. }
+    ));
+
+    // Running (paused): live and persistent metadata both change.
+    lv.save_metadata(a.1, meta("m1.small")).await.unwrap();
+    for affect in [Affect::Live, Affect::Config] {
+        let m = lv.get_metadata(a.1, ns, affect).await.unwrap().unwrap();
+        assert!(m.contains("m1.small"), "{affect:?}: {m}");
+    }
+
+    assert!(lv.destroy_if_running(a.1).await.unwrap());
+    assert_eq!(lv.info(a.1).await.unwrap().state, DomainState::Shutoff);
+    assert!(!lv.destroy_if_running(a.1).await.unwrap());
+    assert!(!lv.destroy_if_running(missing).await.unwrap(), "no domain");
+    assert!(lv.destroy_if_running(b.1).await.unwrap());
 }

@@ -170,9 +170,12 @@ async fn vireo_run(n: usize) -> Duration {
 }
 
 /// The libvirt calls vireo makes for spawn + hard reboot + destroy of one instance, made
-/// directly with vireo's domain XML and metadata ([`vireo_payload`]): define, start (START_PAUSED refused by the test driver), start, suspend, resume,
-/// is-active, set-metadata (spawn); is-active, set-metadata, info, destroy, start, start,
+/// directly with vireo's domain XML and metadata ([`vireo_payload`]): define, start, suspend,
+/// resume, is-active, set-metadata (spawn); is-active, set-metadata, info, destroy, start,
 /// suspend, resume, is-active, set-metadata (hard reboot); info, destroy, undefine (destroy).
+/// The test driver refuses `START_PAUSED`; vireo's libvirt layer learns that at the first
+/// paused start of a run and then starts and suspends in one worker call, so the one refused
+/// call per run is left out here.
 fn plain_lifecycle(conn: &virt::connect::Connect, xml: &str, meta: &str) {
     use virt::domain::Domain;
     use virt::sys;
@@ -191,7 +194,6 @@ fn plain_lifecycle(conn: &virt::connect::Connect, xml: &str, meta: &str) {
         .unwrap();
     };
     let boot = |d: &Domain| {
-        let _ = d.create_with_flags(sys::VIR_DOMAIN_START_PAUSED);
         d.create_with_flags(0).unwrap();
         d.suspend().unwrap();
         d.resume().unwrap();

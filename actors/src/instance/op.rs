@@ -14,7 +14,7 @@ use super::in_flight::{InFlight, Marker};
 
 use crate::events::{OpId, WaitHandle, WaitOutcome, WaitPolicy};
 use crate::external::ExternalEvent;
-use crate::libvirt::{Affect, DomainState, LibvirtError, Metadata};
+use crate::libvirt::{DomainState, LibvirtError, Metadata};
 use crate::lifecycle::Request;
 use crate::network::NetworkError;
 use crate::plug::{static_attachment, Attachment, DomainForm, PlugContext, PlugKind};
@@ -418,41 +418,17 @@ impl OpCtx {
             uri: vireo_xml::metadata::NAMESPACE_URI.to_owned(),
         };
         let lv = self.deps.libvirt.clone();
-        let uuid = self.uuid;
-        let active = self.lv("is-active", lv.is_active(uuid)).await?;
-        let affect = if active {
-            Affect::LiveAndConfig
-        } else {
-            Affect::Config
-        };
-        self.lv("set-metadata", lv.set_metadata(uuid, meta, affect))
+        self.lv("set-metadata", lv.save_metadata(self.uuid, meta))
             .await
     }
 
     /// Start the domain paused. Where the driver has no START_PAUSED (libvirt's test driver)
-    /// it starts the domain and suspends it at once: the guest may run a few instructions,
-    /// which is harmless for what the pause is for (nothing guest-visible happens before the
-    /// awaited events), and the same sequence is valid on real libvirt.
+    /// the libvirt layer starts the domain and suspends it at once: the guest may run a few
+    /// instructions, which is harmless for what the pause is for (nothing guest-visible happens
+    /// before the awaited events), and the same sequence is valid on real libvirt.
     pub async fn start_paused(&mut self) -> Result<Started, InstanceError> {
         let lv = self.deps.libvirt.clone();
-        let uuid = self.uuid;
-        let start = std::time::Instant::now();
-        match lv.start(uuid, true).await {
-            Ok(()) => self.step("start paused".to_owned(), StepKind::Libvirt, start, false),
-            Err(LibvirtError::Unsupported { .. }) => {
-                self.lv("start (driver has no START_PAUSED)", lv.start(uuid, false))
-                    .await?;
-                self.attached().await;
-                self.lv("suspend", lv.suspend(uuid)).await?;
-            }
-            Err(source) => {
-                self.step("start paused".to_owned(), StepKind::Libvirt, start, true);
-                return Err(InstanceError::Libvirt {
-                    step: "start paused",
-                    source,
-                });
-            }
-        }
+        self.lv("start paused", lv.start_paused(self.uuid)).await?;
         self.attached().await;
         Ok(Started::Paused)
     }
@@ -478,25 +454,11 @@ impl OpCtx {
 
     /// Stop the domain hard if it runs; nothing to do when it is shut off or gone.
     pub async fn destroy_domain(&mut self) -> Result<(), InstanceError> {
-        match self.power().await? {
-            PowerState::NoDomain | PowerState::Shutoff => return Ok(()),
-            _ => {}
-        }
         let lv = self.deps.libvirt.clone();
-        let r = match self.lv("destroy", lv.destroy(self.uuid)).await {
-            Ok(()) => Ok(()),
-            Err(e) => {
-                // It may have stopped by itself in between.
-                match self.power().await? {
-                    PowerState::NoDomain | PowerState::Shutoff => Ok(()),
-                    _ => Err(e),
-                }
-            }
-        };
-        if r.is_ok() {
+        if self.lv("destroy", lv.destroy_if_running(self.uuid)).await? {
             self.detached().await;
         }
-        r
+        Ok(())
     }
 
     /// Undefine the domain; nothing to do when it is gone.

@@ -59,6 +59,9 @@ pub(crate) struct Shared {
     stopping: AtomicBool,
     in_flight: AtomicUsize,
     peak_in_flight: AtomicUsize,
+    /// The driver refused `VIR_DOMAIN_START_PAUSED` once (libvirt's test driver): later paused
+    /// starts go straight to start + suspend instead of failing a call first.
+    start_paused_refused: AtomicBool,
 }
 
 impl Shared {
@@ -177,6 +180,7 @@ impl Libvirt {
             stopping: AtomicBool::new(false),
             in_flight: AtomicUsize::new(0),
             peak_in_flight: AtomicUsize::new(0),
+            start_paused_refused: AtomicBool::new(false),
         });
         let mut inner = Inner {
             shared: Arc::clone(&shared),
@@ -374,6 +378,11 @@ impl LibvirtHandle {
                 after: timeout,
             }),
         }
+    }
+
+    /// Set once the driver has refused `VIR_DOMAIN_START_PAUSED`.
+    pub(crate) fn start_paused_refused(&self) -> &AtomicBool {
+        &self.inner.shared.start_paused_refused
     }
 
     /// A new subscription to the layer's events (see [`EventStream`]).

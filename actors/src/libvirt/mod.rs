@@ -66,6 +66,7 @@ pub use event::{
     init_event_loop, CloseReason, EventStream, LibvirtEvent, LifecycleEvent, EVENT_THREAD_NAME,
 };
 pub use handle::{Libvirt, LibvirtHandle, SUPERVISOR_THREAD_NAME, WORKER_THREAD_PREFIX};
+pub use ops::PausedStart;
 pub use types::{
     Affect, DomainId, DomainInfo, DomainState, DomainSummary, JobProgress, Metadata, NodeFacts,
 };

@@ -1,6 +1,8 @@
 //! Typed domain operations on [`LibvirtHandle`], each one worker call that looks the domain up
 //! by UUID (no libvirt object outlives a call).
 
+use std::sync::atomic::Ordering;
+
 use tracing::instrument;
 use uuid::Uuid;
 use virt::connect::Connect;
@@ -14,6 +16,15 @@ use super::handle::LibvirtHandle;
 use super::types::{
     Affect, DomainId, DomainInfo, DomainState, DomainSummary, JobProgress, Metadata, NodeFacts,
 };
+
+/// How [`LibvirtHandle::start_paused`] started the domain.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PausedStart {
+    /// With `VIR_DOMAIN_START_PAUSED`: no guest instruction ran.
+    Paused,
+    /// The driver has no `START_PAUSED`: started, then suspended at once.
+    StartedThenSuspended,
+}
 
 /// `VIR_DOMAIN_METADATA_ELEMENT`.
 const METADATA_ELEMENT: i32 = sys::VIR_DOMAIN_METADATA_ELEMENT as i32;
@@ -31,6 +42,16 @@ const UNDEFINE_FLAG_SETS: [u32; 3] = [
 
 fn lookup(conn: &Connect, uuid: Uuid) -> Result<Domain, VirtError> {
     conn.lookup_domain_by_uuid(uuid)
+}
+
+/// True unless the domain is shut off or crashed (what [`LibvirtHandle::destroy_if_running`]
+/// has to stop: running, paused, suspended to memory, or a state libvirt cannot name).
+fn runs(dom: &Domain) -> Result<bool, VirtError> {
+    let state = DomainState::from_virt(dom.info()?.state);
+    Ok(!matches!(
+        state,
+        DomainState::Shutoff | DomainState::Crashed
+    ))
 }
 
 fn is_class(error: &VirtError, class: Class) -> bool {
@@ -190,6 +211,59 @@ impl LibvirtHandle {
         .await
     }
 
+    /// Starts the domain paused (`VIR_DOMAIN_START_PAUSED`). A driver that refuses the flag
+    /// (libvirt's test driver) gets a start and an immediate suspend in the same worker call,
+    /// and is remembered, so later paused starts on this handle do not fail a call first.
+    #[instrument(level = "debug", skip(self), fields(%uuid))]
+    pub async fn start_paused(&self, uuid: Uuid) -> Result<PausedStart, LibvirtError> {
+        let refused = self.start_paused_refused().load(Ordering::Relaxed);
+        let outcome = self
+            .call("start", move |conn| {
+                let dom = lookup(conn, uuid)?;
+                if !refused {
+                    match dom.create_with_flags(sys::VIR_DOMAIN_START_PAUSED) {
+                        Ok(_) => return Ok(PausedStart::Paused),
+                        Err(e) if is_class(&e, Class::InvalidArgument) => {}
+                        Err(e) => return Err(e),
+                    }
+                }
+                dom.create_with_flags(0)?;
+                dom.suspend()?;
+                Ok(PausedStart::StartedThenSuspended)
+            })
+            .await?;
+        if outcome == PausedStart::StartedThenSuspended {
+            self.start_paused_refused().store(true, Ordering::Relaxed);
+        }
+        Ok(outcome)
+    }
+
+    /// Stops the domain at once (`virDomainDestroy`) if it runs, in one worker call: `false`
+    /// when there was nothing to stop (no such domain, shut off, crashed) or it stopped by
+    /// itself while being destroyed.
+    #[instrument(level = "debug", skip(self), fields(%uuid))]
+    pub async fn destroy_if_running(&self, uuid: Uuid) -> Result<bool, LibvirtError> {
+        self.call("destroy", move |conn| {
+            let dom = match lookup(conn, uuid) {
+                Err(e) if is_class(&e, Class::NoDomain) => return Ok(false),
+                other => other?,
+            };
+            if !runs(&dom)? {
+                return Ok(false);
+            }
+            match dom.destroy() {
+                Ok(()) => Ok(true),
+                // It may have stopped by itself in between.
+                Err(e) => match runs(&dom) {
+                    Ok(false) => Ok(true),
+                    Err(gone) if is_class(&gone, Class::NoDomain) => Ok(true),
+                    _ => Err(e),
+                },
+            }
+        })
+        .await
+    }
+
     /// Stops a domain at once (`virDomainDestroy`).
     #[instrument(level = "debug", skip(self), fields(%uuid))]
     pub async fn destroy(&self, uuid: Uuid) -> Result<(), LibvirtError> {
@@ -329,6 +403,28 @@ impl LibvirtHandle {
     ) -> Result<(), LibvirtError> {
         self.call("set_metadata", move |conn| {
             lookup(conn, uuid)?.set_metadata(
+                METADATA_ELEMENT,
+                Some(&metadata.xml),
+                Some(&metadata.key),
+                Some(&metadata.uri),
+                affect.flags(),
+            )
+        })
+        .await
+    }
+
+    /// Writes the metadata element to the persistent definition, and to the live domain too
+    /// when it runs (`virDomainIsActive`, then `virDomainSetMetadata`, in one worker call).
+    #[instrument(level = "debug", skip(self, metadata), fields(%uuid))]
+    pub async fn save_metadata(&self, uuid: Uuid, metadata: Metadata) -> Result<(), LibvirtError> {
+        self.call("set_metadata", move |conn| {
+            let dom = lookup(conn, uuid)?;
+            let affect = if dom.is_active()? {
+                Affect::LiveAndConfig
+            } else {
+                Affect::Config
+            };
+            dom.set_metadata(
                 METADATA_ELEMENT,
                 Some(&metadata.xml),
                 Some(&metadata.key),
