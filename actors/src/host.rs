@@ -23,6 +23,7 @@ use tracing::{debug, info, warn};
 use uuid::Uuid;
 use vireo_xml::metadata::{VireoMetadata, NAMESPACE_URI};
 
+use crate::instance::actor::error_chain;
 use crate::instance::actor::{
     nothing_to_destroy, DomainEvent, InstanceActor, InstanceGone, RecoverInterrupted, Resync, Show,
     Stop, Submit,
@@ -30,12 +31,15 @@ use crate::instance::actor::{
 use crate::instance::admission::{AdmissionError, Ticket};
 use crate::instance::deps::{HostDeps, PeerHost};
 use crate::instance::in_flight::Interrupted;
+use crate::instance::journal::BuildJournal;
 use crate::instance::op::power_of;
 use crate::instance::operation::Operation;
 use crate::instance::record::InstanceRecord;
 use crate::instance::types::{InstanceError, InstanceReply, InstanceView, PowerState};
 use crate::libvirt::LibvirtEvent;
 use crate::lifecycle::{InstanceState, Request};
+use crate::network::{release_build_ports, NetworkApi};
+use crate::vif::PortId;
 
 /// Route a request to an instance's actor (created when the request may create one), which
 /// admits or refuses it (see [`crate::instance::admission`]).
@@ -83,6 +87,9 @@ pub struct RecoveryReport {
     pub foreign_domains: usize,
     /// Domains with vireo metadata another host saved last (left alone): uuid and owner.
     pub other_hosts: Vec<(Uuid, String)>,
+    /// Builds the journal held that died before their domain existed: their ports were
+    /// released (start-up only).
+    pub released_builds: Vec<Uuid>,
 }
 
 /// One recovered instance.
@@ -104,6 +111,9 @@ pub struct HostActor {
     op_ids: Arc<AtomicU64>,
     /// Domains of other hosts already logged (a resync finds them again).
     others_seen: HashSet<Uuid>,
+    /// The build journal was read (by the first recovery, before any request: later ones,
+    /// after a reconnect, run beside builds whose entries are theirs).
+    journal_read: bool,
 }
 
 impl HostActor {
@@ -114,6 +124,7 @@ impl HostActor {
             instances: HashMap::new(),
             op_ids: Arc::new(AtomicU64::new(0)),
             others_seen: HashSet::new(),
+            journal_read: false,
         }
     }
 
@@ -321,6 +332,8 @@ impl Handler<Recover> for HostActor {
         // Only unknown domains are adopted: an existing actor (an incoming live migration's,
         // whose domain names the source until this host saves it) is never filtered.
         let known: Vec<Uuid> = self.instances.keys().copied().collect();
+        let journal =
+            (!self.journal_read).then(|| (self.deps.builds.clone(), self.deps.network.clone()));
         let fut = async move {
             let domains = lv
                 .list_all()
@@ -360,10 +373,18 @@ impl Handler<Recover> for HostActor {
                     }
                 }
             }
-            Ok::<_, InstanceError>((found, foreign, others))
+            let released = match journal {
+                Some((builds, network)) => {
+                    let domains: HashSet<Uuid> = found.iter().map(|(d, _, _)| d.uuid).collect();
+                    release_journaled_builds(&builds, &*network, &domains).await
+                }
+                None => Vec::new(),
+            };
+            Ok::<_, InstanceError>((found, foreign, others, released))
         };
         Box::pin(fut.into_actor(self).map(|res, act, ctx| {
-            let (found, foreign, others) = res?;
+            let (found, foreign, others, released_builds) = res?;
+            act.journal_read = true;
             for (uuid, owner) in &others {
                 if act.others_seen.insert(*uuid) {
                     info!(instance = %uuid, %owner, "domain of another host left alone");
@@ -375,6 +396,7 @@ impl Handler<Recover> for HostActor {
                 instances: Vec::new(),
                 foreign_domains: foreign,
                 other_hosts: others,
+                released_builds,
             };
             for (d, meta, record) in found {
                 let power = power_of(d.state);
@@ -409,6 +431,53 @@ impl Handler<Recover> for HostActor {
             Ok(report)
         }))
     }
+}
+
+/// The builds the journal holds (see [`crate::instance::journal`]) at start-up: one whose
+/// domain exists is that domain's recovery's (it rolls the build back), so its entry is just
+/// dropped; one without a domain here died before defining it: its ports are released and
+/// its entry dropped. An entry whose release fails stays for the next start; an unreadable
+/// one stays for an operator. Returns the instances whose ports were released.
+async fn release_journaled_builds(
+    builds: &BuildJournal,
+    network: &dyn NetworkApi,
+    domains: &HashSet<Uuid>,
+) -> Vec<Uuid> {
+    let entries = match builds.pending().await {
+        Ok(entries) => entries,
+        Err(error) => {
+            warn!(error = %error_chain(&error), "build journal unreadable");
+            return Vec::new();
+        }
+    };
+    let mut released = Vec::new();
+    for entry in entries {
+        let entry = match entry {
+            Ok(entry) => entry,
+            Err(error) => {
+                warn!(error = %error_chain(&error), "build journal entry left for an operator");
+                continue;
+            }
+        };
+        let instance = entry.instance;
+        if !domains.contains(&instance) {
+            let user: Vec<PortId> = entry.user_ports.iter().copied().map(PortId).collect();
+            match release_build_ports(network, instance, &entry.host, &user).await {
+                Ok(done) => {
+                    info!(%instance, deleted = ?done.deleted, unbound = ?done.unbound, skipped = ?done.skipped, "released the ports of a build that died before its domain existed");
+                    released.push(instance);
+                }
+                Err(error) => {
+                    warn!(%instance, error = %error_chain(&error), "ports of a build that died before its domain existed not released; kept for the next start");
+                    continue;
+                }
+            }
+        }
+        if let Err(error) = builds.end(instance).await {
+            warn!(%instance, error = %error_chain(&error), "build journal entry not removed");
+        }
+    }
+    released
 }
 
 /// The state to rebuild an actor in, from the recorded state and what libvirt says now.

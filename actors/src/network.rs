@@ -716,9 +716,21 @@ pub trait NetworkApi: Send + Sync + fmt::Debug + 'static {
     /// One network. Missing: [`NetworkError::NetworkNotFound`].
     async fn get_network(&self, network_id: &str) -> Result<NetworkSummary, NetworkError>;
 
-    /// Create an unbound port on a network (no device). Missing network:
+    /// Create an unbound port on a network, with no device. Missing network:
     /// [`NetworkError::NetworkNotFound`].
-    async fn create_port(&self, network_id: &str) -> Result<Port, NetworkError>;
+    async fn create_port(&self, network_id: &str) -> Result<Port, NetworkError> {
+        self.create_port_with(network_id, None).await
+    }
+
+    /// Create an unbound port on a network; with `device_id`, the port names that instance
+    /// from its creation on (so a build that dies before binding it still finds it by
+    /// instance, see [`release_build_ports`]). Missing network:
+    /// [`NetworkError::NetworkNotFound`].
+    async fn create_port_with(
+        &self,
+        network_id: &str,
+        device_id: Option<Uuid>,
+    ) -> Result<Port, NetworkError>;
 
     /// Update a port (binding host, profile, vnic type, device id/owner) and return it as
     /// Neutron answered. Missing: [`NetworkError::PortNotFound`]. A binding that Neutron
@@ -803,6 +815,50 @@ pub trait NetworkApi: Send + Sync + fmt::Debug + 'static {
         teardown: bool,
         migration: Option<&MigrationHosts>,
     ) -> Result<Vec<HostSetupChange>, NetworkError>;
+}
+
+/// Release what a build that died before its domain existed left on `host`
+/// ([`crate::instance::journal`]): every port of the instance (by `device_id`) that is bound
+/// to `host` or to no host is deleted, except `user_ports`, which are unbound. A port bound to
+/// another host is left alone (a rescheduled build of the same instance owns it), as is a
+/// user-supplied port the build never took. Goes on past failures and reports them in
+/// [`NetworkError::Deallocate`].
+pub async fn release_build_ports<A: NetworkApi + ?Sized>(
+    api: &A,
+    instance: Uuid,
+    host: &str,
+    user_ports: &[PortId],
+) -> Result<Deallocation, NetworkError> {
+    let mut done = Deallocation::default();
+    let mut failures = Vec::new();
+    for port in api.list_instance_ports(instance).await? {
+        if !port.host_id.is_empty() && port.host_id != host {
+            done.skipped.push(port.id);
+            continue;
+        }
+        if user_ports.contains(&port.id) {
+            match api.update_port(port.id, &unbind_update(&port)).await {
+                Ok(_) => done.unbound.push(port.id),
+                Err(NetworkError::PortNotFound { .. }) => done.already_gone.push(port.id),
+                Err(e) => failures.push(e),
+            }
+        } else {
+            match api.delete_port(port.id).await {
+                Ok(Removal::Deleted) => done.deleted.push(port.id),
+                Ok(Removal::AlreadyGone) => done.already_gone.push(port.id),
+                Err(e) => failures.push(e),
+            }
+        }
+    }
+    if failures.is_empty() {
+        Ok(done)
+    } else {
+        Err(NetworkError::Deallocate {
+            instance,
+            done: Box::new(done),
+            failures,
+        })
+    }
 }
 
 /// `profile` without the PCI/physnet keys ([`PCI_PROFILE_KEYS`]), as an unbound

@@ -250,6 +250,9 @@ async fn idle_actor_memory(count: usize) -> (u64, usize) {
             ))
             .unwrap(),
         ),
+        builds: Arc::new(
+            vireo_actors::instance::BuildJournal::open(dir.path().join("builds")).unwrap(),
+        ),
         peers: driver.peers().clone(),
         config: InstanceConfig::default(),
     });

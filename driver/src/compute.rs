@@ -17,9 +17,9 @@ use vireo_actors::events::{EventConfig, EventStats, EventsHandle};
 use vireo_actors::external::ExternalEvent;
 use vireo_actors::host::{HostHandle, RecoveryReport};
 use vireo_actors::instance::{
-    AdmissionError, DestroyArgs, HostDeps, InstanceConfig, InstanceError, InstanceReply,
-    InstanceView, LiveMigrateArgs, OpReport, Operation, Peers, RebootKind, ResizeArgs, SpawnArgs,
-    Ticket,
+    AdmissionError, BuildJournal, DestroyArgs, HostDeps, InstanceConfig, InstanceError,
+    InstanceReply, InstanceView, JournalError, LiveMigrateArgs, OpReport, Operation, Peers,
+    RebootKind, ResizeArgs, SpawnArgs, Ticket,
 };
 use vireo_actors::libvirt::{Libvirt, LibvirtConfig, LibvirtError, LibvirtHandle};
 use vireo_actors::network::NetworkApi;
@@ -237,6 +237,9 @@ pub enum DriverError {
     /// The instance storage (its image cache directory) could not be set up.
     #[error("set up instance storage")]
     Storage(#[source] crate::storage::CacheError),
+    /// The build journal's directory could not be set up.
+    #[error("set up the build journal")]
+    Journal(#[source] JournalError),
     /// Rebuilding the instances from libvirt failed.
     #[error("recover instances from libvirt")]
     Recovery(#[source] InstanceError),
@@ -536,6 +539,9 @@ impl DriverBuilder {
         let peers = peers.unwrap_or_else(Peers::new);
         let storage =
             Arc::new(HostStorage::new(config.storage.clone()).map_err(DriverError::Storage)?);
+        let builds = Arc::new(
+            BuildJournal::open(&config.storage.journal_dir).map_err(DriverError::Journal)?,
+        );
         let deps = Arc::new(HostDeps {
             host: config.host.clone(),
             libvirt: libvirt.clone(),
@@ -543,6 +549,7 @@ impl DriverBuilder {
             plugger: plugger.clone(),
             network: network.clone(),
             storage: storage.clone(),
+            builds,
             peers: peers.clone(),
             config: config.instances.clone(),
         });

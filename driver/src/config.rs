@@ -1144,6 +1144,7 @@ impl AgentConfig {
             storage: crate::storage::StorageConfig {
                 instances_dir: self.instances_dir(),
                 cache: self.instances.image_cache(),
+                journal_dir: self.instances.state_dir.join("builds"),
             },
         }
     }

@@ -213,6 +213,28 @@ impl World {
     }
 }
 
+/// A port created for an instance names it at once (unbound, no owner), so the instance's
+/// ports are found by instance before they are bound; a plain port names nothing.
+#[tokio::test(start_paused = true)]
+async fn a_port_created_for_an_instance_is_found_by_it_before_its_binding() {
+    let w = world();
+    let p = w.net.create_port_with(NET, Some(w.vm)).await.unwrap();
+    assert_eq!(p.device_id, w.vm.to_string());
+    assert!(p.host_id.is_empty() && p.device_owner.is_empty(), "{p:?}");
+    let plain = w.net.create_port(NET).await.unwrap();
+    assert!(plain.device_id.is_empty());
+    let found: Vec<PortId> = w
+        .net
+        .list_instance_ports(w.vm)
+        .await
+        .unwrap()
+        .iter()
+        .map(|p| p.id)
+        .collect();
+    assert_eq!(found, vec![p.id]);
+    assert!(w.rec.take(w.vm).is_empty(), "creating a port sends nothing");
+}
+
 #[tokio::test(start_paused = true)]
 async fn spawn_bind_then_plug_fires_at_plug_time() {
     let w = world();

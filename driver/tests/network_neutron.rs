@@ -255,6 +255,22 @@ async fn port_crud_bind_update_unbind_delete() {
     assert_eq!(p.status, PortStatus::Down);
     assert_eq!(p.vif_type, "unbound");
     assert_eq!(p.fixed_ips.len(), 1, "{p:?}");
+    assert!(p.device_id.is_empty(), "{p:?}");
+    // Created for an instance: named for it at once, found by it before any binding.
+    let named = c.create_port_with(&f.network, Some(vm)).await.unwrap();
+    assert_eq!(
+        (named.device_id.as_str(), named.vif_type.as_str()),
+        (vm.to_string().as_str(), "unbound")
+    );
+    let found: Vec<PortId> = c
+        .list_instance_ports(vm)
+        .await
+        .unwrap()
+        .iter()
+        .map(|p| p.id)
+        .collect();
+    assert_eq!(found, vec![named.id]);
+    assert_eq!(c.delete_port(named.id).await.unwrap(), Removal::Deleted);
     assert_eq!(c.get_port(p.id).await.unwrap().mac_address, p.mac_address);
     let net = c.get_network(&f.network).await.unwrap();
     assert_eq!(net.name, f.name);

@@ -111,8 +111,14 @@ impl NetworkApi for SplitNetwork {
         self.by_network(network_id).get_network(network_id).await
     }
 
-    async fn create_port(&self, network_id: &str) -> Result<Port, NetworkError> {
-        self.by_network(network_id).create_port(network_id).await
+    async fn create_port_with(
+        &self,
+        network_id: &str,
+        device_id: Option<Uuid>,
+    ) -> Result<Port, NetworkError> {
+        self.by_network(network_id)
+            .create_port_with(network_id, device_id)
+            .await
     }
 
     async fn update_port(&self, port: PortId, update: &PortUpdate) -> Result<Port, NetworkError> {

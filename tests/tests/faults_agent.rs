@@ -114,7 +114,7 @@ pub fn point_host(op: Op, point: Point) -> &'static str {
 ///
 /// - At the first libvirt call nothing happened yet (no in-flight mark in libvirt): the
 ///   instance is found as it was before the operation; a build whose domain never existed
-///   is not found (the caller's destroy releases its networking).
+///   is not found (the build journal has the restarted agent release its networking).
 /// - A build interrupted later is rolled back: gone, its networking released.
 /// - An interrupted start (power on, hard reboot) is done again: running.
 /// - The destination of a resize interrupted before it finished gives the instance back to
@@ -152,16 +152,19 @@ pub fn expect(op: Op, point: Point) -> Place {
     }
 }
 
-/// The instance's networking exists nowhere but in the service: the agent died before its
-/// record reached libvirt (a build before its domain was defined; a failed build whose
-/// domain is gone). The restarted agent does not know the instance; its networking is the
-/// caller's to release, with what the caller knows of its ports (Nova's compute manager
-/// deallocates with its network info cache when the instance is deleted).
-pub fn caller_releases(op: Op, point: Point) -> bool {
-    matches!(
-        (op, point),
-        (Op::Spawn, Point::FirstCall | Point::BeforeDomain) | (Op::Reschedule, _)
-    )
+/// The instance's networking exists nowhere but in the service, and no build is under way
+/// to own it: a failed build whose domain is gone (the reschedule clean-up's subject). The
+/// restarted agent does not know the instance; its networking is the caller's to release,
+/// with what the caller knows of its ports (Nova's compute manager deallocates with its
+/// network info cache when the instance is deleted).
+pub fn caller_releases(op: Op, _point: Point) -> bool {
+    op == Op::Reschedule
+}
+
+/// The agent died during a build that allocated ports before its domain existed: the build
+/// journal names it, and the restarted agent releases its ports itself.
+pub fn journal_releases(op: Op, point: Point) -> bool {
+    op == Op::Spawn && matches!(point, Point::FirstCall | Point::BeforeDomain)
 }
 
 /// The instance is where `want` says with no operation running (recovery may take a
@@ -307,6 +310,12 @@ async fn case(c: TestCloud, op: Op, point: Point, n: usize) -> TestCloud {
             .and_then(|v| v.last_operation)
     );
     consistent(&c, &s, &label, &want).await;
+    let released = &c.host(host).driver.recovery().released_builds;
+    assert_eq!(
+        released.contains(&s.id),
+        journal_releases(op, point),
+        "{label}: builds the restarted agent released: {released:?}"
+    );
     if caller_releases(op, point) {
         let ni = network_info(&*c.network, &s.user).await;
         c.network.deallocate_for_instance(s.id, &ni).await.unwrap();

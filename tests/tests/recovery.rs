@@ -17,8 +17,8 @@ use async_trait::async_trait;
 use common::*;
 use vireo::compute::{ComputeDriver, ComputeOps};
 use vireo_actors::instance::{
-    AdmissionError, DestroyArgs, InstanceError, InstanceReply, Migration, NetworkRequest,
-    Operation, PeerHost, RebootKind, ResizeArgs,
+    AdmissionError, BuildEntry, BuildJournal, DestroyArgs, InstanceError, InstanceReply, Migration,
+    NetworkRequest, Operation, PeerHost, RebootKind, ResizeArgs,
 };
 use vireo_actors::lifecycle::InstanceState;
 use vireo_actors::network::{NetworkApi, PortStatus, PortUpdate};
@@ -130,6 +130,124 @@ async fn a_build_interrupted_while_waiting_is_rolled_back_and_released() {
     );
     c.assert_clean(&[user]).await;
     c.delete_ports(&[user]).await;
+}
+
+/// The build journal at start-up: a build that died before its domain existed has its ports
+/// released on this host (the one it created deleted, the user's unbound), not the port a
+/// rescheduled build of the same instance holds on another host; an entry whose domain
+/// exists is only dropped (the domain is the record).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_build_that_died_before_its_domain_has_its_ports_released_by_the_next_start() {
+    let c = spec(&["h1", "h2"]).start().await;
+    let (dead, alive) = (uuid(), uuid());
+    let created = c
+        .network
+        .allocate_for_instance(dead, "h1", &[on(NET_HYBRID)])
+        .await
+        .unwrap()
+        .vifs[0]
+        .id;
+    let user = c.user_port(NET_NATIVE).await;
+    c.network
+        .update_port(
+            user,
+            &PortUpdate {
+                host_id: Some("h1".into()),
+                device_id: Some(dead.to_string()),
+                ..PortUpdate::default()
+            },
+        )
+        .await
+        .unwrap();
+    let elsewhere = c
+        .network
+        .allocate_for_instance(dead, "h2", &[on(NET_HYBRID)])
+        .await
+        .unwrap()
+        .vifs[0]
+        .id;
+    let h1 = c.host("h1").driver.clone();
+    h1.spawn(alive, spawn_args("vm-journaled", vec![on(NET_NATIVE)]))
+        .await
+        .unwrap();
+    let alive_port = h1.show(alive).await.unwrap().vifs[0].port;
+    drop(h1);
+    let journal = BuildJournal::open(c.journal_dir("h1")).unwrap();
+    assert!(
+        journal.pending().await.unwrap().is_empty(),
+        "a finished build left its entry"
+    );
+    for (instance, user_ports) in [(dead, vec![user.0]), (alive, vec![])] {
+        journal
+            .begin(&BuildEntry {
+                instance,
+                host: "h1".into(),
+                user_ports,
+            })
+            .await
+            .unwrap();
+    }
+
+    let domains = c.dump_domains().await;
+    let c = TestCloud::restart(c.crash(), domains).await;
+    assert_eq!(c.host("h1").driver.recovery().released_builds, vec![dead]);
+    assert!(journal.pending().await.unwrap().is_empty());
+    assert!(
+        c.network.port_status(created).is_none(),
+        "created port kept"
+    );
+    let p = c.port(user).await;
+    assert!(p.device_id.is_empty() && p.host_id.is_empty(), "{p:?}");
+    let p = c.port(elsewhere).await;
+    assert_eq!(
+        (p.device_id, p.host_id),
+        (dead.to_string(), "h2".to_owned())
+    );
+    let p = c.port(alive_port).await;
+    assert_eq!(
+        (p.device_id, p.host_id),
+        (alive.to_string(), "h1".to_owned())
+    );
+    assert_eq!(
+        c.host("h1").driver.show(alive).await.unwrap().state,
+        InstanceState::Running
+    );
+
+    c.delete_ports(&[elsewhere]).await;
+    c.destroy_and_assert_clean(&[alive], &[user]).await;
+    c.delete_ports(&[user]).await;
+}
+
+/// A build whose journal entry cannot be written allocates nothing: it fails at once (another
+/// host may take it) rather than create ports a crash could leak.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_build_that_cannot_be_journaled_allocates_nothing() {
+    let c = spec(&["h1"]).start().await;
+    let dir = c.journal_dir("h1");
+    std::fs::remove_dir_all(&dir).unwrap();
+    std::fs::write(&dir, b"not a directory").unwrap();
+    let id = uuid();
+    let err = c
+        .host("h1")
+        .driver
+        .spawn(id, spawn_args("vm-unjournaled", vec![on(NET_NATIVE)]))
+        .await
+        .unwrap_err();
+    match &err {
+        InstanceError::BuildFailed {
+            reschedule: true,
+            cause,
+            ..
+        } => assert!(
+            matches!(**cause, InstanceError::Journal { step: "begin", .. }),
+            "{}",
+            chain(&err)
+        ),
+        other => panic!("{}", chain(other)),
+    }
+    assert!(c.network.list_instance_ports(id).await.unwrap().is_empty());
+    std::fs::remove_file(&dir).unwrap();
+    c.assert_clean(&[]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

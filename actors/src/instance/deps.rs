@@ -16,6 +16,7 @@ use crate::plug::{DomainForm, VifPlugger};
 use crate::predict::{DeviceForm, Wiring};
 use crate::storage::InstanceStorage;
 
+use super::journal::BuildJournal;
 use super::operation::Operation;
 use super::record::DomainSettings;
 use super::types::{InstanceError, InstanceReply};
@@ -222,6 +223,8 @@ pub struct HostDeps {
     pub network: Arc<dyn NetworkApi>,
     /// The instances' disks.
     pub storage: Arc<dyn InstanceStorage>,
+    /// The builds that allocate ports, until their domain exists.
+    pub builds: Arc<BuildJournal>,
     /// The other hosts.
     pub peers: Arc<Peers>,
     /// Settings.

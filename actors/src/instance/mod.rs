@@ -10,6 +10,7 @@
 //! - [`record`]: what an actor knows of its instance, as stored in the domain metadata, and
 //!   the domain XML built from it.
 //! - [`in_flight`]: the typed operation in flight, as `<vireo:operation>` records it.
+//! - [`journal`]: the builds that allocate ports, until their domain exists.
 //! - [`op`] (private): one operation's context and timed building blocks.
 //! - [`ops`] (private): the operations, one module per family.
 //! - [`actor`]: the actix actor.
@@ -18,6 +19,7 @@ pub mod actor;
 pub mod admission;
 pub mod deps;
 pub mod in_flight;
+pub mod journal;
 pub(crate) mod op;
 pub mod operation;
 mod ops;
@@ -28,6 +30,7 @@ pub use actor::{error_chain, InstanceActor};
 pub use admission::{AdmissionError, Admitted, Completion, Ticket};
 pub use deps::{DetachPolicy, HostDeps, InstanceConfig, MigrationPolicy, PeerHost, Peers};
 pub use in_flight::{InFlight, InFlightError, Interrupted, Marker};
+pub use journal::{BuildEntry, BuildJournal, JournalError};
 pub use op::ALIAS_PREFIX;
 pub use operation::{cleanup_flags, CallerTask, LiveMigrateArgs, Operation, ResizeArgs};
 pub use record::{BootSource, DomainSettings, InstanceRecord, RecordError, StorageRecord};

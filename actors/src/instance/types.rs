@@ -370,6 +370,15 @@ pub enum InstanceError {
         #[source]
         source: StorageError,
     },
+    /// The build journal could not be written.
+    #[error("build journal {step} failed")]
+    Journal {
+        /// The step.
+        step: &'static str,
+        /// Why.
+        #[source]
+        source: super::journal::JournalError,
+    },
     /// A live migration ran past its completion timeout: its job was aborted.
     #[error(
         "the live migration was aborted after {after:?} (its completion timeout is {limit:?})"
@@ -612,6 +621,7 @@ impl InstanceError {
             InstanceError::Plug { .. } => "plug",
             InstanceError::Network { .. } => "network",
             InstanceError::Storage { .. } => "storage",
+            InstanceError::Journal { .. } => "journal",
             InstanceError::MigrationAborted { .. } => "migration-timeout",
             InstanceError::DeviceNotReleased { .. } => "device-not-released",
             InstanceError::EventWait { .. } => "event-wait",

@@ -171,6 +171,7 @@ pub fn status_for_driver(e: &InstanceError) -> StatusCode {
         | InstanceError::Plug { .. }
         | InstanceError::Network { .. }
         | InstanceError::Storage { .. }
+        | InstanceError::Journal { .. }
         | InstanceError::MigrationAborted { .. }
         | InstanceError::DeviceNotReleased { .. }
         | InstanceError::EventWait { .. }

@@ -922,7 +922,11 @@ impl NetworkApi for EmbeddedNetwork {
         Ok(self.network_summary(def))
     }
 
-    async fn create_port(&self, network_id: &str) -> Result<Port, NetworkError> {
+    async fn create_port_with(
+        &self,
+        network_id: &str,
+        device_id: Option<Uuid>,
+    ) -> Result<Port, NetworkError> {
         let mut state = self.lock();
         if !state.networks.contains_key(network_id) {
             return Err(NetworkError::NetworkNotFound {
@@ -939,7 +943,7 @@ impl NetworkApi for EmbeddedNetwork {
             id,
             network_id: network_id.to_owned(),
             mac,
-            device_id: String::new(),
+            device_id: device_id.map(|d| d.to_string()).unwrap_or_default(),
             device_owner: String::new(),
             status: PortStatus::Down,
             active: BindingRec::unbound(),

@@ -99,7 +99,9 @@ async fn allocate_steps<A: NetworkApi + ?Sized>(
                     let net = api.get_network(network_id).await?;
                     networks.insert(network_id.clone(), net);
                 }
-                let port = api.create_port(network_id).await?;
+                // Named for the instance at once: found by instance even if the build dies
+                // before binding it (the build journal's recovery releases it).
+                let port = api.create_port_with(network_id, Some(instance)).await?;
                 debug!(port = %port.id, network = %network_id, "port created");
                 created.push(port.id);
                 ports.push((port.id, false));

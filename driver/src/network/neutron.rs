@@ -963,10 +963,17 @@ impl NetworkApi for NeutronClient {
             .map_err(|d| wrap(Self::decode_err(&call, d)))
     }
 
-    async fn create_port(&self, network_id: &str) -> Result<Port, NetworkError> {
+    async fn create_port_with(
+        &self,
+        network_id: &str,
+        device_id: Option<Uuid>,
+    ) -> Result<Port, NetworkError> {
         let mut port = Map::new();
         port.insert("network_id".into(), Value::from(network_id));
         port.insert("admin_state_up".into(), Value::Bool(true));
+        if let Some(device) = device_id {
+            port.insert("device_id".into(), Value::from(device.to_string()));
+        }
         if let Auth::Noauth {
             project_id: Some(p),
         } = &self.config.auth

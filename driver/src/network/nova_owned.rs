@@ -62,7 +62,11 @@ impl NetworkApi for NovaOwnedPorts {
         self.inner.get_network(network_id).await
     }
 
-    async fn create_port(&self, _network_id: &str) -> Result<Port, NetworkError> {
+    async fn create_port_with(
+        &self,
+        _network_id: &str,
+        _device_id: Option<Uuid>,
+    ) -> Result<Port, NetworkError> {
         refused("create a port")
     }
 

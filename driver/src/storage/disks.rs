@@ -60,6 +60,8 @@ pub struct StorageConfig {
     pub instances_dir: PathBuf,
     /// The image cache (`<state_dir>/_base`).
     pub cache: CacheConfig,
+    /// The build journal (`<state_dir>/builds`): per host, never on a shared path.
+    pub journal_dir: PathBuf,
 }
 
 impl StorageConfig {
@@ -68,6 +70,7 @@ impl StorageConfig {
         StorageConfig {
             instances_dir: state_dir.join("instances"),
             cache: CacheConfig::in_state_dir(state_dir),
+            journal_dir: state_dir.join("builds"),
         }
     }
 }

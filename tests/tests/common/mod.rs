@@ -597,6 +597,11 @@ impl TestCloud {
     }
 
     /// Host `name`'s image cache directory.
+    /// Host `name`'s build journal (`<state_dir>/builds`).
+    pub fn journal_dir(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name).join("builds")
+    }
+
     pub fn cache_dir(&self, name: &str) -> PathBuf {
         self.dir.path().join(name).join("_base")
     }

@@ -287,15 +287,19 @@ impl NetworkApi for FaultyNetwork {
         }
     }
 
-    async fn create_port(&self, network_id: &str) -> Result<Port, NetworkError> {
+    async fn create_port_with(
+        &self,
+        network_id: &str,
+        device_id: Option<Uuid>,
+    ) -> Result<Port, NetworkError> {
         match self.enter(NetCall::CreatePort).await {
-            None => self.inner.create_port(network_id).await,
+            None => self.inner.create_port_with(network_id, device_id).await,
             Some(NetFailure::Status(404)) => Err(NetworkError::NetworkNotFound {
                 network: network_id.to_owned(),
             }),
             Some(f) => {
                 if applied_first(NetCall::CreatePort, f) {
-                    let _ = self.inner.create_port(network_id).await;
+                    let _ = self.inner.create_port_with(network_id, device_id).await;
                 }
                 Err(NetworkError::CreatePort {
                     network: network_id.to_owned(),

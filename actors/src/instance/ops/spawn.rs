@@ -10,11 +10,12 @@
 use tracing::warn;
 
 use crate::lifecycle::{InstanceState, Request};
-use crate::network::{BindingStatus, NetworkError, PortUpdate, MIGRATING_TO};
+use crate::network::{BindingStatus, NetworkError, PortRequest, PortUpdate, MIGRATING_TO};
 use crate::predict::EventOp;
 use crate::vif::NetworkInfo;
 
 use crate::instance::in_flight::InFlight;
+use crate::instance::journal::BuildEntry;
 use crate::instance::op::OpCtx;
 use crate::instance::record::InstanceRecord;
 use crate::instance::record::StorageRecord;
@@ -45,8 +46,37 @@ pub(crate) async fn spawn(op: &mut OpCtx, args: SpawnArgs) -> Finished {
     // registered later, not dropped as one for an unknown instance.
     op.deps.events.track(op.uuid);
     let host = op.deps.host.clone();
+    // A build that allocates ports is journaled before the first one exists, until it ends:
+    // an agent that dies in between releases them at its next start (see journal.rs).
+    let journaled = matches!(network, NetworkRequest::Allocate(_));
     let network_info = match network {
         NetworkRequest::Allocate(requests) => {
+            let entry = BuildEntry {
+                instance: op.uuid,
+                host: host.clone(),
+                user_ports: requests
+                    .iter()
+                    .filter_map(|r| match r {
+                        PortRequest::Port { port_id } => Some(port_id.0),
+                        PortRequest::Network { .. } => None,
+                    })
+                    .collect(),
+            };
+            if let Err(source) = op.deps.builds.begin(&entry).await {
+                op.deps.events.forget(op.uuid);
+                return Finished::err(
+                    InstanceState::Gone,
+                    None,
+                    InstanceError::BuildFailed {
+                        reschedule: true,
+                        released: Released::default(),
+                        cause: Box::new(InstanceError::Journal {
+                            step: "begin",
+                            source,
+                        }),
+                    },
+                );
+            }
             let net = op.deps.network.clone();
             match op
                 .net(
@@ -58,6 +88,7 @@ pub(crate) async fn spawn(op: &mut OpCtx, args: SpawnArgs) -> Finished {
                 Ok(ni) => ni,
                 // allocate_for_instance cleaned up after itself.
                 Err(cause) => {
+                    end_journal(op).await;
                     op.deps.events.forget(op.uuid);
                     return Finished::err(
                         InstanceState::Gone,
@@ -172,9 +203,21 @@ pub(crate) async fn spawn(op: &mut OpCtx, args: SpawnArgs) -> Finished {
         },
     )
     .await;
+    // The domain holds the record now, or the rollback released everything.
+    if journaled {
+        end_journal(op).await;
+    }
     match done {
         Ok((state, record)) => Finished::ok(state, Some(record)),
         Err(rolled_back) => rolled_back,
+    }
+}
+
+/// Drop the build's journal entry. A failure only leaves the entry behind: the next
+/// recovery finds the domain (and drops it) or releases what is left, which is nothing.
+async fn end_journal(op: &mut OpCtx) {
+    if let Err(error) = op.deps.builds.end(op.uuid).await {
+        warn!(instance = %op.uuid, error = %crate::instance::actor::error_chain(&error), "build journal entry not removed");
     }
 }
 

@@ -1,0 +1,267 @@
+//! The build journal: what a restarted agent needs to release the networking of a build that
+//! died before its domain existed.
+//!
+//! # Why
+//! An instance's record lives in its domain's metadata, and recovery rebuilds every instance
+//! from the domains libvirt has. A build that allocates ports creates them before it defines
+//! the domain (it needs their VIFs to write it), and fetching the image and making the disks
+//! can take minutes in between. An agent killed in that window left ports bound to this host
+//! that nothing recorded: nobody released them (docs/FAULTS.md, note ¹).
+//!
+//! # What
+//! One file per build that allocates ports, `<dir>/<uuid>.json`, written (and synced) before
+//! the first port is created and removed when the build ends, whatever its outcome: from then
+//! on either the domain holds the record (recovery takes over) or the build released
+//! everything itself. The entry names the user-supplied ports, which are unbound rather than
+//! deleted; every port vireo creates carries the instance as its `device_id` from its
+//! creation on, so the network service finds them all by instance. At start-up, recovery
+//! releases the ports of each entry whose instance has no domain here
+//! ([`crate::network::release_build_ports`]) and removes the entry.
+//!
+//! The directory is per host (under the agent's `state_dir`, never a shared instances path).
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+/// Why the journal could not be read or written.
+#[derive(Debug, thiserror::Error)]
+pub enum JournalError {
+    /// The directory could not be made.
+    #[error("creating the build journal {path}")]
+    CreateDir {
+        /// The directory.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// An entry could not be written (and synced).
+    #[error("writing build journal entry {path}")]
+    Write {
+        /// The entry.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// An entry could not be removed.
+    #[error("removing build journal entry {path}")]
+    Remove {
+        /// The entry.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The directory or an entry could not be read.
+    #[error("reading the build journal {path}")]
+    Read {
+        /// The directory or entry.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// An entry is not one this version wrote.
+    #[error("build journal entry {path} is unreadable")]
+    Parse {
+        /// The entry.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// The blocking task that did the file work was lost.
+    #[error("the build journal's file task ended without an answer")]
+    TaskLost,
+}
+
+/// One build under way.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BuildEntry {
+    /// The instance.
+    pub instance: Uuid,
+    /// The host whose build it is (the ports are bound to it).
+    pub host: String,
+    /// Ports the caller supplied: unbound, never deleted.
+    pub user_ports: Vec<Uuid>,
+}
+
+/// The journal of one host's builds.
+#[derive(Debug, Clone)]
+pub struct BuildJournal {
+    dir: PathBuf,
+}
+
+impl BuildJournal {
+    /// The journal in `dir`, created (mode 0700) when missing.
+    pub fn open(dir: impl Into<PathBuf>) -> Result<Self, JournalError> {
+        let dir = dir.into();
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .create(&dir)
+            .map_err(|source| JournalError::CreateDir {
+                path: dir.clone(),
+                source,
+            })?;
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).map_err(
+            |source| JournalError::CreateDir {
+                path: dir.clone(),
+                source,
+            },
+        )?;
+        Ok(BuildJournal { dir })
+    }
+
+    /// The directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    fn path(&self, instance: Uuid) -> PathBuf {
+        self.dir.join(format!("{instance}.json"))
+    }
+
+    /// Record a build before its first port exists: written to a temporary file, synced,
+    /// renamed into place, and the directory synced, so the entry survives a crash.
+    pub async fn begin(&self, entry: &BuildEntry) -> Result<(), JournalError> {
+        let path = self.path(entry.instance);
+        let dir = self.dir.clone();
+        let text = serde_json::to_vec(entry).map_err(|source| JournalError::Parse {
+            path: path.clone(),
+            source,
+        })?;
+        blocking(move || {
+            let tmp = path.with_extension("json.tmp");
+            let write = |p: &Path| -> std::io::Result<()> {
+                let mut f = std::fs::File::create(p)?;
+                f.write_all(&text)?;
+                f.sync_all()?;
+                std::fs::rename(p, &path)?;
+                std::fs::File::open(&dir)?.sync_all()
+            };
+            write(&tmp).map_err(|source| {
+                let _ = std::fs::remove_file(&tmp);
+                JournalError::Write {
+                    path: path.clone(),
+                    source,
+                }
+            })
+        })
+        .await
+    }
+
+    /// The build ended: drop its entry (none is fine).
+    pub async fn end(&self, instance: Uuid) -> Result<(), JournalError> {
+        let path = self.path(instance);
+        blocking(move || match std::fs::remove_file(&path) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(source) => Err(JournalError::Remove { path, source }),
+        })
+        .await
+    }
+
+    /// Every entry, by instance; an unreadable entry is returned as its error (and left in
+    /// place for an operator), temporary files of an interrupted write are removed.
+    pub async fn pending(&self) -> Result<Vec<Result<BuildEntry, JournalError>>, JournalError> {
+        let dir = self.dir.clone();
+        blocking(move || {
+            let read_dir = std::fs::read_dir(&dir).map_err(|source| JournalError::Read {
+                path: dir.clone(),
+                source,
+            })?;
+            let mut paths: Vec<PathBuf> = read_dir.flatten().map(|e| e.path()).collect();
+            paths.sort();
+            let mut out = Vec::new();
+            for path in paths {
+                let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+                if name.ends_with(".json.tmp") {
+                    // Never renamed into place: the build had not started allocating.
+                    let _ = std::fs::remove_file(&path);
+                    continue;
+                }
+                if !name.ends_with(".json") {
+                    continue;
+                }
+                out.push(
+                    std::fs::read(&path)
+                        .map_err(|source| JournalError::Read {
+                            path: path.clone(),
+                            source,
+                        })
+                        .and_then(|bytes| {
+                            serde_json::from_slice(&bytes).map_err(|source| JournalError::Parse {
+                                path: path.clone(),
+                                source,
+                            })
+                        }),
+                );
+            }
+            Ok(out)
+        })
+        .await
+    }
+}
+
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, JournalError> + Send + 'static,
+) -> Result<T, JournalError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .unwrap_or(Err(JournalError::TaskLost))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(n: u128) -> BuildEntry {
+        BuildEntry {
+            instance: Uuid::from_u128(n),
+            host: "h1".into(),
+            user_ports: vec![Uuid::from_u128(100 + n)],
+        }
+    }
+
+    #[tokio::test]
+    async fn entries_survive_until_their_build_ends() {
+        let d = tempfile::tempdir().unwrap();
+        let j = BuildJournal::open(d.path().join("builds")).unwrap();
+        j.begin(&entry(1)).await.unwrap();
+        j.begin(&entry(2)).await.unwrap();
+        // A reopened journal (a restarted agent) reads both back.
+        let again = BuildJournal::open(j.dir()).unwrap();
+        let pending: Vec<BuildEntry> = again
+            .pending()
+            .await
+            .unwrap()
+            .into_iter()
+            .map(Result::unwrap)
+            .collect();
+        assert_eq!(pending, vec![entry(1), entry(2)]);
+        again.end(Uuid::from_u128(1)).await.unwrap();
+        again.end(Uuid::from_u128(1)).await.unwrap();
+        let left: Vec<_> = again.pending().await.unwrap();
+        assert_eq!(left.len(), 1);
+        assert_eq!(left[0].as_ref().unwrap(), &entry(2));
+    }
+
+    #[tokio::test]
+    async fn a_torn_write_is_dropped_and_a_foreign_entry_reported() {
+        let d = tempfile::tempdir().unwrap();
+        let j = BuildJournal::open(d.path()).unwrap();
+        std::fs::write(d.path().join("x.json.tmp"), b"{\"inst").unwrap();
+        std::fs::write(d.path().join("y.json"), b"{\"instance\": 3}").unwrap();
+        let pending = j.pending().await.unwrap();
+        assert_eq!(pending.len(), 1);
+        assert!(matches!(pending[0], Err(JournalError::Parse { .. })));
+        assert!(!d.path().join("x.json.tmp").exists());
+        assert!(d.path().join("y.json").exists(), "kept for an operator");
+    }
+}
