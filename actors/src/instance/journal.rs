@@ -74,8 +74,8 @@ pub enum JournalError {
         #[source]
         source: serde_json::Error,
     },
-    /// The blocking task that did the file work was lost.
-    #[error("the build journal's file task ended without an answer")]
+    /// The writer thread (or the task reading the journal) ended without an answer.
+    #[error("the build journal's writer ended without an answer")]
     TaskLost,
 }
 
@@ -91,14 +91,37 @@ pub struct BuildEntry {
     pub user_ports: Vec<Uuid>,
 }
 
-/// The journal of one host's builds.
-#[derive(Debug, Clone)]
+/// The journal of one host's builds. Writes and removals go to one writer thread
+/// (`vireo-journal`) that commits what has queued up together: each entry written and synced,
+/// then the directory synced once for the batch (when it wrote an entry; removals need not
+/// be durable), then every caller answered. Builds that
+/// start together share one directory sync, and no build's file work runs on an actor thread
+/// or spawns a thread of its own.
+#[derive(Debug)]
 pub struct BuildJournal {
     dir: PathBuf,
+    writer: Option<std::sync::mpsc::Sender<Job>>,
+    thread: Option<std::thread::JoinHandle<()>>,
 }
 
+/// One change for the writer thread, and where its answer goes.
+#[derive(Debug)]
+struct Job {
+    change: Change,
+    reply: tokio::sync::oneshot::Sender<Result<(), JournalError>>,
+}
+
+#[derive(Debug)]
+enum Change {
+    Write { path: PathBuf, text: Vec<u8> },
+    Remove { path: PathBuf },
+}
+
+/// The most changes one directory sync covers.
+const BATCH: usize = 64;
+
 impl BuildJournal {
-    /// The journal in `dir`, created (mode 0700) when missing.
+    /// The journal in `dir`, created (mode 0700) when missing, with its writer thread.
     pub fn open(dir: impl Into<PathBuf>) -> Result<Self, JournalError> {
         let dir = dir.into();
         std::fs::DirBuilder::new()
@@ -115,7 +138,20 @@ impl BuildJournal {
                 source,
             },
         )?;
-        Ok(BuildJournal { dir })
+        let (tx, rx) = std::sync::mpsc::channel::<Job>();
+        let synced = dir.clone();
+        let thread = std::thread::Builder::new()
+            .name("vireo-journal".into())
+            .spawn(move || write_batches(&synced, &rx))
+            .map_err(|source| JournalError::CreateDir {
+                path: dir.clone(),
+                source,
+            })?;
+        Ok(BuildJournal {
+            dir,
+            writer: Some(tx),
+            thread: Some(thread),
+        })
     }
 
     /// The directory.
@@ -127,42 +163,30 @@ impl BuildJournal {
         self.dir.join(format!("{instance}.json"))
     }
 
+    async fn commit(&self, change: Change) -> Result<(), JournalError> {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        self.writer
+            .as_ref()
+            .and_then(|w| w.send(Job { change, reply }).ok())
+            .ok_or(JournalError::TaskLost)?;
+        answer.await.unwrap_or(Err(JournalError::TaskLost))
+    }
+
     /// Record a build before its first port exists: written to a temporary file, synced,
     /// renamed into place, and the directory synced, so the entry survives a crash.
     pub async fn begin(&self, entry: &BuildEntry) -> Result<(), JournalError> {
         let path = self.path(entry.instance);
-        let dir = self.dir.clone();
         let text = serde_json::to_vec(entry).map_err(|source| JournalError::Parse {
             path: path.clone(),
             source,
         })?;
-        blocking(move || {
-            let tmp = path.with_extension("json.tmp");
-            let write = |p: &Path| -> std::io::Result<()> {
-                let mut f = std::fs::File::create(p)?;
-                f.write_all(&text)?;
-                f.sync_all()?;
-                std::fs::rename(p, &path)?;
-                std::fs::File::open(&dir)?.sync_all()
-            };
-            write(&tmp).map_err(|source| {
-                let _ = std::fs::remove_file(&tmp);
-                JournalError::Write {
-                    path: path.clone(),
-                    source,
-                }
-            })
-        })
-        .await
+        self.commit(Change::Write { path, text }).await
     }
 
     /// The build ended: drop its entry (none is fine).
     pub async fn end(&self, instance: Uuid) -> Result<(), JournalError> {
-        let path = self.path(instance);
-        blocking(move || match std::fs::remove_file(&path) {
-            Ok(()) => Ok(()),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            Err(source) => Err(JournalError::Remove { path, source }),
+        self.commit(Change::Remove {
+            path: self.path(instance),
         })
         .await
     }
@@ -206,6 +230,93 @@ impl BuildJournal {
             Ok(out)
         })
         .await
+    }
+}
+
+impl Drop for BuildJournal {
+    fn drop(&mut self) {
+        // The writer ends once its queue is closed and drained.
+        drop(self.writer.take());
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// The writer thread: take what has queued up (at most [`BATCH`]), apply it, sync the
+/// directory once, answer.
+fn write_batches(dir: &Path, jobs: &std::sync::mpsc::Receiver<Job>) {
+    while let Ok(first) = jobs.recv() {
+        let mut batch = vec![first];
+        while batch.len() < BATCH {
+            match jobs.try_recv() {
+                Ok(job) => batch.push(job),
+                Err(_) => break,
+            }
+        }
+        let mut done: Vec<(Job, Result<(), JournalError>)> = batch
+            .into_iter()
+            .map(|job| {
+                let result = apply(&job.change);
+                (job, result)
+            })
+            .collect();
+        // A removal need not be durable (an entry that comes back after a power loss finds
+        // its domain, or nothing left to release): only new entries wait for the sync.
+        let written = |(job, result): &(Job, Result<(), JournalError>)| {
+            result.is_ok() && matches!(job.change, Change::Write { .. })
+        };
+        if done.iter().any(written) {
+            if let Err(source) = std::fs::File::open(dir).and_then(|d| d.sync_all()) {
+                // Nothing in the batch is known durable: every caller hears it.
+                for (job, result) in &mut done {
+                    if result.is_ok() && matches!(job.change, Change::Write { .. }) {
+                        *result = Err(JournalError::Write {
+                            path: change_path(&job.change).to_owned(),
+                            source: std::io::Error::new(source.kind(), source.to_string()),
+                        });
+                    }
+                }
+            }
+        }
+        for (job, result) in done {
+            let _ = job.reply.send(result);
+        }
+    }
+}
+
+fn change_path(change: &Change) -> &Path {
+    match change {
+        Change::Write { path, .. } | Change::Remove { path } => path,
+    }
+}
+
+fn apply(change: &Change) -> Result<(), JournalError> {
+    match change {
+        Change::Write { path, text } => {
+            let tmp = path.with_extension("json.tmp");
+            let write = || -> std::io::Result<()> {
+                let mut f = std::fs::File::create(&tmp)?;
+                f.write_all(text)?;
+                f.sync_all()?;
+                std::fs::rename(&tmp, path)
+            };
+            write().map_err(|source| {
+                let _ = std::fs::remove_file(&tmp);
+                JournalError::Write {
+                    path: path.clone(),
+                    source,
+                }
+            })
+        }
+        Change::Remove { path } => match std::fs::remove_file(path) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(source) => Err(JournalError::Remove {
+                path: path.clone(),
+                source,
+            }),
+        },
     }
 }
 
