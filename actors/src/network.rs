@@ -836,28 +836,52 @@ pub async fn release_build_ports<A: NetworkApi + ?Sized>(
             done.skipped.push(port.id);
             continue;
         }
-        if user_ports.contains(&port.id) {
-            match api.update_port(port.id, &unbind_update(&port)).await {
-                Ok(_) => done.unbound.push(port.id),
-                Err(NetworkError::PortNotFound { .. }) => done.already_gone.push(port.id),
-                Err(e) => failures.push(e),
-            }
-        } else {
-            match api.delete_port(port.id).await {
-                Ok(Removal::Deleted) => done.deleted.push(port.id),
-                Ok(Removal::AlreadyGone) => done.already_gone.push(port.id),
-                Err(e) => failures.push(e),
-            }
+        let preserve = user_ports.contains(&port.id);
+        release_port(api, &port, preserve, &mut done, &mut failures).await;
+    }
+    Deallocation::into_result(done, instance, failures)
+}
+
+/// Release one port of an instance: unbind it when the user supplied it (`preserve`),
+/// delete it otherwise; what happened goes into `done`, a failure into `failures`.
+pub async fn release_port<A: NetworkApi + ?Sized>(
+    api: &A,
+    port: &Port,
+    preserve: bool,
+    done: &mut Deallocation,
+    failures: &mut Vec<NetworkError>,
+) {
+    if preserve {
+        match api.update_port(port.id, &unbind_update(port)).await {
+            Ok(_) => done.unbound.push(port.id),
+            Err(NetworkError::PortNotFound { .. }) => done.already_gone.push(port.id),
+            Err(e) => failures.push(e),
+        }
+    } else {
+        match api.delete_port(port.id).await {
+            Ok(Removal::Deleted) => done.deleted.push(port.id),
+            Ok(Removal::AlreadyGone) => done.already_gone.push(port.id),
+            Err(e) => failures.push(e),
         }
     }
-    if failures.is_empty() {
-        Ok(done)
-    } else {
-        Err(NetworkError::Deallocate {
-            instance,
-            done: Box::new(done),
-            failures,
-        })
+}
+
+impl Deallocation {
+    /// `Ok(self)`, or [`NetworkError::Deallocate`] with what was done when any port failed.
+    pub fn into_result(
+        self,
+        instance: Uuid,
+        failures: Vec<NetworkError>,
+    ) -> Result<Deallocation, NetworkError> {
+        if failures.is_empty() {
+            Ok(self)
+        } else {
+            Err(NetworkError::Deallocate {
+                instance,
+                done: Box::new(self),
+                failures,
+            })
+        }
     }
 }
 

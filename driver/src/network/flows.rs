@@ -8,8 +8,8 @@ use serde_json::Value;
 use tracing::{debug, info_span, warn, Instrument};
 use uuid::Uuid;
 use vireo_actors::network::{
-    unbind_update, Deallocation, HostSetupChange, MigrationHosts, NetworkApi, NetworkError,
-    NetworkSummary, Port, PortRequest, PortUpdate, Removal, MIGRATING_TO,
+    release_port, unbind_update, Deallocation, HostSetupChange, MigrationHosts, NetworkApi,
+    NetworkError, NetworkSummary, Port, PortRequest, PortUpdate, Removal, MIGRATING_TO,
 };
 use vireo_actors::vif::{NetworkInfo, PortId, VifError};
 
@@ -205,29 +205,9 @@ pub(crate) async fn deallocate<A: NetworkApi + ?Sized>(
                 done.skipped.push(id);
                 continue;
             }
-            if preserve {
-                match api.update_port(id, &unbind_update(&port)).await {
-                    Ok(_) => done.unbound.push(id),
-                    Err(NetworkError::PortNotFound { .. }) => done.already_gone.push(id),
-                    Err(e) => failures.push(e),
-                }
-            } else {
-                match api.delete_port(id).await {
-                    Ok(Removal::Deleted) => done.deleted.push(id),
-                    Ok(Removal::AlreadyGone) => done.already_gone.push(id),
-                    Err(e) => failures.push(e),
-                }
-            }
+            release_port(api, &port, preserve, &mut done, &mut failures).await;
         }
-        if failures.is_empty() {
-            Ok(done)
-        } else {
-            Err(NetworkError::Deallocate {
-                instance,
-                done: Box::new(done),
-                failures,
-            })
-        }
+        done.into_result(instance, failures)
     }
     .instrument(span)
     .await

@@ -63,19 +63,11 @@ pub(crate) async fn spawn(op: &mut OpCtx, args: SpawnArgs) -> Finished {
                     .collect(),
             };
             if let Err(source) = op.deps.builds.begin(&entry).await {
-                op.deps.events.forget(op.uuid);
-                return Finished::err(
-                    InstanceState::Gone,
-                    None,
-                    InstanceError::BuildFailed {
-                        reschedule: true,
-                        released: Released::default(),
-                        cause: Box::new(InstanceError::Journal {
-                            step: "begin",
-                            source,
-                        }),
-                    },
-                );
+                let cause = InstanceError::Journal {
+                    step: "begin",
+                    source,
+                };
+                return failed_before_allocation(op, cause);
             }
             let net = op.deps.network.clone();
             match op
@@ -89,16 +81,7 @@ pub(crate) async fn spawn(op: &mut OpCtx, args: SpawnArgs) -> Finished {
                 // allocate_for_instance cleaned up after itself.
                 Err(cause) => {
                     end_journal(op).await;
-                    op.deps.events.forget(op.uuid);
-                    return Finished::err(
-                        InstanceState::Gone,
-                        None,
-                        InstanceError::BuildFailed {
-                            reschedule: true,
-                            released: Released::default(),
-                            cause: Box::new(cause),
-                        },
-                    );
+                    return failed_before_allocation(op, cause);
                 }
             }
         }
@@ -211,6 +194,21 @@ pub(crate) async fn spawn(op: &mut OpCtx, args: SpawnArgs) -> Finished {
         Ok((state, record)) => Finished::ok(state, Some(record)),
         Err(rolled_back) => rolled_back,
     }
+}
+
+/// A build that failed with nothing of it left (no port, no disk, no domain): another host
+/// may try.
+fn failed_before_allocation(op: &mut OpCtx, cause: InstanceError) -> Finished {
+    op.deps.events.forget(op.uuid);
+    Finished::err(
+        InstanceState::Gone,
+        None,
+        InstanceError::BuildFailed {
+            reschedule: true,
+            released: Released::default(),
+            cause: Box::new(cause),
+        },
+    )
 }
 
 /// Drop the build's journal entry. A failure only leaves the entry behind: the next
