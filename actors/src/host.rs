@@ -7,7 +7,9 @@
 //! recovery adopts only the domains whose record names this host, or no host at all
 //! (metadata older than the owner field). A domain another host saved last is left alone —
 //! no actor, no roll back, no destroy — and libvirt's events for it are not routed (events
-//! only ever reach existing actors).
+//! only ever reach existing actors). The one exception: a domain whose record has a live
+//! migration to this host in flight is the guest that arrived while this host's agent was
+//! down, and is adopted as the incoming instance the source will hand over.
 //!
 //! [`HostHandle`] is the cheap, cloneable way in; it is also this host's [`PeerHost`] for the
 //! flows that cross hosts.
@@ -345,6 +347,7 @@ impl Handler<Recover> for HostActor {
             let mut found = Vec::new();
             let mut foreign = 0;
             let mut others = Vec::new();
+            let mut arrived = Vec::new();
             for d in domains {
                 if known.contains(&d.uuid) {
                     continue;
@@ -365,11 +368,35 @@ impl Handler<Recover> for HostActor {
                         let owner = InstanceRecord::owner(&m)?;
                         InstanceRecord::from_metadata(&d.name, &m).map(|r| (m, r, owner))
                     }) {
-                    Ok((_, _, Some(owner))) if owner != host => others.push((d.uuid, owner)),
+                    Ok((m, r, Some(owner))) if owner != host => {
+                        match InstanceRecord::arriving_at(&m, &host) {
+                            Some(migration) => arrived.push((d, r, migration)),
+                            None => others.push((d.uuid, owner)),
+                        }
+                    }
                     Ok((m, r, _)) => found.push((d, m, r)),
                     Err(e) => {
                         warn!(uuid = %d.uuid, error = %e, "domain with unreadable vireo metadata left alone");
                         foreign += 1;
+                    }
+                }
+            }
+            // A guest that arrived while this host's agent was down: its record is the
+            // source's, with this host's disk files (the source waits to hand it over).
+            let mut incoming = Vec::new();
+            for (d, record, migration) in arrived {
+                let live =
+                    lv.xml_desc(d.uuid, false)
+                        .await
+                        .map_err(|source| InstanceError::Libvirt {
+                            step: "read an arrived domain",
+                            source,
+                        });
+                match live.and_then(|xml| record.arrived(&xml).map_err(InstanceError::Record)) {
+                    Ok(record) => incoming.push((d, record, migration)),
+                    Err(e) => {
+                        warn!(instance = %d.uuid, error = %error_chain(&e), "a guest that arrived by live migration left alone");
+                        others.push((d.uuid, migration.source_host));
                     }
                 }
             }
@@ -380,10 +407,10 @@ impl Handler<Recover> for HostActor {
                 }
                 None => Vec::new(),
             };
-            Ok::<_, InstanceError>((found, foreign, others, released))
+            Ok::<_, InstanceError>((found, incoming, foreign, others, released))
         };
         Box::pin(fut.into_actor(self).map(|res, act, ctx| {
-            let (found, foreign, others, released_builds) = res?;
+            let (found, incoming, foreign, others, released_builds) = res?;
             act.journal_read = true;
             for (uuid, owner) in &others {
                 if act.others_seen.insert(*uuid) {
@@ -419,6 +446,23 @@ impl Handler<Recover> for HostActor {
                     uuid: d.uuid,
                     state,
                     interrupted,
+                });
+            }
+            for (d, record, migration) in incoming {
+                // Adopted as the destination it was before the agent stopped: the source's
+                // post-live-migration (or its rollback) finds it.
+                let power = power_of(d.state);
+                act.spawn_instance(d.uuid, InstanceState::Incoming, Some(record), power, ctx);
+                act.deps.events.track(d.uuid);
+                info!(instance = %d.uuid, source = %migration.source_host, "a guest arriving by live migration adopted");
+                report.instances.push(RecoveredInstance {
+                    uuid: d.uuid,
+                    state: InstanceState::Incoming,
+                    interrupted: Some(format!(
+                        "{}/incoming from {}",
+                        Request::LiveMigrate.as_str(),
+                        migration.source_host
+                    )),
                 });
             }
             info!(

@@ -221,10 +221,18 @@ pub struct LibvirtSection {
     /// Let QEMU throttle a guest whose memory changes faster than it migrates. Default false.
     #[serde(default)]
     pub live_migration_permit_auto_converge: bool,
+    /// Seconds a destination whose agent cannot be reached once the guest moved (it is
+    /// restarting) is asked again, every second, to take the guest over. Default 120.
+    #[serde(default = "default_live_migration_handover_retry")]
+    pub live_migration_handover_retry: u64,
 }
 
 fn default_live_migration_completion_timeout() -> u64 {
     800
+}
+
+fn default_live_migration_handover_retry() -> u64 {
+    120
 }
 
 /// `[driver]`: which virt driver the agent loads.
@@ -518,6 +526,7 @@ impl Default for LibvirtSection {
             live_migration_completion_timeout: default_live_migration_completion_timeout(),
             live_migration_bandwidth: 0,
             live_migration_permit_auto_converge: false,
+            live_migration_handover_retry: default_live_migration_handover_retry(),
         }
     }
 }
@@ -1118,6 +1127,7 @@ impl AgentConfig {
                     .map(Duration::from_secs),
                 bandwidth_mib: Some(self.libvirt.live_migration_bandwidth).filter(|b| *b > 0),
                 auto_converge: self.libvirt.live_migration_permit_auto_converge,
+                handover_retry: Duration::from_secs(self.libvirt.live_migration_handover_retry),
                 ..MigrationPolicy::default()
             },
             ..InstanceConfig::default()

@@ -115,6 +115,37 @@ impl HostBEnv {
     }
 }
 
+/// `agent_bin agent --config cfg` inside host B, its output appended to `log`.
+fn spawn_agent(
+    env: &HostBEnv,
+    agent_bin: &Path,
+    cfg: &Path,
+    log: &Path,
+) -> Result<Child, HarnessError> {
+    let io = |source| HarnessError::Io {
+        what: "host B's agent log".into(),
+        source,
+    };
+    let out = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .map_err(io)?;
+    let err = out.try_clone().map_err(io)?;
+    env.command(&agent_bin.display().to_string())
+        .arg("agent")
+        .arg("--config")
+        .arg(cfg)
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .spawn()
+        .map_err(|source| HarnessError::Io {
+            what: format!("start {} inside host B", agent_bin.display()),
+            source,
+        })
+}
+
 fn write_secret(path: &Path, secret: &str) -> Result<(), HarnessError> {
     std::fs::write(path, format!("{secret}\n"))
         .and_then(|()| std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)))
@@ -166,6 +197,8 @@ pub struct HostBAgent {
     _relays: Vec<Relay>,
     /// Its state directory (instance disks, image cache).
     pub state_dir: PathBuf,
+    bin: PathBuf,
+    cfg: PathBuf,
     _dir: tempfile::TempDir,
 }
 
@@ -254,27 +287,7 @@ timeout = 600
             source,
         })?;
         let log = root.join("agent.log");
-        let out = std::fs::File::create(&log).map_err(|source| HarnessError::Io {
-            what: "host B's agent log".into(),
-            source,
-        })?;
-        let err = out.try_clone().map_err(|source| HarnessError::Io {
-            what: "host B's agent log".into(),
-            source,
-        })?;
-        let child = env
-            .command(&agent_bin.display().to_string())
-            .arg("agent")
-            .arg("--config")
-            .arg(&cfg)
-            .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(err)
-            .spawn()
-            .map_err(|source| HarnessError::Io {
-                what: format!("start {} inside host B", agent_bin.display()),
-                source,
-            })?;
+        let child = spawn_agent(&env, agent_bin, &cfg, &log)?;
         let link = link(&env, secret);
         let client = AgentClient::new(&link.url, &link.token)
             .map_err(|e| setup(format!("host B's client: {}", crate::chain(&e))))?;
@@ -284,30 +297,51 @@ timeout = 600
             link,
             child: Some(child),
             log,
+            bin: agent_bin.to_owned(),
+            cfg,
             _relays: vec![relay_api, relay_neutron],
             state_dir: root.join("state"),
             _dir: dir,
         };
+        agent.until_healthy().await?;
+        Ok(agent)
+    }
+
+    /// Kill the agent (SIGKILL: no shutdown runs, as in a crash) and, `down` later, start it
+    /// again on the same configuration and state; returns once it answers again (its
+    /// recovery is done before it serves anything).
+    pub async fn kill_and_restart(&mut self, down: Duration) -> Result<(), HarnessError> {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = tokio::task::spawn_blocking(move || child.wait()).await;
+        }
+        tokio::time::sleep(down).await;
+        self.child = Some(spawn_agent(&self.env, &self.bin, &self.cfg, &self.log)?);
+        self.until_healthy().await
+    }
+
+    /// Wait until this run's agent answers (60 s at most); stop it and fail otherwise.
+    async fn until_healthy(&mut self) -> Result<(), HarnessError> {
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
-            if agent.client.health().await.is_ok() {
+            if self.client.health().await.is_ok() {
                 // Ours only if it takes this run's token: an agent left behind by an aborted
                 // run (its test process killed before it could stop it) answers the health
                 // check at the same address while ours cannot bind.
-                if let Err(e) = agent.client.list_instances().await {
-                    let log = agent.log_tail();
-                    agent.stop_blocking();
+                if let Err(e) = self.client.list_instances().await {
+                    let log = self.log_tail();
+                    self.stop_blocking();
                     return Err(setup(format!(
                         "an agent answers at host B's address but not to this run's token \
                          ({}): one left by an aborted run? (ip netns exec {} ss -ltnp) \
                          this run's agent:\n{log}",
                         crate::chain(&e),
-                        agent.env.netns,
+                        self.env.netns,
                     )));
                 }
-                return Ok(agent);
+                return Ok(());
             }
-            let exited = agent
+            let exited = self
                 .child
                 .as_mut()
                 .and_then(|c| c.try_wait().ok().flatten());
@@ -316,8 +350,8 @@ timeout = 600
                     Some(s) => format!("exited ({s})"),
                     None => "did not answer /healthz in 60 s".into(),
                 };
-                let log = agent.log_tail();
-                agent.stop_blocking();
+                let log = self.log_tail();
+                self.stop_blocking();
                 return Err(setup(format!("host B's vireo agent {why}:\n{log}")));
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -329,6 +363,11 @@ timeout = 600
         HttpPeer::new(&self.link)
             .map(Arc::new)
             .map_err(|e| setup(format!("host B as a peer: {}", crate::chain(&e))))
+    }
+
+    /// Its log (every start of the agent appends to it).
+    pub fn log_path(&self) -> &Path {
+        &self.log
     }
 
     /// The last lines of its log.

@@ -1261,6 +1261,103 @@ async fn two_host_live_migration(run: &Run, b: &HostBAgent) -> R {
     finish_two_hosts(s, b).await
 }
 
+/// Host B's agent is killed (SIGKILL) the moment host A starts migrating the guest to it,
+/// and started again 4 s later. libvirt finishes the migration without it; the restarted agent finds a
+/// domain whose record still names host A with the migration in flight and adopts it as the
+/// incoming guest (it used to leave it alone: A's hand-over got `not-found` and nobody owned
+/// the guest); A asks an unreachable B again until it answers, and the hand-over completes.
+async fn two_host_live_migration_destination_restarted(run: &Run, b: &mut HostBAgent) -> R {
+    let mut s = Scene::new(run, "two hosts: live migrate A>B, B's agent killed");
+    s.peers.insert(b.peer()?);
+    let opts = s.system_host();
+    s.host(opts).await?;
+    let net = run.env.network_id.clone();
+    let (id, vifs, _) = spawn_allocated(&mut s, 0, &net, 2).await;
+    let h = s.a();
+    let bname = b.env.name.clone();
+    // Through A's API, as Neutron's events for it must be forwarded to B while it moves.
+    let a_api = run.api_client()?;
+    let (a_name, op) = (
+        h.name.clone(),
+        Operation::LiveMigrate(Box::new(LiveMigrateArgs::new(&bname))),
+    );
+    let lm = tokio::spawn(async move { api_op(&a_api, &a_name, id, op).await });
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let phase = h
+            .driver
+            .show(id)
+            .await
+            .ok()
+            .and_then(|v| v.operation)
+            .map(|o| o.phase);
+        if phase.as_deref().is_some_and(|p| p.starts_with("migrate")) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline && !lm.is_finished(),
+            "host A never reached its migration (phase {phase:?})"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // Down for longer than the migration takes: the guest arrives without B's agent and A
+    // finds B unreachable at first.
+    let killed = Instant::now();
+    b.kill_and_restart(Duration::from_secs(4)).await?;
+    println!(
+        "host B's agent killed and answering again after {:.1} s",
+        killed.elapsed().as_secs_f64()
+    );
+    let r = match lm.await {
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) => panic!(
+            "the live migration failed: {}",
+            vireo_integration::chain(&e)
+        ),
+        Err(e) => panic!("the live migration's task: {e}"),
+    };
+    let asked = r
+        .steps
+        .iter()
+        .filter(|st| st.name.starts_with("post-live-migration on"))
+        .count();
+    println!("host A asked host B to take the guest over {asked} time(s)");
+    assert!(
+        asked >= 2,
+        "host B was never found unreachable: {:?}",
+        r.steps
+    );
+    let log = std::fs::read_to_string(b.log_path()).unwrap_or_default();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("a guest arriving by live migration adopted")
+                && l.contains(&id.to_string())),
+        "host B's restarted agent did not adopt the arrived guest:\n{}",
+        b.log_tail()
+    );
+    assert!(
+        h.driver.show(id).await.is_err(),
+        "host A forgot the instance"
+    );
+    assert_eq!(hb_domain_state(&b.env, id).as_deref(), Some("running"));
+    let view = b.client.show_instance(id).await.unwrap();
+    assert_eq!(
+        (view.host.as_str(), view.state.as_str()),
+        (bname.as_str(), "running")
+    );
+    for v in &vifs {
+        assert_devices(v, DomainForm::LibvirtManaged, false);
+        assert_devices_b(&b.env, v, true);
+    }
+    assert_bound_active(&s, &vifs, &bname).await;
+    let post = last_report(&b.client, id).await;
+    assert_eq!(post.request, "post-live-migration-at-destination");
+    s.peer_row("post-live-migr. (B)", id, &post);
+    s.remote_ok("delete on B", id, delete_on_b(b, id)).await;
+    assert!(hb_domain_state(&b.env, id).is_none(), "no domain left on B");
+    finish_two_hosts(s, b).await
+}
+
 /// Delete instance `id` on host B through B's API (networking released) and wait for it.
 async fn delete_on_b(b: &HostBAgent, id: Uuid) -> Result<OpReport, InstanceError> {
     let bname = b.env.name.clone();
@@ -1786,12 +1883,13 @@ const HYBRID: [&str; 5] = [
     "build fails",
     "live migration rollback",
 ];
-const TWO_HOSTS: [&str; 5] = [
+const TWO_HOSTS: [&str; 6] = [
     "two hosts: live migrate A>B",
     "two hosts: resize A>B+revert",
     "two hosts: resize A>B with disks",
     "two hosts: live migration aborted by its timeout",
     "two hosts: block live migration A>B",
+    "two hosts: live migrate A>B, B's agent killed",
 ];
 /// Run with host B's agent restarted on an instances directory host A uses too.
 const TWO_HOSTS_SHARED: [&str; 2] = [
@@ -1847,7 +1945,7 @@ async fn two_hosts(runner: &mut Runner, run: &Run, plan: Option<HostBPlan>) {
     };
     let start = Instant::now();
     let bin = std::path::Path::new(env!("CARGO_BIN_EXE_vireo-it-agent"));
-    let b = match HostBAgent::start(env.clone(), &secret, bin, &side, "qemu", None).await {
+    let mut b = match HostBAgent::start(env.clone(), &secret, bin, &side, "qemu", None).await {
         Ok(b) => b,
         Err(e) => {
             runner.fail("host B's vireo agent", &e);
@@ -1875,6 +1973,11 @@ async fn two_hosts(runner: &mut Runner, run: &Run, plan: Option<HostBPlan>) {
     runner
         .run(TWO_HOSTS[4], || {
             two_host_live_migration_with_disks(run, &b, None)
+        })
+        .await;
+    runner
+        .run(TWO_HOSTS[5], || {
+            two_host_live_migration_destination_restarted(run, &mut b)
         })
         .await;
     let failed = |runner: &Runner, names: &[&str]| {

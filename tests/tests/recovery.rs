@@ -609,3 +609,131 @@ async fn domains_of_this_host_and_of_no_recorded_host_are_adopted() {
     }
     c.assert_clean(&[]).await;
 }
+
+/// Runs pre-live-migration on the real destination and then holds the source there: the
+/// destination is prepared, the source has not migrated (the test driver cannot) nor
+/// rolled back.
+#[derive(Debug)]
+struct PreparedThenSilent {
+    real: Arc<dyn PeerHost>,
+    prepared: Arc<tokio::sync::Notify>,
+}
+
+#[async_trait]
+impl PeerHost for PreparedThenSilent {
+    fn name(&self) -> &str {
+        self.real.name()
+    }
+
+    fn migration_uri(&self) -> Option<String> {
+        self.real.migration_uri()
+    }
+
+    async fn request(
+        &self,
+        instance: uuid::Uuid,
+        request: Operation,
+    ) -> Result<InstanceReply, InstanceError> {
+        if matches!(request, Operation::PreLiveMigration { .. }) {
+            self.real.request(instance, request).await?;
+            self.prepared.notify_one();
+        }
+        futures::future::pending().await
+    }
+}
+
+/// The destination's agent dies while the guest migrates to it (libvirt moves the domain
+/// without it) and starts again before the source hands the guest over. The restarted
+/// destination finds a domain whose record names the source: it used to leave it alone, so
+/// the source's post-live-migration got NotFound and the guest ran with nobody owning it.
+/// It is adopted as the incoming guest instead, and the hand-over completes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guest_that_arrived_while_the_destination_was_down_is_handed_over() {
+    let c = spec(&["h1", "h2"]).start().await;
+    let id = uuid();
+    let h1 = c.host("h1");
+    h1.spawn_on(id, "vm-crash-arrive", vec![on(NET_HYBRID), on(NET_NATIVE)])
+        .await;
+    let ports = ports(&h1.driver.show(id).await.unwrap());
+    let prepared = Arc::new(tokio::sync::Notify::new());
+    let real = c.peers.get("h2").unwrap();
+    c.peers.insert(Arc::new(PreparedThenSilent {
+        real,
+        prepared: prepared.clone(),
+    }));
+    let args = lm("h2");
+    let migration = args.migration("h1");
+    let d = h1.driver.clone();
+    let op = tokio::spawn(async move { d.live_migrate(id, args).await });
+    prepared.notified().await;
+    let h2 = c.host("h2");
+    assert_eq!(
+        h2.driver.show(id).await.unwrap().state,
+        InstanceState::Incoming
+    );
+    // libvirt moved the domain (with the source's metadata, the migration in flight) to h2.
+    let mut domains = c.dump_domains().await;
+    let moved = domain_of(&domains["h1"], id);
+    assert!(moved.contains("<vireo:operation"), "{moved}");
+    let rest = domains["h1"].replace(&moved, "");
+    domains.insert("h1".into(), rest);
+    domains.get_mut("h2").unwrap().push_str(&moved);
+    op.abort();
+    assert!(op.await.unwrap_err().is_cancelled());
+    let c = TestCloud::restart(c.crash(), domains).await;
+    let (h1, h2) = (c.host("h1"), c.host("h2"));
+
+    let report = h2.driver.recovery().clone();
+    let found = report.instances.iter().find(|i| i.uuid == id);
+    assert_eq!(
+        found.map(|i| (i.state, i.interrupted.clone())),
+        Some((
+            InstanceState::Incoming,
+            Some("live-migrate/incoming from h1".to_owned())
+        )),
+        "{report:?}"
+    );
+    assert!(report.other_hosts.is_empty(), "{report:?}");
+    // The guest runs on h2: libvirt made its taps (the test driver does not).
+    h2.plugger.devices_attached(&ports).await;
+    // The source hands the guest over.
+    h2.driver
+        .complete(
+            id,
+            Operation::PostLiveMigrationAtDestination {
+                migration: migration.clone(),
+                caller: None,
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        h2.driver.show(id).await.unwrap().state,
+        InstanceState::Running
+    );
+    assert_eq!(
+        owner_of(h2.driver.libvirt(), id).await.as_deref(),
+        Some("h2")
+    );
+    for p in &ports {
+        assert_eq!(c.port(*p).await.host_id, "h2");
+    }
+    // What the source's clean-up does after a hand-over (its agent was restarted too here).
+    for p in &ports {
+        remove_port_devices(&c, "h1", id, "vm-crash-arrive", *p).await;
+        c.network.delete_binding(*p, "h1").await.unwrap();
+    }
+    let probe = vireo_actors::storage::migration_probe(migration.id);
+    std::fs::remove_file(c.instances_dir("h1").join(probe)).unwrap();
+    assert!(h1.driver.show(id).await.is_err());
+    c.destroy_everywhere(id).await;
+    c.assert_clean(&[]).await;
+}
+
+/// The `<domain>` element of `id` in a [`TestCloud::dump_domains`] dump.
+fn domain_of(dump: &str, id: uuid::Uuid) -> String {
+    dump.split_inclusive("</domain>\n")
+        .find(|chunk| chunk.contains(&format!("<uuid>{id}</uuid>")))
+        .unwrap_or_else(|| panic!("{id} not in {dump}"))
+        .to_owned()
+}

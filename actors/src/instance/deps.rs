@@ -152,6 +152,9 @@ pub struct MigrationPolicy {
     /// Let QEMU throttle a guest whose memory changes faster than it moves
     /// (`VIR_MIGRATE_AUTO_CONVERGE`).
     pub auto_converge: bool,
+    /// How long a destination whose agent cannot be reached after the guest moved (it is
+    /// restarting) is asked again to take the guest over.
+    pub handover_retry: Duration,
 }
 
 impl Default for MigrationPolicy {
@@ -161,6 +164,7 @@ impl Default for MigrationPolicy {
             poll: Duration::from_millis(500),
             bandwidth_mib: None,
             auto_converge: false,
+            handover_retry: Duration::from_secs(120),
         }
     }
 }

@@ -38,6 +38,12 @@ pub enum RecordError {
     /// A value is out of range.
     #[error("{0}")]
     Invalid(String),
+    /// A disk of the record is not in the domain's XML.
+    #[error("the domain has no disk {target}")]
+    MissingDisk {
+        /// The guest device the record names.
+        target: String,
+    },
     /// The directory of the serial console log could not be created.
     #[error("create console directory {path}")]
     ConsoleDir {
@@ -241,6 +247,42 @@ impl InstanceRecord {
         }
     }
 
+    /// The live migration to `host` that `meta` records in flight: the domain is the guest
+    /// of a migration from the host that saved it (its owner) to this one. libvirt moves the
+    /// source's metadata with the domain, so this is what a destination that lost its
+    /// instance actor (its agent restarted) finds.
+    pub fn arriving_at(meta: &VireoMetadata, host: &str) -> Option<Migration> {
+        let marker = super::in_flight::Marker::from_stored(meta.operation.as_ref()?).ok()?;
+        match marker.operation {
+            super::in_flight::InFlight::LiveMigrate(step) if step.migration.dest_host == host => {
+                Some(step.migration)
+            }
+            _ => None,
+        }
+    }
+
+    /// The record of a guest that arrived by live migration, from the source's record and
+    /// the domain's live XML here: in state [`InstanceState::Incoming`], with each disk at
+    /// the file this host's domain uses (the source's XML named the destination's files for
+    /// a migration that copied them; on a shared directory they are the same).
+    pub fn arrived(mut self, live_xml: &str) -> Result<InstanceRecord, RecordError> {
+        let domain = Domain::from_xml(live_xml)?;
+        let targets = crate::storage::disk_targets(&self.storage.disks);
+        for (disk, target) in self.storage.disks.iter_mut().zip(targets) {
+            let here = domain
+                .devices
+                .disks
+                .iter()
+                .find(|d| d.target_dev == target)
+                .ok_or(RecordError::MissingDisk { target })?;
+            if let vireo_xml::devices::DiskSource::File { path } = &here.source {
+                disk.path = std::path::PathBuf::from(path);
+            }
+        }
+        self.state = InstanceState::Incoming;
+        Ok(self)
+    }
+
     /// The directory of its serial console log (`<console_dir>/<uuid>`), when the settings
     /// give the domain one.
     pub fn console_log_dir(&self, settings: &DomainSettings) -> Option<String> {
@@ -409,6 +451,74 @@ mod tests {
         assert!(matches!(
             InstanceRecord::owner(&old),
             Err(RecordError::Json(_))
+        ));
+    }
+
+    #[test]
+    fn a_guest_migrating_here_is_recognised_and_takes_this_hosts_disk_files() {
+        use super::super::in_flight::{InFlight, Marker, MigrationStep};
+        use crate::storage::{DiskRole, ImageFormat};
+        let disk = |role: DiskRole, dir: &str| InstanceDisk {
+            role,
+            path: std::path::PathBuf::from(format!("{dir}/{}", role.file_name())),
+            format: ImageFormat::Qcow2,
+            virtual_size: 1 << 30,
+            image: None,
+            cache: None,
+        };
+        let mut r = record();
+        r.state = InstanceState::Running;
+        r.storage.disks = vec![disk(DiskRole::Root, "/a"), disk(DiskRole::Swap, "/a")];
+        let marker = |dest: &str| Marker {
+            id: "op-1".into(),
+            phase: "migrate".into(),
+            started_at: 0,
+            operation: InFlight::LiveMigrate(MigrationStep {
+                migration: Migration {
+                    id: Uuid::new_v4(),
+                    source_host: "h1".into(),
+                    dest_host: dest.into(),
+                },
+            }),
+        };
+        let meta = r
+            .metadata("h1", Some(marker("h2").to_stored().unwrap()))
+            .unwrap();
+        let arriving = InstanceRecord::arriving_at(&meta, "h2").unwrap();
+        assert_eq!(
+            (arriving.source_host.as_str(), arriving.dest_host.as_str()),
+            ("h1", "h2")
+        );
+        // Not to this host, or no migration in flight: not arriving.
+        assert!(InstanceRecord::arriving_at(&meta, "h3").is_none());
+        assert!(InstanceRecord::arriving_at(&r.metadata("h1", None).unwrap(), "h2").is_none());
+
+        // The destination's domain names its own files (the source rewrote them).
+        let settings = DomainSettings {
+            domain_type: DomainType::Test,
+            machine: None,
+            console_dir: None,
+        };
+        let mut there = r.clone();
+        there.storage.disks = vec![disk(DiskRole::Root, "/b"), disk(DiskRole::Swap, "/b")];
+        let live = there
+            .domain(&settings, "h1", vec![], None)
+            .unwrap()
+            .to_xml()
+            .unwrap();
+        let arrived = r.clone().arrived(&live).unwrap();
+        assert_eq!(arrived.state, InstanceState::Incoming);
+        assert_eq!(arrived.storage.disks, there.storage.disks);
+        // A domain without one of the record's disks: a typed error.
+        there.storage.disks.pop();
+        let live = there
+            .domain(&settings, "h1", vec![], None)
+            .unwrap()
+            .to_xml()
+            .unwrap();
+        assert!(matches!(
+            r.arrived(&live),
+            Err(RecordError::MissingDisk { target }) if target == "vdb"
         ));
     }
 

@@ -176,17 +176,7 @@ pub(crate) async fn live_migrate(
     match migrated {
         Ok(()) => {
             // The guest runs on the destination now: there is nothing to roll back to.
-            op.phase("destination takes over");
-            let post = op
-                .peer(
-                    &dest,
-                    "post-live-migration",
-                    Operation::PostLiveMigrationAtDestination {
-                        migration: migration.clone(),
-                        caller: None,
-                    },
-                )
-                .await;
+            let post = hand_over(op, &migration).await;
             op.phase("clean up the source");
             let _ = op.unplug_all(&record).await;
             let net = op.deps.network.clone();
@@ -207,6 +197,46 @@ pub(crate) async fn live_migrate(
             }
         }
         Err(rolled_back) => rolled_back,
+    }
+}
+
+/// The destination takes over the guest that runs there now (its post-live-migration).
+/// Nothing can roll back any more, so a destination whose agent cannot be reached — it is
+/// restarting; its recovery adopts the arrived guest — is asked again every
+/// [`HANDOVER_RETRY_EVERY`] for up to the policy's `handover_retry`.
+async fn hand_over(op: &mut OpCtx, migration: &Migration) -> Result<InstanceReply, InstanceError> {
+    op.phase("destination takes over");
+    let until = tokio::time::Instant::now() + op.deps.config.migration.handover_retry;
+    loop {
+        let post = op
+            .peer(
+                &migration.dest_host,
+                "post-live-migration",
+                Operation::PostLiveMigrationAtDestination {
+                    migration: migration.clone(),
+                    caller: None,
+                },
+            )
+            .await;
+        match post {
+            Err(e) if unreachable(&e) && tokio::time::Instant::now() < until => {
+                warn!(instance = %op.uuid, host = %migration.dest_host, error = %crate::instance::actor::error_chain(&e), "the destination cannot take the guest over yet; asking again");
+                op.phase("destination takes over: its agent is unreachable, asking again");
+                tokio::time::sleep(HANDOVER_RETRY_EVERY).await;
+            }
+            post => return post,
+        }
+    }
+}
+
+/// How often an unreachable destination is asked again to take a guest over.
+const HANDOVER_RETRY_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// The other host's agent could not be reached, or was stopping (not: it refused or failed).
+fn unreachable(e: &InstanceError) -> bool {
+    match e {
+        InstanceError::Peer { source, .. } => unreachable(source),
+        e => e.code() == "unavailable",
     }
 }
 
