@@ -187,24 +187,19 @@ async fn same_host_resize_rollback_starts_the_guest_with_its_devices() {
     c.destroy_and_assert_clean(&[id], &[]).await;
 }
 
-/// An event that arrives after a spawn began counts for the wait it registers later
-/// (docs/EVENT_MODEL.md). The spawn made the instance known to the network-event actor only
-/// after it had read its ports: a `network-vif-plugged` that came meanwhile (the port went
-/// ACTIVE right after that read) was dropped as one for an unknown instance, and the build
-/// timed out waiting for it.
+/// An instance is known to the network-event actor from its spawn's start, so an event that
+/// arrives while the spawn runs is kept for the spawn's waits: the bind-time ones count it
+/// (an agentless port reports when the spawn binds it, before any wait exists), a plug-time
+/// one only counts what comes after it was registered (see the next test). The spawn made the
+/// instance known only after it had read its ports: an event that came meanwhile was dropped
+/// as one for an unknown instance.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn spawn_keeps_an_event_that_came_before_its_wait() {
     use std::sync::Arc;
-    use std::time::Duration;
     use vireo_actors::external::{EventName, EventStatus, ExternalEvent};
-    let c = Arc::new(spec(&["h1"]).timeout(Duration::from_secs(2)).start().await);
+    let c = Arc::new(spec(&["h1"]).start().await);
     let h1 = c.host("h1");
     let id = uuid();
-    // The service's own events are lost: only the early copies can satisfy the wait.
-    c.sink.set_event_fault(Some(EventRule {
-        instance: id,
-        fault: EventFault::Lost,
-    }));
     let hold = h1.net.hold(NetCall::GetPort, 0);
     let task = {
         let c = c.clone();
@@ -216,6 +211,7 @@ async fn spawn_keeps_an_event_that_came_before_its_wait() {
         })
     };
     hold.reached("the spawn's first port read").await;
+    let before = h1.driver.events().stats().await.unwrap();
     for p in c.network.list_instance_ports(id).await.unwrap() {
         c.sink.inject(ExternalEvent {
             name: EventName::NetworkVifPlugged,
@@ -224,15 +220,80 @@ async fn spawn_keeps_an_event_that_came_before_its_wait() {
             status: EventStatus::Completed,
         });
     }
+    let after = h1.driver.events().stats().await.unwrap();
+    assert_eq!(
+        (
+            after.unknown_instance_dropped - before.unknown_instance_dropped,
+            after.buffered - before.buffered
+        ),
+        (0, 1),
+        "the early event was not kept: {after:?}"
+    );
     hold.release();
     let r = task.await.unwrap();
-    c.sink.set_event_fault(None);
     if let Err(e) = &r {
         panic!("{}", chain(e));
     }
     assert_eq!(
         h1.driver.show(id).await.unwrap().state,
         InstanceState::Running
+    );
+    c.destroy_and_assert_clean(&[id], &[]).await;
+}
+
+/// A stale duplicate — a `network-vif-plugged` of a port that arrives while an operation
+/// runs but before it plugged anything (a late copy of an earlier plug's event, or Neutron
+/// re-reporting the port after an update) — cannot be the event of the plug to come: a
+/// plug-time wait counts only events that arrive after it was registered, which every flow
+/// does before it plugs. It used to count every event since the operation began, so a hard
+/// reboot returned on the stale copy while the port was still being wired again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_event_before_the_plug_does_not_release_the_plug_wait() {
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+    use vireo_actors::external::{EventName, EventStatus, ExternalEvent};
+    use vireo_actors::predict::Timing;
+    // The service reports a plug 300 ms after it saw it.
+    let c = Arc::new(spec(&["h1"]).event_delay_ms(300).start().await);
+    let h1 = c.host("h1");
+    let id = uuid();
+    h1.spawn_on(id, "vm-reg-stale", vec![on(NET_NATIVE)]).await;
+    let native = ports(&h1.driver.show(id).await.unwrap())[0];
+    let held = LibvirtHold::start(h1.driver.libvirt()).await;
+    let task = {
+        let c = c.clone();
+        tokio::spawn(async move {
+            c.host("h1")
+                .driver
+                .reboot(id, vireo_actors::instance::RebootKind::Hard)
+                .await
+        })
+    };
+    eventually(Duration::from_secs(10), "the reboot began", || async {
+        h1.driver.show(id).await.ok()?.operation.map(|_| ())
+    })
+    .await;
+    // Before the reboot unplugged or plugged anything.
+    c.sink.inject(ExternalEvent {
+        name: EventName::NetworkVifPlugged,
+        server_uuid: id,
+        tag: Some(native.to_string()),
+        status: EventStatus::Completed,
+    });
+    let t0 = Instant::now();
+    held.release().await;
+    let r = task
+        .await
+        .unwrap()
+        .unwrap_or_else(|e| panic!("{}", chain(&e)));
+    let t1 = Instant::now();
+    assert_eq!(waited(&r, Timing::PlugTime), vec![native], "{r:#?}");
+    // The reboot waited for the service's own report of its plug (the stale copy is logged
+    // before t0).
+    assert_eq!(
+        c.sink.plugged(id, t0, t1),
+        vec![native],
+        "the reboot returned before the service reported its plug"
     );
     c.destroy_and_assert_clean(&[id], &[]).await;
 }

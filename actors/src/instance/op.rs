@@ -67,8 +67,12 @@ pub(crate) struct OpCtx {
     pub uuid: Uuid,
     pub op_id: OpId,
     pub request: Request,
-    /// The operation's start on the event clock: events that arrived before never count.
+    /// The operation's start on the event clock: events that arrived before never count
+    /// (plug-time waits count from their registration, see [`OpCtx::expect`]).
     pub since: tokio::time::Instant,
+    /// A caller that runs this half of a move itself (Nova) handed over its task: it may
+    /// have caused this operation's events before asking.
+    from_caller: bool,
     started: std::time::Instant,
     started_unix_ms: u64,
     pub live: Arc<Mutex<LiveProgress>>,
@@ -95,6 +99,7 @@ impl OpCtx {
             op_id,
             request,
             since: tokio::time::Instant::now(),
+            from_caller: false,
             started: std::time::Instant::now(),
             started_unix_ms,
             live,
@@ -217,6 +222,7 @@ impl OpCtx {
     /// (this host may have dropped them: it did not hold the instance yet). Called before
     /// any wait is registered.
     pub fn adopt_caller_task(&mut self, task: &CallerTask) {
+        self.from_caller = true;
         if let Some(began) = task.events_since_ms {
             // Both times are whole milliseconds: one more covers what truncation cut off.
             let back = Duration::from_millis(self.started_unix_ms.saturating_sub(began) + 1)
@@ -522,10 +528,23 @@ impl OpCtx {
         events: Vec<ExpectedEvent>,
         policy: WaitPolicy,
     ) -> Result<PendingWait, InstanceError> {
+        // A plug-time event is caused by this operation's plug (or a bind of a port whose
+        // devices are here), and every flow registers the wait before it moves a binding or
+        // plugs: an event that arrived before the registration cannot be this operation's —
+        // it is a leftover (a duplicate of an earlier plug, Neutron re-reporting the port on
+        // an update) and would release the wait before the port is wired. A bind-time event
+        // may come from a step before the registration (a spawn binds its ports when it
+        // allocates them): it counts from the operation's start. A caller that runs the move
+        // itself may have caused either before it asked.
+        let since = if timing == Timing::PlugTime && !self.from_caller {
+            tokio::time::Instant::now()
+        } else {
+            self.since
+        };
         let handle = self
             .deps
             .events
-            .expect(self.uuid, events.clone(), self.since, policy, self.op_id)
+            .expect(self.uuid, events.clone(), since, policy, self.op_id)
             .await
             .map_err(|_| InstanceError::Unavailable)?;
         if let Ok(mut l) = self.live.lock() {

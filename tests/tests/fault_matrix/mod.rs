@@ -1126,8 +1126,8 @@ pub enum EvFault {
     Lost,
     /// Kept back until the operation ended, then delivered.
     Late,
-    /// A copy of each arrives after the operation began, before it registers its wait;
-    /// the real ones are lost.
+    /// A copy of each arrives after the operation began, before it registers its wait (and
+    /// plugs); the real ones are lost.
     Early,
     /// A copy of each arrived before the operation began; the real ones are lost.
     Stale,
@@ -1212,13 +1212,18 @@ pub fn event_expect(op: Op, f: EvFault) -> Expect {
         return clean(op);
     }
     match f {
-        // An event is an event, however often it comes; one that came after the operation
-        // began is kept for the wait it registers later.
-        EvFault::Duplicated | EvFault::Early => clean(op),
-        // An event that arrived before the operation began never counts for it.
-        EvFault::Lost | EvFault::Late | EvFault::Stale | EvFault::Failed | EvFault::WrongPort => {
-            wait_failed(op)
-        }
+        // An event is an event, however often it comes.
+        EvFault::Duplicated => clean(op),
+        // An event that arrived before the operation began never counts for it. One that
+        // came after it began but before its plug-time wait was registered (every flow
+        // registers before it plugs) cannot be that plug's: every operation here waits at
+        // plug time for at least one port, and the real events are lost.
+        EvFault::Early
+        | EvFault::Lost
+        | EvFault::Late
+        | EvFault::Stale
+        | EvFault::Failed
+        | EvFault::WrongPort => wait_failed(op),
         // The destination gives up; the source brings the instance back, with its events.
         EvFault::LostThere if op == Op::Resize => {
             Expect::new(Outcome::RolledBack, &[("h1", S::Running)])

@@ -536,13 +536,16 @@ async fn bring_back(op: &mut OpCtx, record: InstanceRecord, moved_by_caller: boo
                     bind_events.push(ExpectedEvent::plugged(v.port));
                 }
             }
+            // Both waits are registered before the bindings move back (a plug-time wait
+            // counts from its registration): the service may report a port as soon as it is
+            // bound here again.
             let pol = policy(op);
             let bind = op.expect(Timing::BindTime, bind_events, pol).await?;
+            let plug = op.expect(Timing::PlugTime, plug_events, pol).await?;
             op.phase("bind ports back");
             bind_ports_here(op, &record.network_info).await?;
             op.phase("wait for bind-time events");
             op.wait(bind).await?;
-            let plug = op.expect(Timing::PlugTime, plug_events, pol).await?;
             op.phase("plug");
             op.plug_all(&record).await?;
             op.phase("start paused");
