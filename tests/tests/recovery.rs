@@ -218,6 +218,110 @@ async fn a_build_that_died_before_its_domain_has_its_ports_released_by_the_next_
     c.delete_ports(&[user]).await;
 }
 
+/// The instances the build journal holds, sorted.
+async fn pending(j: &BuildJournal) -> Vec<uuid::Uuid> {
+    let mut ids: Vec<_> = j
+        .pending()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.unwrap().instance)
+        .collect();
+    ids.sort();
+    ids
+}
+
+/// A build whose rollback cannot release its networking (the service went down as it tried)
+/// keeps its journal entry: a restart before anyone destroys the instance releases its ports,
+/// and a destroy that releases them drops the entry. The entry used to go with the build, so
+/// the ports of a build left in error were released only if the caller destroyed it before
+/// the agent restarted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_build_whose_rollback_could_not_release_keeps_its_journal_entry() {
+    use faults_support::{EventFault, EventRule, NetCall, NetFailure};
+    let c = spec(&["h1"])
+        .timeout(Duration::from_millis(300))
+        .start()
+        .await;
+    let (kept, destroyed) = (uuid(), uuid());
+    let user = c.user_port(NET_NATIVE).await;
+    let journal = BuildJournal::open(c.journal_dir("h1")).unwrap();
+    for (id, requests) in [
+        (
+            kept,
+            vec![
+                on(NET_HYBRID),
+                vireo_actors::network::PortRequest::Port { port_id: user },
+            ],
+        ),
+        (destroyed, vec![on(NET_HYBRID)]),
+    ] {
+        // Its events are lost (the build times out and rolls back); the service is down from
+        // the release on.
+        c.sink.set_event_fault(Some(EventRule {
+            instance: id,
+            fault: EventFault::Lost,
+        }));
+        let h1 = c.host("h1");
+        h1.net.fail_with(NetCall::Deallocate, 0, NetFailure::Down);
+        let e = h1
+            .driver
+            .spawn(id, spawn_args("vm-unreleased", requests))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(e, InstanceError::RollbackFailed { .. }),
+            "{}",
+            chain(&e)
+        );
+        h1.net.set_down(false);
+        c.sink.set_event_fault(None);
+        assert_eq!(
+            h1.driver.show(id).await.unwrap().state,
+            InstanceState::Error
+        );
+    }
+    let mut both = vec![kept, destroyed];
+    both.sort();
+    assert_eq!(pending(&journal).await, both);
+    // The caller destroys one: its ports released, its entry goes.
+    c.host("h1")
+        .driver
+        .destroy(
+            destroyed,
+            DestroyArgs {
+                deallocate_network: true,
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(pending(&journal).await, vec![kept]);
+    let created: Vec<_> = c
+        .network
+        .list_instance_ports(kept)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|p| p.id)
+        .filter(|p| *p != user)
+        .collect();
+    assert_eq!(created.len(), 1);
+
+    // The agent restarts before anyone destroyed the other.
+    let domains = c.dump_domains().await;
+    let c = TestCloud::restart(c.crash(), domains).await;
+    assert_eq!(c.host("h1").driver.recovery().released_builds, vec![kept]);
+    assert!(pending(&journal).await.is_empty());
+    assert!(
+        c.network.port_status(created[0]).is_none(),
+        "created port kept"
+    );
+    let p = c.port(user).await;
+    assert!(p.device_id.is_empty() && p.host_id.is_empty(), "{p:?}");
+    c.assert_clean(&[user]).await;
+    c.delete_ports(&[user]).await;
+}
+
 /// A build whose journal entry cannot be written allocates nothing: it fails at once (another
 /// host may take it) rather than create ports a crash could leak.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

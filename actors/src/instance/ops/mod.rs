@@ -297,7 +297,7 @@ pub(crate) async fn dispatch(
             if let Some(r) = &record {
                 op.use_record(r);
             }
-            return spawn::destroy(op, record, args).await;
+            return spawn::destroy(op, record, args, from == InstanceState::Error).await;
         }
         R::CleanupForReschedule {} => {
             if let Some(r) = &record {
@@ -309,6 +309,7 @@ pub(crate) async fn dispatch(
                 DestroyArgs {
                     deallocate_network: true,
                 },
+                from == InstanceState::Error,
             )
             .await;
         }

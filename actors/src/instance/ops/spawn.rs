@@ -107,6 +107,7 @@ pub(crate) async fn spawn(op: &mut OpCtx, args: SpawnArgs) -> Finished {
         resize: None,
     };
     op.use_record(&record);
+    let mut unreleased = false;
     let done = with_rollback(
         op,
         async |op| {
@@ -159,6 +160,9 @@ pub(crate) async fn spawn(op: &mut OpCtx, args: SpawnArgs) -> Finished {
             op.deps.events.forget(op.uuid);
             if let Some(e) = release_err {
                 leftovers.push(format!("release networking: {e}"));
+                // The entry stays: a restart before the caller destroys the instance
+                // releases the ports (or finds the domain, whose recovery does).
+                unreleased = true;
             }
             if leftovers.is_empty() {
                 // Everything removed: a build failure (maybe rescheduled), not RolledBack.
@@ -186,8 +190,9 @@ pub(crate) async fn spawn(op: &mut OpCtx, args: SpawnArgs) -> Finished {
         },
     )
     .await;
-    // The domain holds the record now, or the rollback released everything.
-    if journaled {
+    // The domain holds the record now, or the rollback released everything — or it could
+    // not release the networking, and the entry stays until a destroy does (or a restart).
+    if journaled && !unreleased {
         end_journal(op).await;
     }
     match done {
@@ -271,12 +276,15 @@ async fn release_network(op: &mut OpCtx, ni: &NetworkInfo) -> Result<Released, I
         .map(Released::from)
 }
 
-/// Destroy the domain, unplug every VIF, undefine; optionally release networking.
-/// Idempotent: whatever is already gone is skipped.
+/// Destroy the domain, unplug every VIF, undefine; optionally release networking (and, for
+/// an instance in error — `failed_build`, perhaps a build whose rollback could not release
+/// it — drop its build journal entry once released). Idempotent: whatever is already gone is
+/// skipped.
 pub(crate) async fn destroy(
     op: &mut OpCtx,
     record: Option<InstanceRecord>,
     args: DestroyArgs,
+    failed_build: bool,
 ) -> Finished {
     op.phase("destroy");
     let mut errors = Vec::new();
@@ -305,7 +313,14 @@ pub(crate) async fn destroy(
                 Err(e) => Err(e),
             };
             match released {
-                Ok(released) => op.report.released = Some(released),
+                Ok(released) => {
+                    op.report.released = Some(released);
+                    // A build whose rollback could not release its networking kept its
+                    // journal entry (see spawn): released now.
+                    if failed_build {
+                        end_journal(op).await;
+                    }
+                }
                 Err(e) => errors.push(e),
             }
         }
