@@ -1358,6 +1358,148 @@ async fn two_host_live_migration_destination_restarted(run: &Run, b: &mut HostBA
     finish_two_hosts(s, b).await
 }
 
+/// Poll host B's agent until instance `id`'s running operation is at `phase` (120 s at most).
+async fn b_at_phase(b: &HostBAgent, id: Uuid, phase: &str) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let now = b
+            .client
+            .show_instance(id)
+            .await
+            .ok()
+            .and_then(|v| v.operation)
+            .and_then(|o| o.phase);
+        if now.as_deref() == Some(phase) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "host B never reached {phase:?} (at {now:?})"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// A build on host B whose agent is killed (SIGKILL) while it waits for its ports' events,
+/// and started again at once: the restarted agent finds the domain with the build in flight
+/// and rolls it back — the domain, B's devices and the ports it created go, nothing is left
+/// (the leak check of both hosts and Neutron).
+async fn two_host_spawn_killed_in_its_wait(run: &Run, b: &mut HostBAgent) -> R {
+    let mut s = Scene::new(run, "two hosts: spawn on B, B's agent killed in its wait");
+    let opts = s.system_host();
+    s.host(opts).await?;
+    let id = s.instance();
+    let name = s.domain_name();
+    let net = run.env.network_id.clone();
+    let req = vireo::agent::model::CreateInstance {
+        uuid: Some(id),
+        name: Some(name),
+        flavor: ModelFlavor {
+            name: "m1.tiny".into(),
+            vcpus: 1,
+            memory_mb: 128,
+            root_gb: 0,
+            ephemeral_gb: 0,
+            swap_mb: 0,
+            extra_specs: Default::default(),
+        },
+        image: Default::default(),
+        config_drive: None,
+        ports: Some(vec![
+            vireo::agent::model::PortRequest::Network {
+                network_id: net.clone()
+            };
+            2
+        ]),
+        network_info: None,
+        power_on: true,
+    };
+    b.client.create_instance(&req).await.map_err(|e| {
+        HarnessError::Setup(format!("create on B: {}", vireo_integration::chain(&e)))
+    })?;
+    b_at_phase(b, id, "wait for events").await;
+    let ports = run.raw.ports_of_device(id).await?;
+    assert_eq!(ports.len(), 2, "{ports:?}");
+    for p in &ports {
+        if let Some(pid) = p["id"].as_str().and_then(|p| p.parse().ok()) {
+            s.book.vireo(PortId(pid));
+            s.watch(PortId(pid).prefix(11));
+        }
+    }
+    b.kill_and_restart(Duration::ZERO).await?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while b.client.show_instance(id).await.is_ok() {
+        assert!(
+            Instant::now() < deadline,
+            "the restarted agent kept the interrupted build: {:?}",
+            b.client.show_instance(id).await
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(hb_domain_state(&b.env, id).is_none(), "no domain left on B");
+    finish_two_hosts(s, b).await
+}
+
+/// A live migration A → B with host B's agent killed (SIGKILL) while it waits for the events
+/// of its bindings' activation (post-live-migration), and started again at once. The guest
+/// runs on B already: the restarted agent adopts it (its record still names A), host A asks
+/// again, and B — whose bindings are active already, their events gone with the killed agent
+/// — waits for none of them (it would wait in vain: nothing activates them again).
+async fn two_host_live_migration_killed_in_post(run: &Run, b: &mut HostBAgent) -> R {
+    let mut s = Scene::new(run, "two hosts: live migrate A>B, B killed in its wait");
+    s.peers.insert(b.peer()?);
+    let opts = s.system_host();
+    s.host(opts).await?;
+    let net = run.env.network_id.clone();
+    let (id, vifs, _) = spawn_allocated(&mut s, 0, &net, 2).await;
+    let h = s.a();
+    let bname = b.env.name.clone();
+    let a_api = run.api_client()?;
+    let (a_name, op) = (
+        h.name.clone(),
+        Operation::LiveMigrate(Box::new(LiveMigrateArgs::new(&bname))),
+    );
+    let lm = tokio::spawn(async move { api_op(&a_api, &a_name, id, op).await });
+    b_at_phase(b, id, "wait for events").await;
+    b.kill_and_restart(Duration::ZERO).await?;
+    let r = match lm.await {
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) => panic!(
+            "the live migration failed: {}",
+            vireo_integration::chain(&e)
+        ),
+        Err(e) => panic!("the live migration's task: {e}"),
+    };
+    let asked = r
+        .steps
+        .iter()
+        .filter(|st| st.name.starts_with("post-live-migration on"))
+        .count();
+    assert!(asked >= 2, "host A asked host B once only: {:?}", r.steps);
+    assert_eq!(hb_domain_state(&b.env, id).as_deref(), Some("running"));
+    let view = b.client.show_instance(id).await.unwrap();
+    assert_eq!(
+        (view.host.as_str(), view.state.as_str()),
+        (bname.as_str(), "running")
+    );
+    for v in &vifs {
+        assert_devices(v, DomainForm::LibvirtManaged, false);
+        assert_devices_b(&b.env, v, true);
+    }
+    assert_bound_active(&s, &vifs, &bname).await;
+    let post = last_report(&b.client, id).await;
+    assert_eq!(post.request, "post-live-migration-at-destination");
+    assert!(
+        post.waits.iter().all(|w| w.expected.is_empty()),
+        "host B waited again for events its first activation caused: {:?}",
+        post.waits
+    );
+    s.peer_row("post-live-migr. (B)", id, &post);
+    s.remote_ok("delete on B", id, delete_on_b(b, id)).await;
+    assert!(hb_domain_state(&b.env, id).is_none(), "no domain left on B");
+    finish_two_hosts(s, b).await
+}
+
 /// Delete instance `id` on host B through B's API (networking released) and wait for it.
 async fn delete_on_b(b: &HostBAgent, id: Uuid) -> Result<OpReport, InstanceError> {
     let bname = b.env.name.clone();
@@ -1883,13 +2025,15 @@ const HYBRID: [&str; 5] = [
     "build fails",
     "live migration rollback",
 ];
-const TWO_HOSTS: [&str; 6] = [
+const TWO_HOSTS: [&str; 8] = [
     "two hosts: live migrate A>B",
     "two hosts: resize A>B+revert",
     "two hosts: resize A>B with disks",
     "two hosts: live migration aborted by its timeout",
     "two hosts: block live migration A>B",
     "two hosts: live migrate A>B, B's agent killed",
+    "two hosts: spawn on B, B's agent killed in its wait",
+    "two hosts: live migrate A>B, B killed in its wait",
 ];
 /// Run with host B's agent restarted on an instances directory host A uses too.
 const TWO_HOSTS_SHARED: [&str; 2] = [
@@ -1978,6 +2122,16 @@ async fn two_hosts(runner: &mut Runner, run: &Run, plan: Option<HostBPlan>) {
     runner
         .run(TWO_HOSTS[5], || {
             two_host_live_migration_destination_restarted(run, &mut b)
+        })
+        .await;
+    runner
+        .run(TWO_HOSTS[6], || {
+            two_host_spawn_killed_in_its_wait(run, &mut b)
+        })
+        .await;
+    runner
+        .run(TWO_HOSTS[7], || {
+            two_host_live_migration_killed_in_post(run, &mut b)
         })
         .await;
     let failed = |runner: &Runner, names: &[&str]| {

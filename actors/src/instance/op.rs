@@ -541,6 +541,19 @@ impl OpCtx {
         } else {
             self.since
         };
+        self.expect_since(timing, events, policy, since).await
+    }
+
+    /// [`OpCtx::expect`] counting the events that arrived from `since` on: for a flow that
+    /// registers after its trigger (at most back to the operation's start).
+    pub async fn expect_since(
+        &mut self,
+        timing: Timing,
+        events: Vec<ExpectedEvent>,
+        policy: WaitPolicy,
+        since: tokio::time::Instant,
+    ) -> Result<PendingWait, InstanceError> {
+        let since = since.max(self.since);
         let handle = self
             .deps
             .events

@@ -27,10 +27,7 @@ use crate::instance::types::{
 use crate::storage::{disk_targets, migration_probe, CacheMode, DiskRole};
 use vireo_xml::live::{rewrite, Edit};
 
-use super::{
-    expect_predicted, handover, predicted, record_from_handover, settle_state, with_rollback,
-    Finished,
-};
+use super::{handover, predicted, record_from_handover, settle_state, with_rollback, Finished};
 
 /// Source side of a live migration: inactive bindings for the destination, `migrating_to`
 /// (its rebind events consumed by a wait of their own), the destination pre-wired, the
@@ -674,10 +671,15 @@ pub(crate) async fn post_live_migration(
                 },
                 &record.network_info.vifs,
             )?;
-            let (bind, plug) = expect_predicted(op, &prediction).await?;
+            // The activation causes the events, so a port whose binding here is active
+            // already sends none: this host activated it before its agent restarted (the
+            // source asks again), and its events went to the agent that died. The waits are
+            // registered after the activation, counting from before it.
             op.phase("activate bindings");
+            let activating = tokio::time::Instant::now();
             let net = op.deps.network.clone();
             let host = op.deps.host.clone();
+            let mut active_already = BTreeSet::new();
             for vif in &record.network_info.vifs {
                 match op
                     .net("activate binding", net.activate_binding(vif.id, &host))
@@ -687,10 +689,35 @@ pub(crate) async fn post_live_migration(
                     Err(InstanceError::Network {
                         source: NetworkError::BindingAlreadyActive { .. },
                         ..
-                    }) => {}
+                    }) => {
+                        active_already.insert(vif.id);
+                    }
                     Err(e) => return Err(e),
                 }
             }
+            let caused = |events: Vec<crate::predict::ExpectedEvent>| {
+                events
+                    .into_iter()
+                    .filter(|e| !active_already.contains(&e.tag))
+                    .collect::<Vec<_>>()
+            };
+            let pol = op.deps.config.wait;
+            let bind = op
+                .expect_since(
+                    Timing::BindTime,
+                    caused(prediction.bind_time_events()),
+                    pol,
+                    activating,
+                )
+                .await?;
+            let plug = op
+                .expect_since(
+                    Timing::PlugTime,
+                    caused(prediction.plug_time_events()),
+                    pol,
+                    activating,
+                )
+                .await?;
             op.phase("wait for events");
             op.wait(bind).await?;
             op.wait(plug).await?;
