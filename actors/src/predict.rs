@@ -565,7 +565,8 @@ pub struct Prediction {
 }
 
 impl Prediction {
-    fn events(&self, timing: Timing) -> Vec<ExpectedEvent> {
+    /// The events of the VIFs with `timing`.
+    pub fn events(&self, timing: Timing) -> Vec<ExpectedEvent> {
         self.vifs
             .iter()
             .filter(|v| v.timing == timing)

@@ -427,41 +427,9 @@ async fn destination_post(lose_activation: bool) {
             "{}",
             chain(&e)
         );
-        // The source's copy, its binding, then the instance (in error on h2).
-        h1.driver
-            .destroy(id, vireo_actors::instance::DestroyArgs::default())
-            .await
-            .unwrap();
-        for p in &ports {
-            c.network.delete_binding(*p, "h1").await.unwrap();
-        }
-        c.destroy_everywhere(id).await;
-        c.assert_clean(&ports).await;
-        c.delete_ports(&ports).await;
-        return;
+    } else {
+        assert_handed_over(&c, reply.unwrap(), id, &ports, t0, t1).await;
     }
-    let InstanceReply::Done { state, report } = reply.unwrap();
-    assert_eq!(state, InstanceState::Running);
-    // Every port is re-reported at activation (its device is wired on h2 already).
-    assert_eq!(
-        set(waited(&report, Timing::BindTime)),
-        set(ports.iter().copied())
-    );
-    assert!(waited(&report, Timing::PlugTime).is_empty());
-    assert!(report.waits.iter().all(|w| w.complete), "{report:#?}");
-    assert_eq!(set(c.sink.plugged(id, t0, t1)), set(ports.iter().copied()));
-    // The earlier events did not count: destination_does_not_count_events_from_before_its_activation.
-    // The destination saved: it owns the domain now.
-    assert_eq!(
-        owner_of(h2.driver.libvirt(), id).await.as_deref(),
-        Some("h2")
-    );
-    for p in &ports {
-        let port = c.port(*p).await;
-        assert_eq!(port.host_id, "h2");
-        assert_eq!(port.status, PortStatus::Active);
-    }
-
     // Clean up both sides: the source's copy (as its post-migration clean-up would), the
     // source's binding, then the instance. The handover's network_info was built from the
     // ports (preserve_on_delete): h2 unbinds them, the test deletes them.
@@ -475,4 +443,36 @@ async fn destination_post(lose_activation: bool) {
     c.destroy_everywhere(id).await;
     c.assert_clean(&ports).await;
     c.delete_ports(&ports).await;
+}
+
+/// h2 took the guest over: it waited for the events of its activation (every port is
+/// re-reported, its device being wired on h2 already) and saved, the ports are bound there.
+async fn assert_handed_over(
+    c: &TestCloud,
+    reply: InstanceReply,
+    id: uuid::Uuid,
+    ports: &[PortId],
+    t0: std::time::Instant,
+    t1: std::time::Instant,
+) {
+    let InstanceReply::Done { state, report } = reply;
+    assert_eq!(state, InstanceState::Running);
+    assert_eq!(
+        set(waited(&report, Timing::BindTime)),
+        set(ports.iter().copied())
+    );
+    assert!(waited(&report, Timing::PlugTime).is_empty());
+    assert!(report.waits.iter().all(|w| w.complete), "{report:#?}");
+    assert_eq!(set(c.sink.plugged(id, t0, t1)), set(ports.iter().copied()));
+    // The earlier events did not count: destination_does_not_count_events_from_before_its_activation.
+    // The destination saved: it owns the domain now.
+    assert_eq!(
+        owner_of(c.host("h2").driver.libvirt(), id).await.as_deref(),
+        Some("h2")
+    );
+    for p in ports {
+        let port = c.port(*p).await;
+        assert_eq!(port.host_id, "h2");
+        assert_eq!(port.status, PortStatus::Active);
+    }
 }

@@ -695,32 +695,20 @@ pub(crate) async fn post_live_migration(
                     Err(e) => return Err(e),
                 }
             }
-            let caused = |events: Vec<crate::predict::ExpectedEvent>| {
-                events
+            let pol = op.deps.config.wait;
+            let mut waits = Vec::new();
+            for timing in [Timing::BindTime, Timing::PlugTime] {
+                let caused: Vec<_> = prediction
+                    .events(timing)
                     .into_iter()
                     .filter(|e| !active_already.contains(&e.tag))
-                    .collect::<Vec<_>>()
-            };
-            let pol = op.deps.config.wait;
-            let bind = op
-                .expect_since(
-                    Timing::BindTime,
-                    caused(prediction.bind_time_events()),
-                    pol,
-                    activating,
-                )
-                .await?;
-            let plug = op
-                .expect_since(
-                    Timing::PlugTime,
-                    caused(prediction.plug_time_events()),
-                    pol,
-                    activating,
-                )
-                .await?;
+                    .collect();
+                waits.push(op.expect_since(timing, caused, pol, activating).await?);
+            }
             op.phase("wait for events");
-            op.wait(bind).await?;
-            op.wait(plug).await?;
+            for wait in waits {
+                op.wait(wait).await?;
+            }
             let state = match op.power().await? {
                 PowerState::Paused => InstanceState::Paused,
                 _ => InstanceState::Running,
