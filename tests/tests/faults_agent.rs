@@ -29,7 +29,6 @@ use common::*;
 use fault_matrix::*;
 use vireo::compute::ComputeDriver;
 use vireo_actors::lifecycle::InstanceState as S;
-use vireo_actors::network::NetworkApi;
 
 /// Where the agent dies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -152,19 +151,17 @@ pub fn expect(op: Op, point: Point) -> Place {
     }
 }
 
-/// The instance's networking exists nowhere but in the service, and no build is under way
-/// to own it: a failed build whose domain is gone (the reschedule clean-up's subject). The
-/// restarted agent does not know the instance; its networking is the caller's to release,
-/// with what the caller knows of its ports (Nova's compute manager deallocates with its
-/// network info cache when the instance is deleted).
-pub fn caller_releases(op: Op, _point: Point) -> bool {
-    op == Op::Reschedule
-}
-
-/// The agent died during a build that allocated ports before its domain existed: the build
-/// journal names it, and the restarted agent releases its ports itself.
+/// The build journal names the instance at the restart, and the restarted agent releases its
+/// ports itself: the agent died during a build that allocated ports before its domain
+/// existed, or the instance is a failed build whose rollback could not release its
+/// networking (the reschedule clean-up's subject: its entry stays until a release succeeds;
+/// its domain is gone, so nothing else on the host knows it).
 pub fn journal_releases(op: Op, point: Point) -> bool {
-    op == Op::Spawn && matches!(point, Point::FirstCall | Point::BeforeDomain)
+    match op {
+        Op::Spawn => matches!(point, Point::FirstCall | Point::BeforeDomain),
+        Op::Reschedule => true,
+        _ => false,
+    }
 }
 
 /// The instance is where `want` says with no operation running (recovery may take a
@@ -316,10 +313,6 @@ async fn case(c: TestCloud, op: Op, point: Point, n: usize) -> TestCloud {
         journal_releases(op, point),
         "{label}: builds the restarted agent released: {released:?}"
     );
-    if caller_releases(op, point) {
-        let ni = network_info(&*c.network, &s.user).await;
-        c.network.deallocate_for_instance(s.id, &ni).await.unwrap();
-    }
     cleanup(&c, &s).await;
     eprintln!("{label}: {got:?}");
     c
