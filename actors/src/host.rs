@@ -41,6 +41,7 @@ use crate::instance::types::{InstanceError, InstanceReply, InstanceView, PowerSt
 use crate::libvirt::LibvirtEvent;
 use crate::lifecycle::{InstanceState, Request};
 use crate::network::{release_build_ports, NetworkApi};
+use crate::storage::InstanceStorage;
 use crate::vif::PortId;
 
 /// Route a request to an instance's actor (created when the request may create one), which
@@ -89,8 +90,8 @@ pub struct RecoveryReport {
     pub foreign_domains: usize,
     /// Domains with vireo metadata another host saved last (left alone): uuid and owner.
     pub other_hosts: Vec<(Uuid, String)>,
-    /// Builds the journal held that died before their domain existed: their ports were
-    /// released (start-up only).
+    /// Builds the journal held that died before their domain existed: the ports they
+    /// allocated were released and the disks they made removed (start-up only).
     pub released_builds: Vec<Uuid>,
 }
 
@@ -334,8 +335,13 @@ impl Handler<Recover> for HostActor {
         // Only unknown domains are adopted: an existing actor (an incoming live migration's,
         // whose domain names the source until this host saves it) is never filtered.
         let known: Vec<Uuid> = self.instances.keys().copied().collect();
-        let journal =
-            (!self.journal_read).then(|| (self.deps.builds.clone(), self.deps.network.clone()));
+        let journal = (!self.journal_read).then(|| {
+            (
+                self.deps.builds.clone(),
+                self.deps.network.clone(),
+                self.deps.storage.clone(),
+            )
+        });
         let fut = async move {
             let domains = lv
                 .list_all()
@@ -401,9 +407,9 @@ impl Handler<Recover> for HostActor {
                 }
             }
             let released = match journal {
-                Some((builds, network)) => {
+                Some((builds, network, storage)) => {
                     let domains: HashSet<Uuid> = found.iter().map(|(d, _, _)| d.uuid).collect();
-                    release_journaled_builds(&builds, &*network, &domains).await
+                    release_journaled_builds(&builds, &*network, &*storage, &domains).await
                 }
                 None => Vec::new(),
             };
@@ -479,12 +485,14 @@ impl Handler<Recover> for HostActor {
 
 /// The builds the journal holds (see [`crate::instance::journal`]) at start-up: one whose
 /// domain exists is that domain's recovery's (it rolls the build back), so its entry is just
-/// dropped; one without a domain here died before defining it: its ports are released and
-/// its entry dropped. An entry whose release fails stays for the next start; an unreadable
-/// one stays for an operator. Returns the instances whose ports were released.
+/// dropped; one without a domain here died before defining it: the ports it allocated are
+/// released, the disks it made (those carrying its token) removed, and its entry dropped. An
+/// entry whose clean-up fails stays for the next start; an unreadable one stays for an
+/// operator. Returns the instances cleaned up.
 async fn release_journaled_builds(
     builds: &BuildJournal,
     network: &dyn NetworkApi,
+    storage: &dyn InstanceStorage,
     domains: &HashSet<Uuid>,
 ) -> Vec<Uuid> {
     let entries = match builds.pending().await {
@@ -505,17 +513,31 @@ async fn release_journaled_builds(
         };
         let instance = entry.instance;
         if !domains.contains(&instance) {
-            let user: Vec<PortId> = entry.user_ports.iter().copied().map(PortId).collect();
-            match release_build_ports(network, instance, &entry.host, &user).await {
-                Ok(done) => {
-                    info!(%instance, deleted = ?done.deleted, unbound = ?done.unbound, skipped = ?done.skipped, "released the ports of a build that died before its domain existed");
-                    released.push(instance);
-                }
-                Err(error) => {
-                    warn!(%instance, error = %error_chain(&error), "ports of a build that died before its domain existed not released; kept for the next start");
-                    continue;
+            if entry.allocated {
+                let user: Vec<PortId> = entry.user_ports.iter().copied().map(PortId).collect();
+                match release_build_ports(network, instance, &entry.host, &user).await {
+                    Ok(done) => {
+                        info!(%instance, deleted = ?done.deleted, unbound = ?done.unbound, skipped = ?done.skipped, "released the ports of a build that died before its domain existed");
+                    }
+                    Err(error) => {
+                        warn!(%instance, error = %error_chain(&error), "ports of a build that died before its domain existed not released; kept for the next start");
+                        continue;
+                    }
                 }
             }
+            if let Some(build) = entry.build {
+                match storage.remove_build(instance, build).await {
+                    Ok(true) => {
+                        info!(%instance, "removed the disks of a build that died before its domain existed");
+                    }
+                    Ok(false) => {}
+                    Err(error) => {
+                        warn!(%instance, error = %error_chain(&error), "disks of a build that died before its domain existed not removed; kept for the next start");
+                        continue;
+                    }
+                }
+            }
+            released.push(instance);
         }
         if let Err(error) = builds.end(instance).await {
             warn!(%instance, error = %error_chain(&error), "build journal entry not removed");

@@ -244,7 +244,15 @@ pub struct DiskPlan {
     pub swap_mb: u64,
     /// The config drive's files (none: no config drive).
     pub config_drive: Option<Vec<ConfigDriveFile>>,
+    /// The build the disks are made for (its journal entry's token): written into the
+    /// instance directory with them ([`BUILD_MARKER`]), so a restarted agent removes exactly
+    /// what a build that died before its domain existed made
+    /// ([`InstanceStorage::remove_build`]). None: no marker.
+    pub build: Option<Uuid>,
 }
+
+/// The file in an instance directory that names the build that made its disks.
+pub const BUILD_MARKER: &str = ".vireo-build";
 
 impl DiskPlan {
     /// The plan for `flavor`'s disks from `image`.
@@ -257,6 +265,7 @@ impl DiskPlan {
             ephemeral_gb: flavor.ephemeral_gb,
             swap_mb: flavor.swap_mb,
             config_drive: None,
+            build: None,
         }
     }
 
@@ -393,6 +402,12 @@ pub trait InstanceStorage: Send + Sync + fmt::Debug + 'static {
     /// Remove the instance's directory and every disk in it (and a copy a resize kept).
     /// Idempotent: an instance with nothing on this host is fine.
     async fn remove(&self, uuid: Uuid) -> Result<(), StorageError>;
+
+    /// Remove what build `build` made for the instance (its disks, and the directory when the
+    /// build made it), if the instance directory's [`BUILD_MARKER`] names that build; returns
+    /// whether it did. Anything else (no marker, another build's, a directory shared with a
+    /// host that built the instance since) is left alone.
+    async fn remove_build(&self, uuid: Uuid, build: Uuid) -> Result<bool, StorageError>;
 
     /// A resize on this host: keep a copy of `disks` for a revert, then grow the root disk to
     /// `root_gb` (a smaller root disk than the current one is refused before anything is

@@ -221,6 +221,54 @@ async fn a_build_that_fails_after_its_disks_were_made_removes_them() {
     assert_eq!(sha256(&c.cache_dir("h1").join("img-1")), sum);
 }
 
+/// An agent killed while a build's disks exist and its domain does not (image fetched, disks
+/// made, the first definition queued behind a held libvirt): the restarted agent releases the
+/// ports the build allocated and removes the disks it made (its journal entry's token names
+/// them), so nothing is left. Those disks used to stay for good: no domain named them and the
+/// journal entry released only ports.
+#[tokio::test]
+async fn a_build_killed_before_its_domain_existed_leaves_no_disk_after_a_restart() {
+    let c = spec(&["h1"]).start().await;
+    let image = make_image(&c, "img.raw");
+    let sum = sha256(&image);
+    let id = uuid();
+    let dir = c.instances_dir("h1").join(id.to_string());
+    let domains = c.dump_domains().await;
+    let c = std::sync::Arc::new(c);
+    let hold = faults_support::LibvirtHold::start(c.host("h1").driver.libvirt()).await;
+    let task = {
+        let c = c.clone();
+        let args = image_args("vm-st-k", &image, Checksum::Sha256(sum.clone()), 1);
+        tokio::spawn(async move { c.host("h1").driver.spawn(id, args).await })
+    };
+    let driver = c.host("h1").driver.clone();
+    eventually(
+        std::time::Duration::from_secs(20),
+        "the build's disks made, its definition queued",
+        || async {
+            let defining = driver
+                .show(id)
+                .await
+                .ok()
+                .and_then(|v| v.operation)
+                .is_some_and(|o| o.phase == "define");
+            (defining && dir.join(DiskRole::ConfigDrive.file_name()).exists()).then_some(())
+        },
+    )
+    .await;
+    drop(driver);
+    task.abort();
+    assert!(task.await.unwrap_err().is_cancelled());
+    let c = std::sync::Arc::try_unwrap(c).expect("the cloud is shared still");
+    let remains = c.crash();
+    hold.release().await;
+    let c = TestCloud::restart(remains, domains).await;
+    assert_eq!(c.host("h1").driver.recovery().released_builds, vec![id]);
+    assert!(!dir.exists(), "the build's disks are left: {dir:?}");
+    c.assert_clean(&[]).await;
+    assert_eq!(sha256(&c.cache_dir("h1").join("img-1")), sum);
+}
+
 /// What a failed live migration of an instance with disks leaves, with and without an
 /// instances directory shared between the hosts. The test driver has no migration API, so
 /// each attempt fails at the migration itself, after the destination prepared for it.

@@ -1,5 +1,5 @@
-//! The build journal: what a restarted agent needs to release the networking of a build that
-//! died before its domain existed.
+//! The build journal: what a restarted agent needs to release the networking and remove the
+//! disks of a build that died before its domain existed.
 //!
 //! # Why
 //! An instance's record lives in its domain's metadata, and recovery rebuilds every instance
@@ -9,14 +9,18 @@
 //! that nothing recorded: nobody released them (docs/FAULTS.md, note ¹).
 //!
 //! # What
-//! One file per build that allocates ports, `<dir>/<uuid>.json`, written (and synced) before
-//! the first port is created and removed when the build ends, whatever its outcome: from then
-//! on either the domain holds the record (recovery takes over) or the build released
-//! everything itself. The entry names the user-supplied ports, which are unbound rather than
+//! One file per build, `<dir>/<uuid>.json`, written (and synced) before the first port is
+//! created (or, for a build given its networking, before anything is made) and removed when
+//! the build ends, whatever its outcome: from then on either the domain holds the record
+//! (recovery takes over) or the build released everything itself. The entry says whether
+//! vireo allocated the ports and names the user-supplied ones, which are unbound rather than
 //! deleted; every port vireo creates carries the instance as its `device_id` from its
-//! creation on, so the network service finds them all by instance. At start-up, recovery
+//! creation on, so the network service finds them all by instance. The entry also holds a
+//! token the build writes into the instance directory with its disks. At start-up, recovery
 //! releases the ports of each entry whose instance has no domain here
-//! ([`crate::network::release_build_ports`]) and removes the entry.
+//! ([`crate::network::release_build_ports`]), removes the disks that carry its token
+//! ([`crate::storage::InstanceStorage::remove_build`]: fetching the image and making the disks
+//! is the longest step before the domain exists) and removes the entry.
 //!
 //! The directory is per host (under the agent's `state_dir`, never a shared instances path).
 
@@ -89,6 +93,21 @@ pub struct BuildEntry {
     pub host: String,
     /// Ports the caller supplied: unbound, never deleted.
     pub user_ports: Vec<Uuid>,
+    /// vireo allocated the build's ports (it releases them); false when the caller brought
+    /// its networking (Nova's builds: Nova releases their ports itself). Entries written
+    /// before this field existed were all allocating builds.
+    #[serde(default = "allocating")]
+    pub allocated: bool,
+    /// The build's token, written into the instance directory with its disks
+    /// ([`crate::storage::DiskPlan::build`]): a restart removes the disks that carry it, and
+    /// nothing else (a directory shared with another host, or made by another attempt, is
+    /// not this build's).
+    #[serde(default)]
+    pub build: Option<Uuid>,
+}
+
+fn allocating() -> bool {
+    true
 }
 
 /// The journal of one host's builds. Writes and removals go to one writer thread
@@ -337,7 +356,18 @@ mod tests {
             instance: Uuid::from_u128(n),
             host: "h1".into(),
             user_ports: vec![Uuid::from_u128(100 + n)],
+            allocated: true,
+            build: Some(Uuid::from_u128(200 + n)),
         }
+    }
+
+    #[test]
+    fn an_entry_written_before_builds_had_tokens_reads_as_an_allocating_build() {
+        let old =
+            r#"{"instance":"00000000-0000-0000-0000-000000000001","host":"h1","user_ports":[]}"#;
+        let e: BuildEntry = serde_json::from_str(old).unwrap();
+        assert!(e.allocated);
+        assert_eq!(e.build, None);
     }
 
     #[tokio::test]

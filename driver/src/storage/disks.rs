@@ -45,7 +45,7 @@ use tracing::{debug, warn};
 use uuid::Uuid;
 use vireo_actors::storage::{
     CacheMode, ConfigDriveFile, DiskPlan, DiskRole, ImageFormat, ImageRef, InstanceDisk,
-    InstanceStorage, StorageError,
+    InstanceStorage, StorageError, BUILD_MARKER,
 };
 
 use super::cache::{CacheConfig, CacheError, ImageCache, ImageId, ImageRequest, ImageSource};
@@ -230,7 +230,7 @@ impl HostStorage {
         }
         if let Some(files) = &plan.config_drive {
             let path = dir.join(DiskRole::ConfigDrive.file_name());
-            let staging = dir.join(".config-drive");
+            let staging = dir.join(CONFIG_DRIVE_STAGING);
             claim(&path, made).await?;
             claim(&staging, made).await?;
             let size = config_drive(files, &staging, &path).await;
@@ -261,9 +261,17 @@ impl InstanceStorage for HostStorage {
     async fn create(&self, plan: &DiskPlan) -> Result<Vec<InstanceDisk>, StorageError> {
         let (dir, existed) = self.open_instance_dir(plan.uuid).await?;
         let mut made = Vec::new();
-        let disks = self
-            .with_cache_mode(self.make(plan, &dir, &mut made).await)
-            .await;
+        let disks = match plan.build {
+            Some(build) => mark_build(&dir, build, existed, &mut made).await,
+            None => Ok(()),
+        };
+        let disks = match disks {
+            Ok(()) => {
+                self.with_cache_mode(self.make(plan, &dir, &mut made).await)
+                    .await
+            }
+            Err(e) => Err(e),
+        };
         match &disks {
             Ok(d) => debug!(instance = %plan.uuid, disks = d.len(), "disks created"),
             Err(_) => undo(plan.uuid, &dir, existed, &made).await,
@@ -292,6 +300,49 @@ impl InstanceStorage for HostStorage {
     async fn remove(&self, uuid: Uuid) -> Result<(), StorageError> {
         remove_path(&self.kept_dir(uuid)).await?;
         remove_path(&self.instance_dir(uuid)).await
+    }
+
+    async fn remove_build(&self, uuid: Uuid, build: Uuid) -> Result<bool, StorageError> {
+        let dir = self.instance_dir(uuid);
+        let marker = dir.join(BUILD_MARKER);
+        let text = match tokio::fs::read(&marker).await {
+            Ok(text) => text,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+            Err(source) => {
+                return Err(StorageError::Io {
+                    action: "read the build marker",
+                    path: marker,
+                    source,
+                })
+            }
+        };
+        let mark: BuildMark = match serde_json::from_slice(&text) {
+            Ok(mark) => mark,
+            Err(e) => {
+                warn!(instance = %uuid, error = %e, path = %marker.display(), "unreadable build marker: the directory is left alone");
+                return Ok(false);
+            }
+        };
+        if mark.build != build {
+            return Ok(false);
+        }
+        if mark.made_dir {
+            remove_path(&dir).await?;
+        } else {
+            // The directory was there before the build (a console log of an earlier attempt):
+            // only what the build makes goes.
+            for role in [
+                DiskRole::Root,
+                DiskRole::Ephemeral,
+                DiskRole::Swap,
+                DiskRole::ConfigDrive,
+            ] {
+                remove_path(&dir.join(role.file_name())).await?;
+            }
+            remove_path(&dir.join(CONFIG_DRIVE_STAGING)).await?;
+            remove_path(&marker).await?;
+        }
+        Ok(true)
     }
 
     async fn resize(
@@ -973,6 +1024,51 @@ async fn make_dir(dir: &Path, parents: bool) -> Result<(), StorageError> {
     Ok(())
 }
 
+/// Where a config drive's files are laid out before they become its image.
+const CONFIG_DRIVE_STAGING: &str = ".config-drive";
+
+/// What [`BUILD_MARKER`] holds: the build that made the instance's disks, and whether it made
+/// the directory too.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct BuildMark {
+    build: Uuid,
+    made_dir: bool,
+}
+
+/// Write the build's marker before its first disk (a build killed while it makes them leaves
+/// the marker with whatever it made). One left by an earlier build of the instance is
+/// replaced: its disks are gone (they would be in the way of this build's), and so is its
+/// journal entry.
+async fn mark_build(
+    dir: &Path,
+    build: Uuid,
+    existed: bool,
+    made: &mut Vec<PathBuf>,
+) -> Result<(), StorageError> {
+    let path = dir.join(BUILD_MARKER);
+    let there = tokio::fs::symlink_metadata(&path).await.is_ok();
+    let mark = BuildMark {
+        build,
+        made_dir: !existed,
+    };
+    let text = serde_json::to_vec(&mark).map_err(|e| StorageError::Io {
+        action: "write the build marker",
+        path: path.clone(),
+        source: std::io::Error::other(e),
+    })?;
+    tokio::fs::write(&path, text)
+        .await
+        .map_err(|source| StorageError::Io {
+            action: "write the build marker",
+            path: path.clone(),
+            source,
+        })?;
+    if !there {
+        made.push(path);
+    }
+    Ok(())
+}
+
 /// After a failed create or copy: what the call `made` goes; a directory that was there
 /// before stays (it may hold the console log of an earlier attempt), one it made goes whole.
 async fn undo(uuid: Uuid, dir: &Path, existed: bool, made: &[PathBuf]) {
@@ -1083,4 +1179,86 @@ async fn run(program: &'static str, args: &[&str]) -> Result<Vec<u8>, StorageErr
         status: out.status.to_string(),
         stderr: tail,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use vireo_xml::metadata::Flavor;
+
+    fn swap_only(uuid: Uuid, build: Option<Uuid>) -> DiskPlan {
+        let flavor = Flavor {
+            swap_mb: 1,
+            ..Flavor::default()
+        };
+        let mut plan = DiskPlan::new(uuid, &flavor, None);
+        plan.build = build;
+        plan
+    }
+
+    fn storage(dir: &Path) -> HostStorage {
+        HostStorage::new(StorageConfig::in_state_dir(dir)).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_build_removes_only_what_its_own_marker_names() {
+        let d = tempfile::tempdir().unwrap();
+        let s = storage(d.path());
+        let (uuid, mine, other) = (Uuid::new_v4(), Uuid::new_v4(), Uuid::new_v4());
+        s.create(&swap_only(uuid, Some(mine))).await.unwrap();
+        let dir = s.instance_dir(uuid);
+        assert!(dir.join(BUILD_MARKER).exists());
+        // Another build's token (a host that built the instance since, on a shared
+        // directory) removes nothing.
+        assert!(!s.remove_build(uuid, other).await.unwrap());
+        assert!(dir.join(DiskRole::Swap.file_name()).exists());
+        assert!(s.remove_build(uuid, mine).await.unwrap());
+        assert!(!dir.exists());
+        // Nothing there: nothing to do.
+        assert!(!s.remove_build(uuid, mine).await.unwrap());
+    }
+
+    #[tokio::test]
+    async fn a_directory_there_before_the_build_keeps_what_the_build_did_not_make() {
+        let d = tempfile::tempdir().unwrap();
+        let s = storage(d.path());
+        let (uuid, build) = (Uuid::new_v4(), Uuid::new_v4());
+        let dir = s.instance_dir(uuid);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("console.log"), b"an earlier attempt").unwrap();
+        s.create(&swap_only(uuid, Some(build))).await.unwrap();
+        assert!(s.remove_build(uuid, build).await.unwrap());
+        let mut left: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        left.sort();
+        assert_eq!(left, ["console.log"]);
+    }
+
+    #[tokio::test]
+    async fn disks_made_without_a_build_token_are_never_removed_as_a_build() {
+        let d = tempfile::tempdir().unwrap();
+        let s = storage(d.path());
+        let uuid = Uuid::new_v4();
+        s.create(&swap_only(uuid, None)).await.unwrap();
+        assert!(!s.remove_build(uuid, Uuid::new_v4()).await.unwrap());
+        assert!(s.holds_disks(uuid).await);
+    }
+
+    #[tokio::test]
+    async fn a_failed_create_takes_its_marker_with_it() {
+        let d = tempfile::tempdir().unwrap();
+        let s = storage(d.path());
+        let uuid = Uuid::new_v4();
+        let dir = s.instance_dir(uuid);
+        std::fs::create_dir_all(&dir).unwrap();
+        // Something in the way of the swap disk: the create fails.
+        std::fs::write(dir.join(DiskRole::Swap.file_name()), b"x").unwrap();
+        s.create(&swap_only(uuid, Some(Uuid::new_v4())))
+            .await
+            .unwrap_err();
+        assert!(!dir.join(BUILD_MARKER).exists());
+    }
 }

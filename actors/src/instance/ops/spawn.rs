@@ -8,6 +8,7 @@
 //! simply runs again).
 
 use tracing::warn;
+use uuid::Uuid;
 
 use crate::lifecycle::{InstanceState, Request};
 use crate::network::{BindingStatus, NetworkError, PortRequest, PortUpdate, MIGRATING_TO};
@@ -46,29 +47,36 @@ pub(crate) async fn spawn(op: &mut OpCtx, args: SpawnArgs) -> Finished {
     // registered later, not dropped as one for an unknown instance.
     op.deps.events.track(op.uuid);
     let host = op.deps.host.clone();
-    // A build that allocates ports is journaled before the first one exists, until it ends:
-    // an agent that dies in between releases them at its next start (see journal.rs).
-    let journaled = matches!(network, NetworkRequest::Allocate(_));
+    // Every build is journaled before its first port (or, given its networking, before its
+    // first disk) exists, until it ends: an agent that dies in between releases the ports
+    // it allocated and removes the disks it made at its next start (see journal.rs).
+    let build = Uuid::new_v4();
+    let entry = BuildEntry {
+        instance: op.uuid,
+        host: host.clone(),
+        user_ports: match &network {
+            NetworkRequest::Allocate(requests) => requests
+                .iter()
+                .filter_map(|r| match r {
+                    PortRequest::Port { port_id } => Some(port_id.0),
+                    PortRequest::Network { .. } => None,
+                })
+                .collect(),
+            NetworkRequest::Allocated(_) => Vec::new(),
+        },
+        allocated: matches!(network, NetworkRequest::Allocate(_)),
+        build: Some(build),
+    };
+    let allocated = entry.allocated;
+    if let Err(source) = op.deps.builds.begin(&entry).await {
+        let cause = InstanceError::Journal {
+            step: "begin",
+            source,
+        };
+        return failed_before_allocation(op, cause);
+    }
     let network_info = match network {
         NetworkRequest::Allocate(requests) => {
-            let entry = BuildEntry {
-                instance: op.uuid,
-                host: host.clone(),
-                user_ports: requests
-                    .iter()
-                    .filter_map(|r| match r {
-                        PortRequest::Port { port_id } => Some(port_id.0),
-                        PortRequest::Network { .. } => None,
-                    })
-                    .collect(),
-            };
-            if let Err(source) = op.deps.builds.begin(&entry).await {
-                let cause = InstanceError::Journal {
-                    step: "begin",
-                    source,
-                };
-                return failed_before_allocation(op, cause);
-            }
             let net = op.deps.network.clone();
             match op
                 .net(
@@ -105,6 +113,7 @@ pub(crate) async fn spawn(op: &mut OpCtx, args: SpawnArgs) -> Finished {
         network_info,
         state: InstanceState::Building,
         resize: None,
+        arrived_by: None,
     };
     op.use_record(&record);
     let mut unreleased = false;
@@ -118,7 +127,7 @@ pub(crate) async fn spawn(op: &mut OpCtx, args: SpawnArgs) -> Finished {
             refresh_active(op, &mut network_info).await?;
             let mut record = record.clone();
             record.network_info = network_info.clone();
-            let state = spawn_steps(op, &mut record, image_token.clone(), power_on).await?;
+            let state = spawn_steps(op, &mut record, build, image_token.clone(), power_on).await?;
             Ok((state, record))
         },
         // The record as it was before the refresh: the ports the build was given.
@@ -160,9 +169,10 @@ pub(crate) async fn spawn(op: &mut OpCtx, args: SpawnArgs) -> Finished {
             op.deps.events.forget(op.uuid);
             if let Some(e) = release_err {
                 leftovers.push(format!("release networking: {e}"));
-                // The entry stays: a restart before the caller destroys the instance
-                // releases the ports (or finds the domain, whose recovery does).
-                unreleased = true;
+                // The entry of a build that allocated its ports stays: a restart before
+                // the caller destroys the instance releases them (or finds the domain, whose
+                // recovery does). A caller that brought the ports releases them itself.
+                unreleased = allocated;
             }
             if leftovers.is_empty() {
                 // Everything removed: a build failure (maybe rescheduled), not RolledBack.
@@ -192,7 +202,7 @@ pub(crate) async fn spawn(op: &mut OpCtx, args: SpawnArgs) -> Finished {
     .await;
     // The domain holds the record now, or the rollback released everything — or it could
     // not release the networking, and the entry stays until a destroy does (or a restart).
-    if journaled && !unreleased {
+    if !unreleased {
         end_journal(op).await;
     }
     match done {
@@ -230,6 +240,7 @@ async fn end_journal(op: &mut OpCtx) {
 async fn spawn_steps(
     op: &mut OpCtx,
     record: &mut InstanceRecord,
+    build: Uuid,
     image_token: Option<String>,
     power_on: bool,
 ) -> Result<InstanceState, InstanceError> {
@@ -237,6 +248,7 @@ async fn spawn_steps(
     op.phase("disks");
     let mut plan = DiskPlan::new(record.uuid, &record.flavor, record.storage.image.clone());
     plan.image_token = image_token;
+    plan.build = Some(build);
     if let Some(drive) = &record.storage.config_drive {
         let files = config_drive_files(record.uuid, &record.name, drive, &record.network_info)
             .map_err(|e| InstanceError::Storage {
