@@ -284,6 +284,7 @@ async fn idle_actor_memory(count: usize) -> (u64, usize) {
             network_info: ni.clone(),
             state: InstanceState::Running,
             resize: None,
+            arrived_by: None,
         };
         let (deps, gone, op_ids) = (deps.clone(), gone.clone(), op_ids.clone());
         let addr = actix::Actor::start_in_arbiter(system.arbiter(), move |_| {

@@ -193,6 +193,38 @@ impl InstanceActor {
         None
     }
 
+    /// A live migration's hand-over this host completed already (the record names the
+    /// migration that brought the guest): the source asks again because this host's answer
+    /// was lost with its agent. Done at once, with the guest's state — refusing it as illegal
+    /// in `running` would fail a migration whose guest runs here.
+    fn taken_over_already(&self, request: &Operation) -> Option<Ticket> {
+        let Operation::PostLiveMigrationAtDestination { migration, .. } = request else {
+            return None;
+        };
+        if self.running.is_some() || self.stopping {
+            return None;
+        }
+        let record = self.record.as_ref()?;
+        if record.arrived_by != Some(migration.id)
+            || !matches!(self.state, InstanceState::Running | InstanceState::Paused)
+        {
+            return None;
+        }
+        info!(instance = %self.uuid, migration = %migration.id, "hand-over asked again: done already");
+        let request = Request::PostLiveMigrationAtDestination;
+        let report = OpReport {
+            request: request.as_str().to_owned(),
+            ..OpReport::default()
+        };
+        Some(Ticket::done_already(
+            request,
+            Ok(InstanceReply::Done {
+                state: self.state,
+                report,
+            }),
+        ))
+    }
+
     /// Start an admitted request; its completion goes to the ticket.
     fn admit(&mut self, request: Operation, ctx: &mut Context<Self>) -> Ticket {
         let kind = request.kind();
@@ -546,6 +578,9 @@ impl Handler<Submit> for InstanceActor {
             {
                 return Ok(nothing_to_destroy());
             }
+        }
+        if let Some(done) = self.taken_over_already(&request) {
+            return Ok(done);
         }
         if let Some(e) = self.refuse(&request) {
             return Err(e);

@@ -80,6 +80,10 @@ pub enum Admitted {
     /// A destroy with nothing of the instance on this host: done already (destroy is
     /// idempotent).
     NothingHere,
+    /// A live migration's hand-over this host completed already: the source asks again
+    /// because the answer was lost (this host's agent died after it saved the guest as its
+    /// own). Done, with the state the guest is in.
+    DoneAlready,
 }
 
 /// An admitted request: what runs, how it was admitted, and its completion.
@@ -111,6 +115,13 @@ impl Ticket {
         ticket
     }
 
+    /// A request this host carried out already: completed at once.
+    pub fn done_already(request: Request, completion: Completion) -> Ticket {
+        let (ticket, tx) = Ticket::new(request, Admitted::DoneAlready);
+        let _ = tx.send(completion);
+        ticket
+    }
+
     /// What was admitted.
     pub fn request(&self) -> Request {
         self.request
@@ -125,7 +136,7 @@ impl Ticket {
     pub fn op_id(&self) -> Option<OpId> {
         match self.admitted {
             Admitted::Started(id) => Some(id),
-            Admitted::Queued | Admitted::NothingHere => None,
+            Admitted::Queued | Admitted::NothingHere | Admitted::DoneAlready => None,
         }
     }
 

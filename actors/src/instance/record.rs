@@ -145,6 +145,9 @@ struct StoredRecord {
     /// written before vireo recorded it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     host: Option<String>,
+    /// The live migration that brought the instance to this host (absent otherwise).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    arrived_by: Option<Uuid>,
 }
 
 /// Everything an instance actor knows about its instance.
@@ -166,6 +169,9 @@ pub struct InstanceRecord {
     pub state: InstanceState,
     /// A resize waiting for confirm or revert.
     pub resize: Option<ResizeRecord>,
+    /// The live migration that brought the instance to the host that holds it, once that
+    /// host took it over: a source that asks again (its answer was lost) is told it is done.
+    pub arrived_by: Option<Uuid>,
 }
 
 /// Host-wide settings that shape every domain vireo defines.
@@ -203,6 +209,7 @@ impl InstanceRecord {
             storage: self.storage.clone(),
             resize: self.resize.clone(),
             host: Some(host.to_owned()),
+            arrived_by: self.arrived_by,
         };
         Ok(VireoMetadata {
             instance_uuid: self.uuid,
@@ -224,6 +231,7 @@ impl InstanceRecord {
                 storage: StorageRecord::default(),
                 resize: None,
                 host: None,
+                arrived_by: None,
             },
         };
         Ok(InstanceRecord {
@@ -235,6 +243,7 @@ impl InstanceRecord {
             network_info,
             state: stored.state,
             resize: stored.resize,
+            arrived_by: stored.arrived_by,
         })
     }
 
@@ -408,6 +417,7 @@ mod tests {
             network_info: NetworkInfo { vifs: vec![] },
             state: InstanceState::Building,
             resize: None,
+            arrived_by: None,
         }
     }
 

@@ -654,9 +654,14 @@ pub(crate) async fn pre_live_migration(
 pub(crate) async fn post_live_migration(
     op: &mut OpCtx,
     record: InstanceRecord,
-    source: String,
+    migration: Migration,
     caller: Option<Box<CallerTask>>,
 ) -> Finished {
+    // Saved with the guest's state: a source that asks again (this host's answer was lost
+    // with its agent) is told the hand-over is done (see the actor's admission).
+    let mut record = record;
+    record.arrived_by = Some(migration.id);
+    let source = migration.source_host;
     if caller.is_some() {
         return post_live_migration_for_caller(op, record).await;
     }
@@ -725,7 +730,10 @@ pub(crate) async fn post_live_migration(
             } else {
                 state
             };
-            Finished::err(state, Some(record.clone()), e)
+            // Not taken over: a source that asks again runs the hand-over again.
+            let mut record = record.clone();
+            record.arrived_by = None;
+            Finished::err(state, Some(record), e)
         },
     )
     .await;

@@ -280,6 +280,7 @@ fn record_from_handover(op: &OpCtx, h: &Handover) -> Result<InstanceRecord, Inst
         network_info,
         state: InstanceState::Absent,
         resize: None,
+        arrived_by: None,
     })
 }
 
@@ -368,7 +369,7 @@ pub(crate) async fn dispatch(
         R::FinishRevertResize { caller } => resize::finish_revert_resize(op, record, caller).await,
         R::LiveMigrate(args) => migrate::live_migrate(op, record, from, *args).await,
         R::PostLiveMigrationAtDestination { migration, caller } => {
-            migrate::post_live_migration(op, record, migration.source_host, caller).await
+            migrate::post_live_migration(op, record, migration, caller).await
         }
         R::AttachInterface { vif } => interfaces::attach_interface(op, record, from, *vif).await,
         R::DetachInterface { port_id } => {
