@@ -1620,6 +1620,153 @@ async fn two_host_resize_revert(run: &Run, b: &HostBAgent) -> R {
     finish_two_hosts(s, b).await
 }
 
+/// A cross-host resize A → B with host B's agent killed (SIGKILL) while its finish waits for
+/// the ports' events on B, and started again at once. Host A's resize loses its call to B and
+/// rolls back; B's restarted agent finds the finish in flight and gives the instance back.
+/// Whichever gets there first, the guest runs on A again with its old flavor, its ports bound
+/// and active on A, and B holds nothing (no domain, no device, no binding).
+async fn two_host_resize_killed_in_finish(run: &Run, b: &mut HostBAgent) -> R {
+    let mut s = Scene::new(run, "two hosts: resize A>B, B killed in its finish");
+    s.peers.insert(b.peer()?);
+    let opts = s.system_host();
+    s.host(opts).await?;
+    let net = run.env.network_id.clone();
+    let (id, vifs, _) = spawn_allocated(&mut s, 0, &net, 2).await;
+    let h = s.a();
+    let a_api = run.api_client()?;
+    let (a_name, bname) = (h.name.clone(), b.env.name.clone());
+    let small = ModelFlavor {
+        name: "m1.small".into(),
+        vcpus: 1,
+        memory_mb: 192,
+        root_gb: 0,
+        ephemeral_gb: 0,
+        swap_mb: 0,
+        extra_specs: Default::default(),
+    };
+    let resize = {
+        let op = Operation::Resize(Box::new(ResizeArgs::new(Some(&bname), small)));
+        tokio::spawn(async move { api_op(&a_api, &a_name, id, op).await })
+    };
+    b_at_phase(b, id, "wait for events").await;
+    b.kill_and_restart(Duration::ZERO).await?;
+    let outcome = resize.await.expect("the resize's task");
+    println!(
+        "host A's resize after B's agent was killed: {}",
+        match &outcome {
+            Ok(_) => "succeeded".to_owned(),
+            Err(e) => vireo_integration::chain(e),
+        }
+    );
+    back_on_a(&s, b, id, &vifs).await?;
+    destroy(&s, h, id).await;
+    finish_two_hosts(s, b).await
+}
+
+/// After a resize or revert whose host-B half was killed: the instance settles on host A
+/// (running, its old flavor, no operation) within 60 s while host B lets go of it, and B holds
+/// nothing of it (no domain, no device, no binding); its ports are bound and active on A.
+async fn back_on_a(s: &Scene<'_>, b: &HostBAgent, id: Uuid, vifs: &[Vif]) -> R {
+    let (run, h, bname) = (s.run, s.a(), &b.env.name);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let on_a = h.driver.show(id).await.ok();
+        let settled = on_a.as_ref().is_some_and(|v| {
+            v.state == InstanceState::Running
+                && v.operation.is_none()
+                && v.flavor.as_deref() == Some("m1.tiny")
+        });
+        let b_free = b.client.show_instance(id).await.is_err();
+        if settled && b_free {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not back on A: A {:?}; B {:?}",
+            on_a.map(|v| (v.state, v.flavor, v.operation.map(|o| o.phase))),
+            b.client
+                .show_instance(id)
+                .await
+                .map(|v| (v.state, v.operation))
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(hb_domain_state(&b.env, id), None, "no domain left on B");
+    for v in vifs {
+        assert_devices_b(&b.env, v, false);
+        assert_devices(v, DomainForm::LibvirtManaged, true);
+    }
+    assert_bound_active(s, vifs, &h.name).await;
+    for v in vifs {
+        let bindings = run.raw.bindings(v.id).await?;
+        assert!(
+            bindings.iter().all(|x| x["host"] != bname.as_str()),
+            "{}: a binding for B left: {bindings:?}",
+            v.id
+        );
+    }
+    Ok(())
+}
+
+/// A cross-host resize A → B, then its revert with host B's agent killed (SIGKILL) once it
+/// removed its copy and asked host A to bring the instance back, and started again at once.
+/// A finishes the revert without B (it binds back, plugs, starts and awaits its own
+/// events); B's restarted agent finds the revert in flight with no domain left and lets the
+/// instance go.
+async fn two_host_revert_killed(run: &Run, b: &mut HostBAgent) -> R {
+    let mut s = Scene::new(run, "two hosts: resize A>B+revert, B killed in the revert");
+    s.peers.insert(b.peer()?);
+    let opts = s.system_host();
+    s.host(opts).await?;
+    let net = run.env.network_id.clone();
+    let (id, vifs, _) = spawn_allocated(&mut s, 0, &net, 1).await;
+    let h = s.a();
+    let a_api = run.api_client()?;
+    let bname = b.env.name.clone();
+    let small = ModelFlavor {
+        name: "m1.small".into(),
+        vcpus: 1,
+        memory_mb: 192,
+        root_gb: 0,
+        ephemeral_gb: 0,
+        swap_mb: 0,
+        extra_specs: Default::default(),
+    };
+    s.remote_ok(
+        "resize A>B",
+        id,
+        api_op(
+            &a_api,
+            &h.name,
+            id,
+            Operation::Resize(Box::new(ResizeArgs::new(Some(&bname), small))),
+        ),
+    )
+    .await;
+    assert_state(h, id, InstanceState::ResizeSource).await;
+    let revert = {
+        let (client, name) = (b.client.clone(), bname.clone());
+        tokio::spawn(async move { api_op(&client, &name, id, Operation::RevertResize {}).await })
+    };
+    b_at_phase(b, id, "bring back on the source").await;
+    b.kill_and_restart(Duration::ZERO).await?;
+    // Its caller loses the revert with the agent (the connection closes).
+    let lost = revert.await.expect("the revert's task");
+    println!(
+        "the revert through B after B's agent was killed: {}",
+        match &lost {
+            Ok(_) => "succeeded".to_owned(),
+            Err(e) => vireo_integration::chain(e),
+        }
+    );
+    back_on_a(&s, b, id, &vifs).await?;
+    let back = h.driver.show(id).await.unwrap().last_operation.unwrap();
+    assert_eq!(back.request, "finish-revert-resize");
+    assert_peer_waits("finish-revert-resize on A", &back, &ids(&vifs));
+    destroy(&s, h, id).await;
+    finish_two_hosts(s, b).await
+}
+
 /// A live migration A → B that runs past its completion timeout: the job is aborted on A
 /// (`virDomainAbortJob`), the migration rolled back from A (bindings, `migrating_to`), B
 /// removes what it prepared; the guest never stopped running on A.
@@ -2037,7 +2184,7 @@ const HYBRID: [&str; 5] = [
     "build fails",
     "live migration rollback",
 ];
-const TWO_HOSTS: [&str; 8] = [
+const TWO_HOSTS: [&str; 10] = [
     "two hosts: live migrate A>B",
     "two hosts: resize A>B+revert",
     "two hosts: resize A>B with disks",
@@ -2046,6 +2193,8 @@ const TWO_HOSTS: [&str; 8] = [
     "two hosts: live migrate A>B, B's agent killed",
     "two hosts: spawn on B, B's agent killed in its wait",
     "two hosts: live migrate A>B, B killed in its hand-over",
+    "two hosts: resize A>B, B killed in its finish",
+    "two hosts: resize A>B+revert, B killed in the revert",
 ];
 /// Run with host B's agent restarted on an instances directory host A uses too.
 const TWO_HOSTS_SHARED: [&str; 2] = [
@@ -2145,6 +2294,14 @@ async fn two_hosts(runner: &mut Runner, run: &Run, plan: Option<HostBPlan>) {
         .run(TWO_HOSTS[7], || {
             two_host_live_migration_killed_in_post(run, &mut b)
         })
+        .await;
+    runner
+        .run(TWO_HOSTS[8], || {
+            two_host_resize_killed_in_finish(run, &mut b)
+        })
+        .await;
+    runner
+        .run(TWO_HOSTS[9], || two_host_revert_killed(run, &mut b))
         .await;
     let failed = |runner: &Runner, names: &[&str]| {
         runner
