@@ -53,6 +53,14 @@ DB_PASSWORD=vireo-neutron
 NET_NAME=vireo-net
 SUBNET_NAME=vireo-subnet
 SUBNET_CIDR=${VIREO_SUBNET_CIDR:-192.0.2.0/24}
+# The Linux bridge agent's host (in this namespace), its flat network on physnet1 and the veth
+# end it uses as that network's uplink.
+LB_HOST=${VIREO_LB_HOST:-$HOST-lb}
+LB_UPLINK=vlb-up
+LB_UPLINK_PEER=vlb-peer
+LB_NET_NAME=vireo-lb-net
+LB_SUBNET_NAME=vireo-lb-subnet
+LB_SUBNET_CIDR=203.0.113.0/24
 NEUTRON_URL=http://127.0.0.1:$NEUTRON_PORT
 PY=/usr/bin/python3 # Debian's python: the one the neutron packages install into
 
@@ -63,7 +71,8 @@ BASE_PKGS=(pkg-config libxml2-utils openvswitch-switch iproute2 cpio busybox-sta
 # The OpenStack tier: Neutron and its services, and Nova's libraries for the Nova driver's tests
 # (driver/nova/tests load Nova's own ComputeManager in-process and start their own glance-api),
 # and python3-libvirt for Nova's own libvirt driver (the side-by-side, nova-compute-driver).
-NEUTRON_PKGS=(neutron-server neutron-openvswitch-agent rabbitmq-server mariadb-server
+NEUTRON_PKGS=(neutron-server neutron-openvswitch-agent neutron-linuxbridge-agent rabbitmq-server
+  mariadb-server
   python3-pymysql sudo ipset conntrack python3-nova python3-pytest python3-flake8 glance-api
   python3-placement placement-api python3-openstackclient python3-libvirt)
 
@@ -197,6 +206,8 @@ render() { # render TEMPLATE OUT
     -e "s|@ETC_DIR@|$ETC_DIR|g" \
     -e "s|@DOMAIN_TYPE@|${DOMAIN_TYPE:-kvm}|g" \
     -e "s|@HOSTA_LINK_ADDR@|$HOSTA_LINK_ADDR|g" \
+    -e "s|@LB_HOST@|$LB_HOST|g" \
+    -e "s|@LB_UPLINK@|$LB_UPLINK|g" \
     "$SETUP_DIR/$1" >"$2.tmp"
   if cmp -s "$2.tmp" "$2"; then
     rm -f "$2.tmp"
@@ -581,6 +592,7 @@ write_neutron_config() {
   render neutron.conf.in "$ETC_DIR/neutron.conf"
   render ml2_conf.ini.in "$ETC_DIR/ml2_conf.ini"
   render openvswitch_agent.ini.in "$ETC_DIR/openvswitch_agent.ini"
+  render linuxbridge_agent.ini.in "$ETC_DIR/linuxbridge_agent.ini"
   echo "$FIREWALL" >"$STATE_DIR/firewall"
 }
 
@@ -646,6 +658,52 @@ start_neutron_agent() {
 
 stop_neutron_agent() { stop_bg neutron-ovs-agent 5; }
 
+# lb_agent_alive: the Linux bridge agent reports alive (started at or after unix time $1).
+lb_agent_alive() {
+  local out
+  out=$(api GET "/v2.0/agents?host=$LB_HOST&agent_type=Linux+bridge+agent") || return 1
+  jq -e --argjson since "${1:-0}" '.agents | length > 0 and all(.alive
+      and ((.started_at | sub("\\.[0-9]+$"; "") | strptime("%Y-%m-%d %H:%M:%S") | mktime) >= $since))' \
+    <<<"$out" >/dev/null
+}
+
+# The Linux bridge agent, as host LB_HOST: its uplink (a veth pair) first, since the agent
+# refuses to start without the interface its mapping names.
+start_lb_agent() {
+  if ! ip link show "$LB_UPLINK" >/dev/null 2>&1; then
+    ip link add "$LB_UPLINK" type veth peer name "$LB_UPLINK_PEER"
+  fi
+  ip link set "$LB_UPLINK" up
+  ip link set "$LB_UPLINK_PEER" up
+  if alive neutron-lb-agent && stale neutron-lb-agent neutron.conf linuxbridge_agent.ini; then
+    log "configuration changed: restarting the Linux bridge agent"
+    stop_lb_agent
+  fi
+  alive neutron-lb-agent && return
+  local s
+  s=$(now)
+  start_bg neutron-lb-agent neutron-linuxbridge-agent --config-file "$ETC_DIR/neutron.conf" \
+    --config-file "$ETC_DIR/linuxbridge_agent.ini" --log-file "$LOG_DIR/neutron-linuxbridge-agent.log"
+  stamp neutron-lb-agent neutron.conf linuxbridge_agent.ini
+  wait_alive neutron-lb-agent 120 "the Linux bridge agent ($LB_HOST)" lb_agent_alive "${s%.*}" || {
+    tail -30 "$LOG_DIR/neutron-linuxbridge-agent.log" >&2
+    die "the Linux bridge agent did not report alive"
+  }
+  record start-neutron-lb-agent "$s"
+}
+
+stop_lb_agent() { stop_bg neutron-lb-agent 5; }
+
+# Removes what the Linux bridge agent made: the bridges of its network (brq + the network id's
+# first 11 characters) and the uplink veth pair.
+restore_after_lb_agent() {
+  local net
+  net=$(api GET "/v2.0/networks?name=$LB_NET_NAME" 2>/dev/null | jq -r '.networks[0].id // empty') || true
+  [[ -n $net ]] && ip link del "brq${net:0:11}" 2>/dev/null
+  ip link del "$LB_UPLINK" 2>/dev/null
+  return 0
+}
+
 launch_second_host() {
   if alive second-host-reporter && [[ $(cat "$STATE_DIR/second_host.args" 2>/dev/null) != "$SECOND_HOST $FIREWALL" ]] || changed neutron.conf; then
     stop_bg second-host-reporter 10
@@ -688,6 +746,33 @@ ensure_test_network() {
   SUBNET_ID=$sub
 }
 
+# Creates (once) the Linux bridge agent's flat network on physnet1 and its subnet.
+ensure_lb_network() {
+  local net sub
+  net=$(api GET "/v2.0/networks?name=$LB_NET_NAME" | jq -r '.networks[0].id // empty')
+  if [[ -z $net ]]; then
+    net=$(api POST /v2.0/networks "{\"network\": {\"name\": \"$LB_NET_NAME\", \"project_id\": \"vireo\",
+      \"provider:network_type\": \"flat\", \"provider:physical_network\": \"physnet1\",
+      \"admin_state_up\": true}}" | jq -r .network.id)
+  fi
+  sub=$(api GET "/v2.0/subnets?name=$LB_SUBNET_NAME&network_id=$net" | jq -r '.subnets[0].id // empty')
+  if [[ -z $sub ]]; then
+    sub=$(api POST /v2.0/subnets "{\"subnet\": {\"name\": \"$LB_SUBNET_NAME\", \"project_id\": \"vireo\",
+      \"network_id\": \"$net\", \"ip_version\": 4, \"cidr\": \"$LB_SUBNET_CIDR\",
+      \"enable_dhcp\": false, \"gateway_ip\": null}}" | jq -r .subnet.id)
+  fi
+  [[ -n $net && $net != null && -n $sub && $sub != null ]] || die "could not create the Linux bridge network"
+  # Without port security: the agent's ARP and MAC spoofing rules are ebtables `among` matches,
+  # which Debian 12's ebtables-nft adds but cannot delete ("RULE_DELETE failed (Invalid
+  # argument)"; the kernel has no legacy ebtables nat table): the agent retries the delete
+  # forever when a tap comes back, and never reports it (docs/EVENT_MODEL.md, section 9).
+  if [[ $(api GET "/v2.0/networks/$net" | jq -r .network.port_security_enabled) != false ]]; then
+    api PUT "/v2.0/networks/$net" '{"network": {"port_security_enabled": false}}' >/dev/null ||
+      die "could not turn port security off on the Linux bridge network"
+  fi
+  LB_NETWORK_ID=$net
+}
+
 write_env_file() {
   cat >"$ENV_FILE.tmp" <<EOF
 VIREO_NEUTRON_URL=$NEUTRON_URL
@@ -696,16 +781,19 @@ VIREO_NEUTRON_SECOND_HOST=$SECOND_HOST
 VIREO_NEUTRON_NETWORK_ID=$NETWORK_ID
 VIREO_NEUTRON_SUBNET_ID=$SUBNET_ID
 VIREO_NEUTRON_FIREWALL=$FIREWALL
+VIREO_NEUTRON_LB_HOST=$LB_HOST
+VIREO_NEUTRON_LB_NETWORK_ID=$LB_NETWORK_ID
 VIREO_NOVA_PORT=$NOVA_PORT
 VIREO_EVENTS_TOKEN_FILE=$EVENTS_TOKEN_FILE
 EOF
   mv "$ENV_FILE.tmp" "$ENV_FILE"
 }
 
-# Binds a fresh port to HOST and prints its binding (vif_type ovs_hybrid_plug); deletes it.
-probe_binding() { # probe_binding HOST
+# Binds a fresh port on NETWORK (the test network by default) to HOST and prints its binding
+# (vif_type ovs_hybrid_plug); deletes it.
+probe_binding() { # probe_binding HOST [NETWORK]
   local port out
-  port=$(api POST /v2.0/ports "{\"port\": {\"network_id\": \"$NETWORK_ID\", \"project_id\": \"vireo\",
+  port=$(api POST /v2.0/ports "{\"port\": {\"network_id\": \"${2:-$NETWORK_ID}\", \"project_id\": \"vireo\",
     \"name\": \"vireo-probe\", \"device_owner\": \"compute:nova\",
     \"device_id\": \"$(cat /proc/sys/kernel/random/uuid)\", \"binding:host_id\": \"$1\"}}") || return 1
   out=$(jq -r '.port | "\(."binding:vif_type") \(."binding:vif_details".ovs_hybrid_plug)"' <<<"$port")
@@ -725,12 +813,17 @@ start_neutron() {
   start_neutron_server
   launch_second_host
   start_neutron_agent
+  start_lb_agent
   wait_second_host
   ensure_test_network
+  ensure_lb_network
   local b
   b=$(probe_binding "$SECOND_HOST")
   [[ $b == "ovs $(hybrid_for "$FIREWALL")" ]] || die "binding a port to $SECOND_HOST gave: $b"
   log "a port binds to $SECOND_HOST: vif_type/ovs_hybrid_plug = $b"
+  b=$(probe_binding "$LB_HOST" "$LB_NETWORK_ID")
+  [[ $b == "bridge "* ]] || die "binding a port to $LB_HOST gave: $b"
+  log "a port binds to $LB_HOST: vif_type $b"
   write_env_file
 }
 
@@ -789,13 +882,15 @@ restore_after_agent() {
 stop_neutron() {
   stop_bg second-host-reporter 10
   stop_neutron_agent
+  stop_lb_agent
+  [[ -e $ETC_DIR/linuxbridge_agent.ini ]] && restore_after_lb_agent
   stop_bg neutron-server 30
   # Only a host where this script configured the agent gets the agent's changes undone.
   [[ -e $ETC_DIR/openvswitch_agent.ini ]] && restore_after_agent
   stop_rabbitmq
   stop_mariadb
   rm -f "$ETC_DIR/neutron.conf" "$ETC_DIR/ml2_conf.ini" "$ETC_DIR/openvswitch_agent.ini" \
-    "$ETC_DIR/mariadb.cnf"
+    "$ETC_DIR/linuxbridge_agent.ini" "$ETC_DIR/mariadb.cnf"
   rm -rf "$STATE_DIR/mysql" "$STATE_DIR/rabbitmq" "$STATE_DIR/neutron" "$ENV_FILE" \
     "$STATE_DIR/firewall" "$STATE_DIR/second_host" "$STATE_DIR/second_host.args"
 }
@@ -1176,6 +1271,12 @@ cmd_status() {
     report "ovs-agent ($HOST)" DOWN
     bad=1
   fi
+  if alive neutron-lb-agent && lb_agent_alive 2>/dev/null; then
+    report "linuxbridge-agent ($LB_HOST)" up
+  else
+    report "linuxbridge-agent ($LB_HOST)" DOWN
+    bad=1
+  fi
   if alive second-host-reporter && agent_alive "$second" 2>/dev/null; then
     report "state reporter ($second)" up
   else
@@ -1195,6 +1296,8 @@ cmd_neutron_firewall() {
   . "$ENV_FILE"
   NETWORK_ID=$VIREO_NEUTRON_NETWORK_ID
   SUBNET_ID=$VIREO_NEUTRON_SUBNET_ID
+  LB_HOST=${VIREO_NEUTRON_LB_HOST:-$LB_HOST}
+  LB_NETWORK_ID=${VIREO_NEUTRON_LB_NETWORK_ID:-}
   NOVA_PORT=$VIREO_NOVA_PORT
   SECOND_HOST=$VIREO_NEUTRON_SECOND_HOST
   start=$(now)

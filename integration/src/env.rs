@@ -24,6 +24,11 @@ pub struct StackEnv {
     pub network_id: String,
     /// Its subnet (`VIREO_NEUTRON_SUBNET_ID`).
     pub subnet_id: String,
+    /// The Linux bridge agent's host (`VIREO_NEUTRON_LB_HOST`): a port bound to it is a
+    /// Linux bridge port, wired in this namespace, its events sent by that agent.
+    pub lb_host: String,
+    /// The flat network the Linux bridge agent serves (`VIREO_NEUTRON_LB_NETWORK_ID`).
+    pub lb_network_id: String,
     /// The port Neutron's Nova notifier posts to on 127.0.0.1 (`VIREO_NOVA_PORT`).
     pub nova_port: u16,
     /// The events token Neutron's notifier sends (`[nova] auth_type = admin_token`), in a
@@ -31,12 +36,14 @@ pub struct StackEnv {
     pub events_token_file: PathBuf,
 }
 
-const KEYS: [&str; 7] = [
+const KEYS: [&str; 9] = [
     "VIREO_NEUTRON_URL",
     "VIREO_NEUTRON_HOST",
     "VIREO_NEUTRON_SECOND_HOST",
     "VIREO_NEUTRON_NETWORK_ID",
     "VIREO_NEUTRON_SUBNET_ID",
+    "VIREO_NEUTRON_LB_HOST",
+    "VIREO_NEUTRON_LB_NETWORK_ID",
     "VIREO_NOVA_PORT",
     "VIREO_EVENTS_TOKEN_FILE",
 ];
@@ -87,6 +94,8 @@ impl StackEnv {
             second_host: get("VIREO_NEUTRON_SECOND_HOST")?,
             network_id: get("VIREO_NEUTRON_NETWORK_ID")?,
             subnet_id: get("VIREO_NEUTRON_SUBNET_ID")?,
+            lb_host: get("VIREO_NEUTRON_LB_HOST")?,
+            lb_network_id: get("VIREO_NEUTRON_LB_NETWORK_ID")?,
             nova_port: nova_port.parse().map_err(|_| {
                 HarnessError::Setup(format!("VIREO_NOVA_PORT {nova_port:?} is not a port"))
             })?,
@@ -139,6 +148,7 @@ mod tests {
             &f,
             "# comment\nVIREO_NEUTRON_URL=http://127.0.0.1:9696\nexport VIREO_NEUTRON_HOST='vm'\n\
              VIREO_NEUTRON_SECOND_HOST=h2\nVIREO_NEUTRON_NETWORK_ID=n\nVIREO_NEUTRON_SUBNET_ID=s\n\
+             VIREO_NEUTRON_LB_HOST=vm-lb\nVIREO_NEUTRON_LB_NETWORK_ID=lb\n\
              VIREO_NOVA_PORT=8774\nVIREO_EVENTS_TOKEN_FILE=/etc/t\n",
         )
         .unwrap();
@@ -147,6 +157,10 @@ mod tests {
         assert_eq!(env.host, "vm");
         assert_eq!(env.nova_port, 9999);
         assert_eq!(env.network_id, "n");
+        assert_eq!(
+            (env.lb_host.as_str(), env.lb_network_id.as_str()),
+            ("vm-lb", "lb")
+        );
         assert_eq!(env.events_token_file, Path::new("/etc/t"));
         let missing = StackEnv::load_from(&dir.path().join("none"), |_| None).unwrap_err();
         assert!(missing.to_string().contains("host-setup.sh"), "{missing}");

@@ -799,12 +799,15 @@ fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
+/// Linux bridge ports with Neutron's own Linux bridge agent: host-setup runs one as a host of
+/// its own (`VIREO_NEUTRON_LB_HOST`) in this namespace, serving a flat network; vireo runs as
+/// that host here, so Neutron binds the ports `bridge` and every event a wait counts comes from
+/// that agent (no stand-in).
 async fn linuxbridge_spawn_lifecycle(run: &Run) -> R {
-    let mut s = Scene::new(run, "linux bridge: spawn+lifecycle");
-    let (net, cfg) = lb_network();
-    s.fixture(Fixture::Link(brq(&net)));
+    let mut s = Scene::new(run, "linux bridge (Neutron's agent): spawn+lifecycle");
+    let net = run.env.lb_network_id.clone();
     let mut opts = s.system_host();
-    opts.network = NetChoice::Embedded(cfg);
+    opts.name = run.env.lb_host.clone();
     s.host(opts).await?;
     let (id, vifs, report) = spawn_allocated(&mut s, 0, &net, 1).await;
     assert_eq!(vifs[0].vif_type, VifType::Bridge);
@@ -813,7 +816,29 @@ async fn linuxbridge_spawn_lifecycle(run: &Run) -> R {
     let h = s.a();
     lifecycle(&s, h, id, &vifs, DomainForm::LibvirtManaged, &ids(&vifs)).await;
     resize_revert(&s, h, id, &vifs, &ids(&vifs)).await;
+    // attach-interface: a user's port on the agent's network, bound here by the caller.
+    let lb = s.a().network.clone();
+    let p = s.user_port(&*lb, &net).await;
+    let vif = s.bind_user_port(&*lb, p, &run.env.lb_host, id).await;
+    let h = s.a();
+    let r = s
+        .ok(
+            h,
+            "attach interface",
+            id,
+            h.driver.attach_interface(id, vif.clone()),
+        )
+        .await;
+    assert_waits(&s, "attach", &r, &[], &[p]);
+    assert_devices(&vif, DomainForm::LibvirtManaged, true);
     destroy(&s, h, id).await;
+    assert_devices(&vif, DomainForm::LibvirtManaged, false);
+    lb.update_port(
+        p,
+        &vireo_actors::network::unbind_update(&lb.get_port(p).await.unwrap()),
+    )
+    .await
+    .unwrap();
     s.finish().await
 }
 
@@ -2384,7 +2409,7 @@ async fn run_all(runner: &mut Runner) {
         .run(HYBRID[4], || live_migration_rollback(&run))
         .await;
     runner
-        .run("linux bridge: spawn+lifecycle", || {
+        .run("linux bridge (Neutron's agent): spawn+lifecycle", || {
             linuxbridge_spawn_lifecycle(&run)
         })
         .await;
