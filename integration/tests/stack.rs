@@ -519,21 +519,9 @@ async fn hybrid_attach_detach(run: &Run) -> R {
     s.host(opts).await?;
     let net_id = run.env.network_id.clone();
     let (id, vifs, _) = spawn_allocated(&mut s, 0, &net_id, 1).await;
+    let (p, vif) = attach_user_port(&s, id, &net_id, &run.env.host).await;
     let net = s.a().network.clone();
-    let p = s.user_port(&*net, &net_id).await;
-    let host = run.env.host.clone();
-    let vif = s.bind_user_port(&*net, p, &host, id).await;
     let h = s.a();
-    let r = s
-        .ok(
-            h,
-            "attach interface",
-            id,
-            h.driver.attach_interface(id, vif.clone()),
-        )
-        .await;
-    assert_waits(&s, "attach", &r, &[], &[p]);
-    assert_devices(&vif, DomainForm::LibvirtManaged, true);
     let xml = h.driver.libvirt().xml_desc(id, false).await.unwrap();
     assert!(
         xml.contains(&format!("ua-{p}")),
@@ -570,13 +558,39 @@ async fn hybrid_attach_detach(run: &Run) -> R {
     destroy(&s, h, id).await;
     assert_devices(&vif, DomainForm::LibvirtManaged, false);
     // Nova's part when it gives the port up: it leaves the instance.
+    unbind(&*net, p).await;
+    s.finish().await
+}
+
+/// attach-interface of a user's port on `network`, bound to `host` for instance `id` by the
+/// caller (as Nova does): the attach awaits that port's plug-time event, and its device is
+/// wired. Returns the port and its VIF.
+async fn attach_user_port(s: &Scene<'_>, id: Uuid, network: &str, host: &str) -> (PortId, Vif) {
+    let net = s.a().network.clone();
+    let p = s.user_port(&*net, network).await;
+    let vif = s.bind_user_port(&*net, p, host, id).await;
+    let h = s.a();
+    let r = s
+        .ok(
+            h,
+            "attach interface",
+            id,
+            h.driver.attach_interface(id, vif.clone()),
+        )
+        .await;
+    assert_waits(s, "attach", &r, &[], &[p]);
+    assert_devices(&vif, DomainForm::LibvirtManaged, true);
+    (p, vif)
+}
+
+/// Unbind a user's port from its instance (the caller's part once the instance is gone).
+async fn unbind(net: &dyn NetworkApi, p: PortId) {
     net.update_port(
         p,
         &vireo_actors::network::unbind_update(&net.get_port(p).await.unwrap()),
     )
     .await
     .unwrap();
-    s.finish().await
 }
 
 /// A live migration to a host whose libvirt cannot be reached fails and is rolled back from
@@ -817,28 +831,10 @@ async fn linuxbridge_spawn_lifecycle(run: &Run) -> R {
     lifecycle(&s, h, id, &vifs, DomainForm::LibvirtManaged, &ids(&vifs)).await;
     resize_revert(&s, h, id, &vifs, &ids(&vifs)).await;
     // attach-interface: a user's port on the agent's network, bound here by the caller.
-    let lb = s.a().network.clone();
-    let p = s.user_port(&*lb, &net).await;
-    let vif = s.bind_user_port(&*lb, p, &run.env.lb_host, id).await;
-    let h = s.a();
-    let r = s
-        .ok(
-            h,
-            "attach interface",
-            id,
-            h.driver.attach_interface(id, vif.clone()),
-        )
-        .await;
-    assert_waits(&s, "attach", &r, &[], &[p]);
-    assert_devices(&vif, DomainForm::LibvirtManaged, true);
+    let (p, vif) = attach_user_port(&s, id, &net, &run.env.lb_host).await;
     destroy(&s, h, id).await;
     assert_devices(&vif, DomainForm::LibvirtManaged, false);
-    lb.update_port(
-        p,
-        &vireo_actors::network::unbind_update(&lb.get_port(p).await.unwrap()),
-    )
-    .await
-    .unwrap();
+    unbind(&*s.a().network, p).await;
     s.finish().await
 }
 
@@ -1562,20 +1558,25 @@ async fn delete_on_b(b: &HostBAgent, id: Uuid) -> Result<OpReport, InstanceError
     })
 }
 
-/// A cross-host resize A → B and its revert: A powers the guest off and hands it to B
-/// (define with the new flavor, bind the ports to B, plug in B, start, await B's events), then
-/// the revert on B removes B's copy and has A bring the instance back (bind back, plug,
-/// start, await A's events).
-async fn two_host_resize_revert(run: &Run, b: &HostBAgent) -> R {
-    let mut s = Scene::new(run, "two hosts: resize A>B+revert");
+/// A scene with host B as a peer of host A (started), and an instance spawned on A with
+/// `ports` ports on the test network.
+async fn two_host_scene<'r>(
+    run: &'r Run,
+    b: &HostBAgent,
+    name: &str,
+    ports: usize,
+) -> Result<(Scene<'r>, Uuid, Vec<Vif>), HarnessError> {
+    let mut s = Scene::new(run, name);
     s.peers.insert(b.peer()?);
     let opts = s.system_host();
     s.host(opts).await?;
     let net = run.env.network_id.clone();
-    let (id, vifs, _) = spawn_allocated(&mut s, 0, &net, 1).await;
-    let h = s.a();
-    let a_api = run.api_client()?;
-    let bname = b.env.name.clone();
+    let (id, vifs, _) = spawn_allocated(&mut s, 0, &net, ports).await;
+    Ok((s, id, vifs))
+}
+
+/// A resize to host `dest` into m1.small (1 vCPU, 192 MiB; the instances start as m1.tiny).
+fn resize_to(dest: &str) -> Operation {
     let small = ModelFlavor {
         name: "m1.small".into(),
         vcpus: 1,
@@ -1585,16 +1586,23 @@ async fn two_host_resize_revert(run: &Run, b: &HostBAgent) -> R {
         swap_mb: 0,
         extra_specs: Default::default(),
     };
+    Operation::Resize(Box::new(ResizeArgs::new(Some(dest), small)))
+}
+
+/// A cross-host resize A → B and its revert: A powers the guest off and hands it to B
+/// (define with the new flavor, bind the ports to B, plug in B, start, await B's events), then
+/// the revert on B removes B's copy and has A bring the instance back (bind back, plug,
+/// start, await A's events).
+async fn two_host_resize_revert(run: &Run, b: &HostBAgent) -> R {
+    let (s, id, vifs) = two_host_scene(run, b, "two hosts: resize A>B+revert", 1).await?;
+    let h = s.a();
+    let a_api = run.api_client()?;
+    let bname = b.env.name.clone();
     let r = s
         .remote_ok(
             "resize A>B",
             id,
-            api_op(
-                &a_api,
-                &h.name,
-                id,
-                Operation::Resize(Box::new(ResizeArgs::new(Some(&bname), small))),
-            ),
+            api_op(&a_api, &h.name, id, resize_to(&bname)),
         )
         .await;
     assert!(
@@ -1651,26 +1659,13 @@ async fn two_host_resize_revert(run: &Run, b: &HostBAgent) -> R {
 /// Whichever gets there first, the guest runs on A again with its old flavor, its ports bound
 /// and active on A, and B holds nothing (no domain, no device, no binding).
 async fn two_host_resize_killed_in_finish(run: &Run, b: &mut HostBAgent) -> R {
-    let mut s = Scene::new(run, "two hosts: resize A>B, B killed in its finish");
-    s.peers.insert(b.peer()?);
-    let opts = s.system_host();
-    s.host(opts).await?;
-    let net = run.env.network_id.clone();
-    let (id, vifs, _) = spawn_allocated(&mut s, 0, &net, 2).await;
+    let (s, id, vifs) =
+        two_host_scene(run, b, "two hosts: resize A>B, B killed in its finish", 2).await?;
     let h = s.a();
     let a_api = run.api_client()?;
     let (a_name, bname) = (h.name.clone(), b.env.name.clone());
-    let small = ModelFlavor {
-        name: "m1.small".into(),
-        vcpus: 1,
-        memory_mb: 192,
-        root_gb: 0,
-        ephemeral_gb: 0,
-        swap_mb: 0,
-        extra_specs: Default::default(),
-    };
     let resize = {
-        let op = Operation::Resize(Box::new(ResizeArgs::new(Some(&bname), small)));
+        let op = resize_to(&bname);
         tokio::spawn(async move { api_op(&a_api, &a_name, id, op).await })
     };
     b_at_phase(b, id, "wait for events").await;
@@ -1739,33 +1734,20 @@ async fn back_on_a(s: &Scene<'_>, b: &HostBAgent, id: Uuid, vifs: &[Vif]) -> R {
 /// events); B's restarted agent finds the revert in flight with no domain left and lets the
 /// instance go.
 async fn two_host_revert_killed(run: &Run, b: &mut HostBAgent) -> R {
-    let mut s = Scene::new(run, "two hosts: resize A>B+revert, B killed in the revert");
-    s.peers.insert(b.peer()?);
-    let opts = s.system_host();
-    s.host(opts).await?;
-    let net = run.env.network_id.clone();
-    let (id, vifs, _) = spawn_allocated(&mut s, 0, &net, 1).await;
+    let (s, id, vifs) = two_host_scene(
+        run,
+        b,
+        "two hosts: resize A>B+revert, B killed in the revert",
+        1,
+    )
+    .await?;
     let h = s.a();
     let a_api = run.api_client()?;
     let bname = b.env.name.clone();
-    let small = ModelFlavor {
-        name: "m1.small".into(),
-        vcpus: 1,
-        memory_mb: 192,
-        root_gb: 0,
-        ephemeral_gb: 0,
-        swap_mb: 0,
-        extra_specs: Default::default(),
-    };
     s.remote_ok(
         "resize A>B",
         id,
-        api_op(
-            &a_api,
-            &h.name,
-            id,
-            Operation::Resize(Box::new(ResizeArgs::new(Some(&bname), small))),
-        ),
+        api_op(&a_api, &h.name, id, resize_to(&bname)),
     )
     .await;
     assert_state(h, id, InstanceState::ResizeSource).await;

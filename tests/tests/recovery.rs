@@ -804,16 +804,7 @@ async fn a_guest_that_arrived_while_the_destination_was_down_is_handed_over() {
     // The guest runs on h2: libvirt made its taps (the test driver does not).
     h2.plugger.devices_attached(&ports).await;
     // The source hands the guest over.
-    h2.driver
-        .complete(
-            id,
-            Operation::PostLiveMigrationAtDestination {
-                migration: migration.clone(),
-                caller: None,
-            },
-        )
-        .await
-        .unwrap();
+    hand_over(&*h2.driver, id, &migration).await.unwrap();
     assert_eq!(
         h2.driver.show(id).await.unwrap().state,
         InstanceState::Running
@@ -832,15 +823,7 @@ async fn a_guest_that_arrived_while_the_destination_was_down_is_handed_over() {
     let domains = c.dump_domains().await;
     let c = TestCloud::restart(c.crash(), domains).await;
     let (h1, h2) = (c.host("h1"), c.host("h2"));
-    let again = h2
-        .driver
-        .complete(
-            id,
-            Operation::PostLiveMigrationAtDestination {
-                migration: migration.clone(),
-                caller: None,
-            },
-        )
+    let again = hand_over(&*h2.driver, id, &migration)
         .await
         .unwrap_or_else(|e| panic!("{}", chain(&e)));
     let InstanceReply::Done { state, .. } = again;
@@ -849,17 +832,7 @@ async fn a_guest_that_arrived_while_the_destination_was_down_is_handed_over() {
         id: uuid(),
         ..migration.clone()
     };
-    let refused = h2
-        .driver
-        .complete(
-            id,
-            Operation::PostLiveMigrationAtDestination {
-                migration: other,
-                caller: None,
-            },
-        )
-        .await
-        .unwrap_err();
+    let refused = hand_over(&*h2.driver, id, &other).await.unwrap_err();
     assert_eq!(refused.code(), "illegal-state", "{}", chain(&refused));
     assert_eq!(
         h2.driver.show(id).await.unwrap().state,
@@ -875,6 +848,23 @@ async fn a_guest_that_arrived_while_the_destination_was_down_is_handed_over() {
     assert!(h1.driver.show(id).await.is_err());
     c.destroy_everywhere(id).await;
     c.assert_clean(&[]).await;
+}
+
+/// The source's hand-over of a live-migrated guest to the destination `driver`.
+async fn hand_over(
+    driver: &dyn ComputeDriver,
+    id: uuid::Uuid,
+    migration: &Migration,
+) -> Result<InstanceReply, InstanceError> {
+    driver
+        .complete(
+            id,
+            Operation::PostLiveMigrationAtDestination {
+                migration: migration.clone(),
+                caller: None,
+            },
+        )
+        .await
 }
 
 /// The `<domain>` element of `id` in a [`TestCloud::dump_domains`] dump.
