@@ -62,6 +62,17 @@ LB_NET_NAME=vireo-lb-net
 LB_SUBNET_NAME=vireo-lb-subnet
 LB_SUBNET_CIDR=203.0.113.0/24
 NEUTRON_URL=http://127.0.0.1:$NEUTRON_PORT
+# ML2/OVN: a second neutron-server (its own port, database and RabbitMQ vhost) whose one chassis
+# is an ovn-controller on this machine's Open vSwitch as host OVN_HOST, with an integration
+# bridge of its own (the OVS agent keeps br-int), and a geneve network.
+OVN_DIR=$STATE_DIR/ovn
+OVN_HOST=${VIREO_OVN_HOST:-$HOST-ovn}
+OVN_BRIDGE=br-ovn
+NEUTRON_OVN_PORT=${VIREO_NEUTRON_OVN_PORT:-9796}
+NEUTRON_OVN_URL=http://127.0.0.1:$NEUTRON_OVN_PORT
+OVN_NET_NAME=vireo-ovn-net
+OVN_SUBNET_NAME=vireo-ovn-subnet
+OVN_SUBNET_CIDR=198.18.0.0/24
 PY=/usr/bin/python3 # Debian's python: the one the neutron packages install into
 
 BPO_PKGS=(qemu-system-x86 qemu-utils libvirt-daemon-system libvirt-dev libvirt-clients)
@@ -72,7 +83,7 @@ BASE_PKGS=(pkg-config libxml2-utils openvswitch-switch iproute2 cpio busybox-sta
 # (driver/nova/tests load Nova's own ComputeManager in-process and start their own glance-api),
 # and python3-libvirt for Nova's own libvirt driver (the side-by-side, nova-compute-driver).
 NEUTRON_PKGS=(neutron-server neutron-openvswitch-agent neutron-linuxbridge-agent rabbitmq-server
-  mariadb-server
+  mariadb-server ovn-central ovn-host
   python3-pymysql sudo ipset conntrack python3-nova python3-pytest python3-flake8 glance-api
   python3-placement placement-api python3-openstackclient python3-libvirt)
 
@@ -208,6 +219,10 @@ render() { # render TEMPLATE OUT
     -e "s|@HOSTA_LINK_ADDR@|$HOSTA_LINK_ADDR|g" \
     -e "s|@LB_HOST@|$LB_HOST|g" \
     -e "s|@LB_UPLINK@|$LB_UPLINK|g" \
+    -e "s|@NEUTRON_OVN_PORT@|$NEUTRON_OVN_PORT|g" \
+    -e "s|@OVN_DIR@|$OVN_DIR|g" \
+    -e "s|@OVN_HOST@|$OVN_HOST|g" \
+    -e "s|@OVN_BRIDGE@|$OVN_BRIDGE|g" \
     "$SETUP_DIR/$1" >"$2.tmp"
   if cmp -s "$2.tmp" "$2"; then
     rm -f "$2.tmp"
@@ -593,6 +608,8 @@ write_neutron_config() {
   render ml2_conf.ini.in "$ETC_DIR/ml2_conf.ini"
   render openvswitch_agent.ini.in "$ETC_DIR/openvswitch_agent.ini"
   render linuxbridge_agent.ini.in "$ETC_DIR/linuxbridge_agent.ini"
+  render neutron-ovn.conf.in "$ETC_DIR/neutron-ovn.conf"
+  render ml2_conf_ovn.ini.in "$ETC_DIR/ml2_conf_ovn.ini"
   echo "$FIREWALL" >"$STATE_DIR/firewall"
 }
 
@@ -704,6 +721,126 @@ restore_after_lb_agent() {
   return 0
 }
 
+# ---------------------------------------------------------------------------------------------
+# ML2/OVN
+
+ovn_nb() { ovn-nbctl --db="unix:$OVN_DIR/run/nb.sock" --timeout=10 "$@"; }
+ovn_sb() { ovn-sbctl --db="unix:$OVN_DIR/run/sb.sock" --timeout=10 "$@"; }
+# The chassis of OVN_HOST is registered (ovn-controller connected to the southbound database).
+ovn_chassis_up() { [[ $(ovn_sb --bare --columns=hostname find Chassis "name=$OVN_HOST") == "$OVN_HOST" ]]; }
+
+# ovn_db NAME: the northbound or southbound ovsdb-server (NAME nb or sb), its database created once.
+ovn_db() {
+  local name=$1 schema
+  [[ $name == nb ]] && schema=ovn-nb || schema=ovn-sb
+  [[ -s $OVN_DIR/db/$name.db ]] || ovsdb-tool create "$OVN_DIR/db/$name.db" "/usr/share/ovn/$schema.ovsschema"
+  alive "ovn-$name" && return
+  start_bg "ovn-$name" ovsdb-server "$OVN_DIR/db/$name.db" --remote="punix:$OVN_DIR/run/$name.sock" \
+    --unixctl="$OVN_DIR/run/$name.ctl" --log-file="$LOG_DIR/ovn-$name-db.log" -vconsole:off --no-chdir
+  wait_for 10 "OVN's $name database" ovsdb-client list-dbs "unix:$OVN_DIR/run/$name.sock" ||
+    die "OVN's $name ovsdb-server does not answer"
+}
+
+# OVN's databases, northd and one ovn-controller as chassis OVN_HOST. The controller shares this
+# machine's Open vSwitch with the OVS agent, so its settings are the chassis-named external_ids
+# (ovn-controller(8): `-n` and `external_ids:<option>-<chassis>`), and its bridge is its own.
+start_ovn() {
+  mkdir -p "$OVN_DIR"/{db,run}
+  ovn_db nb
+  ovn_db sb
+  alive ovn-northd || start_bg ovn-northd ovn-northd --ovnnb-db="unix:$OVN_DIR/run/nb.sock" \
+    --ovnsb-db="unix:$OVN_DIR/run/sb.sock" --unixctl="$OVN_DIR/run/northd.ctl" \
+    --log-file="$LOG_DIR/ovn-northd.log" -vconsole:off --no-chdir
+  local c=$OVN_HOST
+  ovs-vsctl set Open_vSwitch . "external_ids:ovn-remote-$c=unix:$OVN_DIR/run/sb.sock" \
+    "external_ids:ovn-encap-type-$c=geneve" "external_ids:ovn-encap-ip-$c=127.0.0.1" \
+    "external_ids:ovn-bridge-$c=$OVN_BRIDGE" "external_ids:ovn-bridge-datapath-type-$c=netdev" \
+    "external_ids:hostname-$c=$c"
+  if ! alive ovn-controller; then
+    start_bg ovn-controller env "OVN_RUNDIR=$OVN_DIR/run" ovn-controller -n "$c" \
+      unix:/var/run/openvswitch/db.sock --log-file="$LOG_DIR/ovn-controller.log" -vconsole:off --no-chdir
+  fi
+  wait_alive ovn-controller 30 "ovn-controller ($c)" ovn_chassis_up || {
+    tail -20 "$LOG_DIR/ovn-controller.log" >&2
+    die "ovn-controller did not register its chassis"
+  }
+}
+
+# The OVN agent of OVN_HOST, as the ML2/OVN Neutron's agents API shows it.
+ovn_agent_alive() {
+  local out
+  out=$(NEUTRON_URL=$NEUTRON_OVN_URL api GET "/v2.0/agents?host=$OVN_HOST&agent_type=OVN+Controller+agent") ||
+    return 1
+  jq -e '.agents | length > 0 and all(.alive)' <<<"$out" >/dev/null
+}
+
+# The ML2/OVN neutron-server: Debian's eventlet server (the uwsgi API of neutron-api never
+# connects ML2/OVN to its databases in Zed), its database and vhost made once.
+start_neutron_ovn_server() {
+  if alive neutron-ovn-server && stale neutron-ovn-server neutron.conf neutron-ovn.conf ml2_conf_ovn.ini; then
+    log "configuration changed: restarting the ML2/OVN neutron-server"
+    stop_bg neutron-ovn-server 30
+  fi
+  alive neutron-ovn-server && ovn_agent_alive && return
+  mysql_cli <<EOF
+CREATE DATABASE IF NOT EXISTS neutron_ovn CHARACTER SET utf8mb4;
+GRANT ALL PRIVILEGES ON neutron_ovn.* TO 'neutron'@'127.0.0.1';
+FLUSH PRIVILEGES;
+EOF
+  rabbitmqctl_ add_vhost ovn >/dev/null 2>&1 || true
+  rabbitmqctl_ set_permissions -p ovn guest '.*' '.*' '.*' >/dev/null
+  mkdir -p "$STATE_DIR/neutron-ovn/lock"
+  local s files=(--config-file "$ETC_DIR/neutron.conf" --config-file "$ETC_DIR/neutron-ovn.conf"
+    --config-file "$ETC_DIR/ml2_conf_ovn.ini")
+  s=$(now)
+  neutron-db-manage "${files[@]}" upgrade heads >"$LOG_DIR/neutron-ovn-db-manage.log" 2>&1 || {
+    tail -30 "$LOG_DIR/neutron-ovn-db-manage.log" >&2
+    die "neutron-db-manage upgrade heads (ML2/OVN) failed"
+  }
+  stop_bg neutron-ovn-server 30
+  start_bg neutron-ovn-server neutron-server "${files[@]}" --log-file "$LOG_DIR/neutron-ovn-server.log"
+  stamp neutron-ovn-server neutron.conf neutron-ovn.conf ml2_conf_ovn.ini
+  wait_alive neutron-ovn-server 90 "the ML2/OVN neutron-server and its $OVN_HOST agent" ovn_agent_alive || {
+    tail -30 "$LOG_DIR/neutron-ovn-server.log" >&2
+    die "the ML2/OVN neutron-server did not answer"
+  }
+  record start-neutron-ovn-server "$s"
+}
+
+# Creates (once) the ML2/OVN Neutron's geneve network and subnet.
+ensure_ovn_network() {
+  local net sub
+  net=$(NEUTRON_URL=$NEUTRON_OVN_URL api GET "/v2.0/networks?name=$OVN_NET_NAME" | jq -r '.networks[0].id // empty')
+  if [[ -z $net ]]; then
+    net=$(NEUTRON_URL=$NEUTRON_OVN_URL api POST /v2.0/networks "{\"network\": {\"name\": \"$OVN_NET_NAME\",
+      \"project_id\": \"vireo\", \"admin_state_up\": true}}" | jq -r .network.id)
+  fi
+  sub=$(NEUTRON_URL=$NEUTRON_OVN_URL api GET "/v2.0/subnets?name=$OVN_SUBNET_NAME&network_id=$net" | jq -r '.subnets[0].id // empty')
+  if [[ -z $sub ]]; then
+    sub=$(NEUTRON_URL=$NEUTRON_OVN_URL api POST /v2.0/subnets "{\"subnet\": {\"name\": \"$OVN_SUBNET_NAME\",
+      \"project_id\": \"vireo\", \"network_id\": \"$net\", \"ip_version\": 4,
+      \"cidr\": \"$OVN_SUBNET_CIDR\", \"enable_dhcp\": false, \"gateway_ip\": null}}" | jq -r .subnet.id)
+  fi
+  [[ -n $net && $net != null && -n $sub && $sub != null ]] || die "could not create the ML2/OVN network"
+  OVN_NETWORK_ID=$net
+}
+
+stop_ovn() {
+  stop_bg neutron-ovn-server 30
+  stop_bg ovn-controller 10
+  stop_bg ovn-northd 10
+  stop_bg ovn-sb 10
+  stop_bg ovn-nb 10
+  if ovs_answers >/dev/null 2>&1; then
+    ovs-vsctl --if-exists del-br "$OVN_BRIDGE"
+    local k
+    for k in ovn-remote ovn-encap-type ovn-encap-ip ovn-bridge ovn-bridge-datapath-type hostname; do
+      ovs-vsctl remove Open_vSwitch . external_ids "$k-$OVN_HOST" 2>/dev/null || true
+    done
+  fi
+  rm -rf "$OVN_DIR" "$STATE_DIR/neutron-ovn"
+}
+
 launch_second_host() {
   if alive second-host-reporter && [[ $(cat "$STATE_DIR/second_host.args" 2>/dev/null) != "$SECOND_HOST $FIREWALL" ]] || changed neutron.conf; then
     stop_bg second-host-reporter 10
@@ -783,6 +920,10 @@ VIREO_NEUTRON_SUBNET_ID=$SUBNET_ID
 VIREO_NEUTRON_FIREWALL=$FIREWALL
 VIREO_NEUTRON_LB_HOST=$LB_HOST
 VIREO_NEUTRON_LB_NETWORK_ID=$LB_NETWORK_ID
+VIREO_OVN_NEUTRON_URL=$NEUTRON_OVN_URL
+VIREO_OVN_HOST=$OVN_HOST
+VIREO_OVN_NETWORK_ID=$OVN_NETWORK_ID
+VIREO_OVN_BRIDGE=$OVN_BRIDGE
 VIREO_NOVA_PORT=$NOVA_PORT
 VIREO_EVENTS_TOKEN_FILE=$EVENTS_TOKEN_FILE
 EOF
@@ -814,9 +955,12 @@ start_neutron() {
   launch_second_host
   start_neutron_agent
   start_lb_agent
+  timed start-ovn start_ovn
+  start_neutron_ovn_server
   wait_second_host
   ensure_test_network
   ensure_lb_network
+  ensure_ovn_network
   local b
   b=$(probe_binding "$SECOND_HOST")
   [[ $b == "ovs $(hybrid_for "$FIREWALL")" ]] || die "binding a port to $SECOND_HOST gave: $b"
@@ -824,6 +968,9 @@ start_neutron() {
   b=$(probe_binding "$LB_HOST" "$LB_NETWORK_ID")
   [[ $b == "bridge "* ]] || die "binding a port to $LB_HOST gave: $b"
   log "a port binds to $LB_HOST: vif_type $b"
+  b=$(NEUTRON_URL=$NEUTRON_OVN_URL probe_binding "$OVN_HOST" "$OVN_NETWORK_ID")
+  [[ $b == "ovs null" ]] || die "binding a port to $OVN_HOST (ML2/OVN) gave: $b"
+  log "a port binds to $OVN_HOST (ML2/OVN): vif_type ovs, no bridge named"
   write_env_file
 }
 
@@ -881,6 +1028,7 @@ restore_after_agent() {
 
 stop_neutron() {
   stop_bg second-host-reporter 10
+  stop_ovn
   stop_neutron_agent
   stop_lb_agent
   [[ -e $ETC_DIR/linuxbridge_agent.ini ]] && restore_after_lb_agent
@@ -890,7 +1038,8 @@ stop_neutron() {
   stop_rabbitmq
   stop_mariadb
   rm -f "$ETC_DIR/neutron.conf" "$ETC_DIR/ml2_conf.ini" "$ETC_DIR/openvswitch_agent.ini" \
-    "$ETC_DIR/linuxbridge_agent.ini" "$ETC_DIR/mariadb.cnf"
+    "$ETC_DIR/linuxbridge_agent.ini" "$ETC_DIR/neutron-ovn.conf" "$ETC_DIR/ml2_conf_ovn.ini" \
+    "$ETC_DIR/mariadb.cnf"
   rm -rf "$STATE_DIR/mysql" "$STATE_DIR/rabbitmq" "$STATE_DIR/neutron" "$ENV_FILE" \
     "$STATE_DIR/firewall" "$STATE_DIR/second_host" "$STATE_DIR/second_host.args"
 }
@@ -1298,6 +1447,7 @@ cmd_neutron_firewall() {
   SUBNET_ID=$VIREO_NEUTRON_SUBNET_ID
   LB_HOST=${VIREO_NEUTRON_LB_HOST:-$LB_HOST}
   LB_NETWORK_ID=${VIREO_NEUTRON_LB_NETWORK_ID:-}
+  OVN_NETWORK_ID=${VIREO_OVN_NETWORK_ID:-}
   NOVA_PORT=$VIREO_NOVA_PORT
   SECOND_HOST=$VIREO_NEUTRON_SECOND_HOST
   start=$(now)

@@ -335,7 +335,7 @@ async fn interfaces_attach_and_detach() {
         .await
         .unwrap();
     let summary = net.get_network(NET).await.unwrap();
-    let vif = vireo::network::vif_dict(&port, &summary, true);
+    let vif = vireo::network::vif_dict(&port, &summary, true, vireo::network::DEFAULT_OVS_BRIDGE);
     let r = c
         .post(agent.url(&format!("/v1/instances/{uuid}/action")))
         .json(&json!({"action": "attach-interface", "vif": vif}))

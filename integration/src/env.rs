@@ -29,6 +29,16 @@ pub struct StackEnv {
     pub lb_host: String,
     /// The flat network the Linux bridge agent serves (`VIREO_NEUTRON_LB_NETWORK_ID`).
     pub lb_network_id: String,
+    /// The ML2/OVN Neutron (`VIREO_OVN_NEUTRON_URL`): a second neutron-server whose one
+    /// chassis is an ovn-controller on this machine's Open vSwitch.
+    pub ovn_neutron_url: String,
+    /// That chassis' host (`VIREO_OVN_HOST`): a port bound to it is wired here, on
+    /// [`StackEnv::ovn_bridge`], its events sent by the ML2/OVN Neutron.
+    pub ovn_host: String,
+    /// The ML2/OVN Neutron's geneve network (`VIREO_OVN_NETWORK_ID`).
+    pub ovn_network_id: String,
+    /// ovn-controller's integration bridge (`VIREO_OVN_BRIDGE`; ML2/OVN bindings name none).
+    pub ovn_bridge: String,
     /// The port Neutron's Nova notifier posts to on 127.0.0.1 (`VIREO_NOVA_PORT`).
     pub nova_port: u16,
     /// The events token Neutron's notifier sends (`[nova] auth_type = admin_token`), in a
@@ -36,7 +46,7 @@ pub struct StackEnv {
     pub events_token_file: PathBuf,
 }
 
-const KEYS: [&str; 9] = [
+const KEYS: [&str; 13] = [
     "VIREO_NEUTRON_URL",
     "VIREO_NEUTRON_HOST",
     "VIREO_NEUTRON_SECOND_HOST",
@@ -44,6 +54,10 @@ const KEYS: [&str; 9] = [
     "VIREO_NEUTRON_SUBNET_ID",
     "VIREO_NEUTRON_LB_HOST",
     "VIREO_NEUTRON_LB_NETWORK_ID",
+    "VIREO_OVN_NEUTRON_URL",
+    "VIREO_OVN_HOST",
+    "VIREO_OVN_NETWORK_ID",
+    "VIREO_OVN_BRIDGE",
     "VIREO_NOVA_PORT",
     "VIREO_EVENTS_TOKEN_FILE",
 ];
@@ -96,6 +110,10 @@ impl StackEnv {
             subnet_id: get("VIREO_NEUTRON_SUBNET_ID")?,
             lb_host: get("VIREO_NEUTRON_LB_HOST")?,
             lb_network_id: get("VIREO_NEUTRON_LB_NETWORK_ID")?,
+            ovn_neutron_url: get("VIREO_OVN_NEUTRON_URL")?,
+            ovn_host: get("VIREO_OVN_HOST")?,
+            ovn_network_id: get("VIREO_OVN_NETWORK_ID")?,
+            ovn_bridge: get("VIREO_OVN_BRIDGE")?,
             nova_port: nova_port.parse().map_err(|_| {
                 HarnessError::Setup(format!("VIREO_NOVA_PORT {nova_port:?} is not a port"))
             })?,
@@ -149,6 +167,8 @@ mod tests {
             "# comment\nVIREO_NEUTRON_URL=http://127.0.0.1:9696\nexport VIREO_NEUTRON_HOST='vm'\n\
              VIREO_NEUTRON_SECOND_HOST=h2\nVIREO_NEUTRON_NETWORK_ID=n\nVIREO_NEUTRON_SUBNET_ID=s\n\
              VIREO_NEUTRON_LB_HOST=vm-lb\nVIREO_NEUTRON_LB_NETWORK_ID=lb\n\
+             VIREO_OVN_NEUTRON_URL=http://127.0.0.1:9796\nVIREO_OVN_HOST=vm-ovn\n\
+             VIREO_OVN_NETWORK_ID=o\nVIREO_OVN_BRIDGE=br-ovn\n\
              VIREO_NOVA_PORT=8774\nVIREO_EVENTS_TOKEN_FILE=/etc/t\n",
         )
         .unwrap();
@@ -160,6 +180,10 @@ mod tests {
         assert_eq!(
             (env.lb_host.as_str(), env.lb_network_id.as_str()),
             ("vm-lb", "lb")
+        );
+        assert_eq!(
+            (env.ovn_host.as_str(), env.ovn_network_id.as_str(), env.ovn_bridge.as_str()),
+            ("vm-ovn", "o", "br-ovn")
         );
         assert_eq!(env.events_token_file, Path::new("/etc/t"));
         let missing = StackEnv::load_from(&dir.path().join("none"), |_| None).unwrap_err();

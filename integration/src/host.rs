@@ -61,6 +61,8 @@ pub struct HostOptions {
     pub domain_type: DomainType,
     /// OVS native form.
     pub ovs_native_form: DomainForm,
+    /// The OVS bridge of a binding that names none (`[network.neutron] ovs_bridge`).
+    pub ovs_bridge: String,
     /// `vif_plugging_timeout` (fatal).
     pub wait_timeout: Duration,
     /// Serial console logs (`<dir>/<uuid>/console.log`).
@@ -92,6 +94,7 @@ impl HostOptions {
             network: NetChoice::Neutron,
             domain_type: DomainType::Qemu,
             ovs_native_form: DomainForm::LibvirtManaged,
+            ovs_bridge: vireo::network::DEFAULT_OVS_BRIDGE.into(),
             wait_timeout: Duration::from_secs(60),
             console_dir: None,
             power_off_timeout: Duration::from_secs(2),
@@ -123,6 +126,8 @@ pub struct Shared {
 pub struct Host {
     /// Its name.
     pub name: String,
+    /// The OVS bridge of its bindings that name none.
+    pub ovs_bridge: String,
     /// The driver.
     pub driver: Arc<LibvirtDriver>,
     /// Its network-event actor.
@@ -183,9 +188,14 @@ impl Host {
                 (None, Some(p.clone()), p)
             }
         };
+        let neutron_config = || {
+            let mut c = NeutronConfig::new(shared.neutron_url.clone());
+            c.ovs_bridge = opts.ovs_bridge.clone();
+            c
+        };
         let neutron = || -> Result<Arc<dyn NetworkApi>, HarnessError> {
             Ok(Arc::new(
-                NeutronClient::new(NeutronConfig::new(shared.neutron_url.clone()))
+                NeutronClient::new(neutron_config())
                     .map_err(|e| HarnessError::Setup(format!("neutron client: {e}")))?,
             ))
         };
@@ -240,7 +250,7 @@ impl Host {
             },
             network: match &opts.network {
                 NetChoice::Embedded(cfg) => NetworkConfig::Embedded(cfg.clone()),
-                _ => NetworkConfig::Neutron(NeutronConfig::new(shared.neutron_url.clone())),
+                _ => NetworkConfig::Neutron(neutron_config()),
             },
             migration_uri: opts.migration_uri.clone(),
         };
@@ -261,6 +271,7 @@ impl Host {
         }
         Ok(Host {
             state_dir: opts.state_dir,
+            ovs_bridge: opts.ovs_bridge,
             name: opts.name,
             driver,
             events,

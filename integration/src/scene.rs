@@ -128,6 +128,17 @@ pub fn flavor(name: &str, vcpus: u32, memory_mb: u64) -> Flavor {
 /// Bind a port to `host` for `instance` (what Nova does before it calls the driver) and
 /// return its `network_info` entry (`preserve_on_delete`: a user port).
 pub async fn bind_port(net: &dyn NetworkApi, port: PortId, host: &str, instance: Uuid) -> Vif {
+    bind_port_on(net, port, host, instance, vireo::network::DEFAULT_OVS_BRIDGE).await
+}
+
+/// [`bind_port`], with `ovs_bridge` for a binding that names no bridge (ML2/OVN).
+pub async fn bind_port_on(
+    net: &dyn NetworkApi,
+    port: PortId,
+    host: &str,
+    instance: Uuid,
+    ovs_bridge: &str,
+) -> Vif {
     let p = net
         .update_port(
             port,
@@ -145,7 +156,7 @@ pub async fn bind_port(net: &dyn NetworkApi, port: PortId, host: &str, instance:
         .get_network(&p.network_id)
         .await
         .unwrap_or_else(|e| panic!("network of {port}: {}", crate::chain(&e)));
-    let dict = vireo::network::vif_dict(&p, &n, true);
+    let dict = vireo::network::vif_dict(&p, &n, true, ovs_bridge);
     NetworkInfo::from_value(&serde_json::Value::Array(vec![dict]))
         .unwrap_or_else(|e| panic!("vif of {port}: {e}"))
         .vifs
@@ -167,6 +178,12 @@ pub struct Scene<'r> {
     pub peers: Arc<Peers>,
     /// Hosts, in start order.
     pub hosts: Vec<Host>,
+    /// The Neutron this scenario's hosts use (the run's, or the ML2/OVN one).
+    pub neutron_url: String,
+    /// Raw access to it (the leak check's).
+    pub raw: NeutronRaw,
+    /// The OVS bridge of its bindings that name none.
+    pub ovs_bridge: String,
     domains: usize,
     guard: std::sync::Mutex<LeakGuard>,
     _ports: PortCleanup,
@@ -175,6 +192,30 @@ pub struct Scene<'r> {
 impl<'r> Scene<'r> {
     /// A new scenario.
     pub fn new(run: &'r Run, name: &str) -> Scene<'r> {
+        let bridge = vireo::network::DEFAULT_OVS_BRIDGE.to_owned();
+        Scene::on(run, name, run.env.neutron_url.clone(), run.raw.clone(), bridge)
+    }
+
+    /// A new scenario whose hosts use the Neutron at `url` (the ML2/OVN one), which its leak
+    /// check and port clean-up read too; `ovs_bridge` is where its OVS ports go (its
+    /// bindings name no bridge).
+    pub fn on_neutron(
+        run: &'r Run,
+        name: &str,
+        url: &str,
+        ovs_bridge: &str,
+    ) -> Result<Scene<'r>, HarnessError> {
+        let raw = NeutronRaw::new(url)?;
+        Ok(Scene::on(run, name, url.to_owned(), raw, ovs_bridge.to_owned()))
+    }
+
+    fn on(
+        run: &'r Run,
+        name: &str,
+        neutron_url: String,
+        raw: NeutronRaw,
+        ovs_bridge: String,
+    ) -> Scene<'r> {
         let id = uniq();
         let book = Arc::new(PortBook::default());
         Scene {
@@ -183,12 +224,15 @@ impl<'r> Scene<'r> {
             guard: std::sync::Mutex::new(LeakGuard::new([format!("vit{id}")])),
             _ports: PortCleanup {
                 book: book.clone(),
-                url: run.env.neutron_url.clone(),
+                url: neutron_url.clone(),
             },
             id,
             book,
             peers: Peers::new(),
             hosts: Vec::new(),
+            neutron_url,
+            raw,
+            ovs_bridge,
             domains: 0,
         }
     }
@@ -197,14 +241,16 @@ impl<'r> Scene<'r> {
     pub fn shared(&self) -> Shared {
         Shared {
             log: self.run.endpoint.log().clone(),
-            neutron_url: self.run.env.neutron_url.clone(),
+            neutron_url: self.neutron_url.clone(),
             peers: self.peers.clone(),
         }
     }
 
     /// Options for this machine's host.
     pub fn system_host(&self) -> HostOptions {
-        HostOptions::system(&self.run.env.host)
+        let mut opts = HostOptions::system(&self.run.env.host);
+        opts.ovs_bridge = self.ovs_bridge.clone();
+        opts
     }
 
     /// Start a host (registered with the endpoint); its index.
@@ -277,7 +323,7 @@ impl<'r> Scene<'r> {
         host: &str,
         instance: Uuid,
     ) -> Vif {
-        bind_port(net, port, host, instance).await
+        bind_port_on(net, port, host, instance, &self.ovs_bridge).await
     }
 
     /// Spawn arguments for a diskless guest.
@@ -431,7 +477,7 @@ impl<'r> Scene<'r> {
         let check = LeakCheck {
             hosts: &hosts,
             book: &self.book,
-            raw: &self.run.raw,
+            raw: &self.raw,
             fragments,
         }
         .run()

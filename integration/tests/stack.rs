@@ -168,8 +168,8 @@ fn assert_devices(v: &Vif, form: DomainForm, present: bool) {
             if present || form == DomainForm::PreCreated {
                 want(
                     &tap,
-                    ovs_bridge_of(&tap).as_deref() == Some("br-int"),
-                    "tap in br-int",
+                    ovs_bridge_of(&tap).as_deref() == Some(v.ovs_bridge()),
+                    "tap in its OVS bridge",
                 );
             }
         }
@@ -192,7 +192,7 @@ async fn vifs_of(h: &Host, id: Uuid) -> Vec<Vif> {
     for v in view.vifs {
         let port = h.network.get_port(v.port).await.unwrap();
         let net = h.network.get_network(&port.network_id).await.unwrap();
-        let dict = vireo::network::vif_dict(&port, &net, false);
+        let dict = vireo::network::vif_dict(&port, &net, false, &h.ovs_bridge);
         out.push(
             NetworkInfo::from_value(&serde_json::Value::Array(vec![dict]))
                 .unwrap()
@@ -835,6 +835,46 @@ async fn linuxbridge_spawn_lifecycle(run: &Run) -> R {
     destroy(&s, h, id).await;
     assert_devices(&vif, DomainForm::LibvirtManaged, false);
     unbind(&*s.a().network, p).await;
+    s.finish().await
+}
+
+/// ML2/OVN: the second Neutron (`VIREO_OVN_NEUTRON_URL`), whose one chassis is an
+/// ovn-controller on this machine's Open vSwitch as host `VIREO_OVN_HOST`, with its own
+/// integration bridge. vireo runs as that host, plugs into that bridge (ML2/OVN's bindings
+/// name none: `[network.neutron] ovs_bridge`), and every event a wait counts comes from
+/// ML2/OVN (the logical port going up once ovn-controller claimed it).
+async fn ovn_spawn_lifecycle(run: &Run, form: DomainForm) -> R {
+    let name = match form {
+        DomainForm::LibvirtManaged => OVN[0],
+        DomainForm::PreCreated => OVN[1],
+    };
+    let env = &run.env;
+    let mut s = Scene::on_neutron(run, name, &env.ovn_neutron_url, &env.ovn_bridge)?;
+    let mut opts = s.system_host();
+    opts.name = env.ovn_host.clone();
+    opts.ovs_native_form = form;
+    s.host(opts).await?;
+    let net = env.ovn_network_id.clone();
+    let (id, vifs, report) = spawn_allocated(&mut s, 0, &net, 1).await;
+    assert!(!vifs[0].details.ovs_hybrid_plug, "ML2/OVN has no hybrid plug");
+    assert_eq!(vifs[0].ovs_bridge(), env.ovn_bridge);
+    assert_devices(&vifs[0], form, true);
+    assert_waits(&s, "spawn", &report, &[], &ids(&vifs));
+    let recreated = match form {
+        DomainForm::LibvirtManaged => ids(&vifs),
+        DomainForm::PreCreated => vec![],
+    };
+    let h = s.a();
+    lifecycle(&s, h, id, &vifs, form, &recreated).await;
+    resize_revert(&s, h, id, &vifs, &recreated).await;
+    if form == DomainForm::LibvirtManaged {
+        let (p, vif) = attach_user_port(&s, id, &net, &env.ovn_host).await;
+        destroy(&s, h, id).await;
+        assert_devices(&vif, DomainForm::LibvirtManaged, false);
+        unbind(&*s.a().network, p).await;
+    } else {
+        destroy(&s, h, id).await;
+    }
     s.finish().await
 }
 
@@ -2208,6 +2248,10 @@ const TWO_HOSTS_SHARED: [&str; 2] = [
     "two hosts (shared instances): live migrate A>B with disks",
     "two hosts (shared instances): resize A>B with disks",
 ];
+const OVN: [&str; 2] = [
+    "ML2/OVN libvirt-managed: spawn+lifecycle",
+    "ML2/OVN pre-created: spawn+lifecycle",
+];
 const NATIVE: [&str; 3] = [
     "native libvirt-managed: spawn+lifecycle",
     "native pre-created: spawn+lifecycle",
@@ -2394,6 +2438,12 @@ async fn run_all(runner: &mut Runner) {
         .run("linux bridge (Neutron's agent): spawn+lifecycle", || {
             linuxbridge_spawn_lifecycle(&run)
         })
+        .await;
+    runner
+        .run(OVN[0], || ovn_spawn_lifecycle(&run, DomainForm::LibvirtManaged))
+        .await;
+    runner
+        .run(OVN[1], || ovn_spawn_lifecycle(&run, DomainForm::PreCreated))
         .await;
     runner
         .run("booted guest: disks", || boot_with_disks(&run))

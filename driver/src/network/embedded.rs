@@ -1185,7 +1185,16 @@ impl NetworkApi for EmbeddedNetwork {
         host: &str,
         requests: &[PortRequest],
     ) -> Result<NetworkInfo, NetworkError> {
-        flows::allocate(self, &self.device_owner, instance, host, requests).await
+        // Every OVS network of this service names its bridge (`bridge_name`, else br-int).
+        flows::allocate(
+            self,
+            &self.device_owner,
+            DEFAULT_OVS_BRIDGE,
+            instance,
+            host,
+            requests,
+        )
+        .await
     }
 
     async fn deallocate_for_instance(

@@ -15,10 +15,12 @@ use vireo_actors::vif::{NetworkInfo, PortId, VifError};
 
 use super::vif_dict;
 
-/// [`NetworkApi::allocate_for_instance`] for any backend; `owner` is the `device_owner`.
+/// [`NetworkApi::allocate_for_instance`] for any backend; `owner` is the `device_owner`,
+/// `ovs_bridge` the OVS bridge of a binding that names none (Nova's `[neutron] ovs_bridge`).
 pub(crate) async fn allocate<A: NetworkApi + ?Sized>(
     api: &A,
     owner: &str,
+    ovs_bridge: &str,
     instance: Uuid,
     host: &str,
     requests: &[PortRequest],
@@ -30,6 +32,7 @@ pub(crate) async fn allocate<A: NetworkApi + ?Sized>(
         let result = allocate_steps(
             api,
             owner,
+            ovs_bridge,
             instance,
             host,
             requests,
@@ -71,6 +74,7 @@ pub(crate) async fn allocate<A: NetworkApi + ?Sized>(
 async fn allocate_steps<A: NetworkApi + ?Sized>(
     api: &A,
     owner: &str,
+    ovs_bridge: &str,
     instance: Uuid,
     host: &str,
     requests: &[PortRequest],
@@ -134,7 +138,7 @@ async fn allocate_steps<A: NetworkApi + ?Sized>(
                 network: port.network_id.clone(),
             }
         })?;
-        vifs.push(vif_dict(&port, net, *preserve));
+        vifs.push(vif_dict(&port, net, *preserve, ovs_bridge));
     }
     NetworkInfo::from_value(&Value::Array(vifs)).map_err(|source| {
         let index = match &source {

@@ -38,8 +38,14 @@ pub fn valid_device_owner(owner: &str) -> bool {
 /// Nova's network_info dict for one port (what Nova's `_build_vif_model` produces): `active`
 /// is true when the port is ACTIVE or administratively down; `devname` is `tap` + the first
 /// 11 characters of the id; `network.bridge` is the binding's `bridge_name` (else
-/// `br-int`) for OVS, `brq` + network id for a Linux bridge, cut to 14 characters.
-pub fn vif_dict(port: &Port, network: &NetworkSummary, preserve_on_delete: bool) -> Value {
+/// `ovs_bridge`, Nova's `[neutron] ovs_bridge`: ML2/OVN names no bridge) for OVS, `brq` +
+/// network id for a Linux bridge, cut to 14 characters.
+pub fn vif_dict(
+    port: &Port,
+    network: &NetworkSummary,
+    preserve_on_delete: bool,
+    ovs_bridge: &str,
+) -> Value {
     let id = port.id.to_string();
     let devname: String = format!("tap{id}").chars().take(NIC_NAME_LEN).collect();
     let details = &port.vif_details;
@@ -56,7 +62,7 @@ pub fn vif_dict(port: &Port, network: &NetworkSummary, preserve_on_delete: bool)
             details
                 .get("bridge_name")
                 .and_then(Value::as_str)
-                .unwrap_or(DEFAULT_OVS_BRIDGE)
+                .unwrap_or(ovs_bridge)
                 .to_owned(),
         )
     } else if port.vif_type == "bridge" {
@@ -168,7 +174,7 @@ mod tests {
             "ovs",
             json!({"ovs_hybrid_plug": true, "port_filter": true, "datapath_type": "netdev"}),
         );
-        let d = vif_dict(&p, &net(), false);
+        let d = vif_dict(&p, &net(), false, DEFAULT_OVS_BRIDGE);
         let ni = NetworkInfo::from_value(&Value::Array(vec![d.clone()])).unwrap();
         let v = &ni.vifs[0];
         assert_eq!(v.vif_type, VifType::Ovs);
@@ -186,18 +192,34 @@ mod tests {
     fn active_and_bridge_names_follow_nova() {
         let mut p = port("bridge", json!({"port_filter": true}));
         p.status = PortStatus::Active;
-        let d = vif_dict(&p, &net(), true);
+        let d = vif_dict(&p, &net(), true, DEFAULT_OVS_BRIDGE);
         assert_eq!(d["active"], json!(true));
         assert_eq!(d["preserve_on_delete"], json!(true));
         assert_eq!(d["network"]["bridge"], json!("brqa1b2c3d4-e5"));
         assert_eq!(d["ovs_interfaceid"], Value::Null);
         let mut p = port("ovs", json!({"bridge_name": "br-custom"}));
         p.admin_state_up = false;
-        let d = vif_dict(&p, &net(), false);
+        let d = vif_dict(&p, &net(), false, DEFAULT_OVS_BRIDGE);
         assert_eq!(d["network"]["bridge"], json!("br-custom"));
         assert_eq!(d["active"], json!(true), "admin-down counts as active");
-        let d = vif_dict(&port("hostdev_physical", json!({})), &net(), false);
+        let d = vif_dict(&port("hostdev_physical", json!({})), &net(), false, DEFAULT_OVS_BRIDGE);
         assert_eq!(d["network"]["bridge"], Value::Null);
+    }
+
+    #[test]
+    fn an_ovn_binding_goes_on_the_configured_bridge() {
+        // ML2/OVN's vif_details (measured on Neutron 21): no bridge_name, no hybrid plug.
+        let p = port("ovs", json!({"port_filter": true, "connectivity": "l2"}));
+        let d = vif_dict(&p, &net(), false, "br-ovn");
+        assert_eq!(d["network"]["bridge"], json!("br-ovn"));
+        assert_eq!(d["ovs_interfaceid"], json!(p.id.to_string()));
+        let v = NetworkInfo::from_value(&json!([d])).unwrap();
+        assert_eq!(v.vifs[0].ovs_bridge(), "br-ovn");
+        assert!(!v.vifs[0].details.ovs_hybrid_plug);
+        // A binding that names its bridge keeps it.
+        let p = port("ovs", json!({"bridge_name": "br-int"}));
+        let d = vif_dict(&p, &net(), false, "br-ovn");
+        assert_eq!(d["network"]["bridge"], json!("br-int"));
     }
 
     #[test]

@@ -40,7 +40,7 @@ use vireo_actors::network::{
 };
 use vireo_actors::vif::{NetworkInfo, PortId, VnicType};
 
-use super::{flows, valid_device_owner, DEFAULT_DEVICE_OWNER};
+use super::{flows, valid_device_owner, DEFAULT_DEVICE_OWNER, DEFAULT_OVS_BRIDGE};
 
 /// How vireo authenticates to Neutron.
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -188,6 +188,12 @@ pub struct NeutronConfig {
     /// [`super::nova_owned`]).
     #[serde(default)]
     pub ports_owner: super::nova_owned::PortsOwner,
+    /// The OVS bridge of a port whose binding names none (Nova's `[neutron] ovs_bridge`):
+    /// ML2/openvswitch names its integration bridge in `vif_details.bridge_name`, ML2/OVN
+    /// names none, and its ports go on the bridge ovn-controller manages
+    /// (`external_ids:ovn-bridge`). Default `br-int`.
+    #[serde(default = "default_ovs_bridge")]
+    pub ovs_bridge: String,
 }
 
 fn default_connect_timeout_ms() -> u64 {
@@ -208,6 +214,9 @@ fn default_max_backoff_ms() -> u64 {
 fn default_device_owner() -> String {
     DEFAULT_DEVICE_OWNER.to_owned()
 }
+fn default_ovs_bridge() -> String {
+    DEFAULT_OVS_BRIDGE.to_owned()
+}
 
 impl NeutronConfig {
     /// A configuration with defaults for everything but the URL (noauth).
@@ -225,6 +234,7 @@ impl NeutronConfig {
             max_backoff_ms: default_max_backoff_ms(),
             device_owner: default_device_owner(),
             ports_owner: super::nova_owned::PortsOwner::Vireo,
+            ovs_bridge: default_ovs_bridge(),
         }
     }
 }
@@ -522,6 +532,12 @@ impl NeutronClient {
             return Err(ClientError::Config(format!(
                 "device_owner {:?} is not compute:<zone>",
                 config.device_owner
+            )));
+        }
+        if !vireo_actors::vif::valid_ifname(&config.ovs_bridge) {
+            return Err(ClientError::Config(format!(
+                "ovs_bridge {:?} is not an interface name",
+                config.ovs_bridge
             )));
         }
         if config.valid_interfaces.is_empty() {
@@ -1190,7 +1206,15 @@ impl NetworkApi for NeutronClient {
         host: &str,
         requests: &[PortRequest],
     ) -> Result<NetworkInfo, NetworkError> {
-        flows::allocate(self, &self.config.device_owner, instance, host, requests).await
+        flows::allocate(
+            self,
+            &self.config.device_owner,
+            &self.config.ovs_bridge,
+            instance,
+            host,
+            requests,
+        )
+        .await
     }
 
     async fn deallocate_for_instance(
@@ -1266,6 +1290,17 @@ mod tests {
         let mut c = NeutronConfig::new("http://x");
         c.request_timeout_ms = 0;
         assert!(NeutronClient::new(c).is_err());
+        for bridge in ["", "br/ovn", "a-bridge-name-too-long"] {
+            let mut c = NeutronConfig::new("http://x");
+            c.ovs_bridge = bridge.into();
+            assert!(
+                matches!(NeutronClient::new(c), Err(ClientError::Config(ref m)) if m.contains("ovs_bridge")),
+                "{bridge:?}"
+            );
+        }
+        let c: NeutronConfig = toml::from_str("url = \"http://x\"\novs_bridge = \"br-ovn\"").unwrap();
+        assert_eq!(c.ovs_bridge, "br-ovn");
+        assert!(NeutronClient::new(c).is_ok());
         // No URL: only with Keystone, whose catalog names Neutron.
         assert!(NeutronClient::new(NeutronConfig::new("")).is_err());
         let mut c = NeutronConfig::new("");
