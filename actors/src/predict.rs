@@ -145,6 +145,9 @@ pub enum Kind {
     OvsHybrid,
     /// OVS native: the tap itself is the OVS port the agent watches.
     OvsNative(DeviceForm),
+    /// An `ovs` port bound by ML2/OVN (`bound_drivers`): ovn-controller claims the tap in its
+    /// integration bridge and Neutron reports the port up once it did.
+    Ovn(DeviceForm),
     /// Linux bridge agent: the tap in the network's bridge.
     LinuxBridge(DeviceForm),
     /// SR-IOV VF (`hw_veb`, vnic `direct` or `macvtap`) served by the SR-IOV NIC agent.
@@ -157,10 +160,12 @@ pub enum Kind {
 
 impl Kind {
     /// Every kind, in the order of docs/EVENT_MODEL.md.
-    pub const ALL: [Kind; 8] = [
+    pub const ALL: [Kind; 10] = [
         Kind::OvsHybrid,
         Kind::OvsNative(DeviceForm::LibvirtManaged),
         Kind::OvsNative(DeviceForm::PreCreated),
+        Kind::Ovn(DeviceForm::LibvirtManaged),
+        Kind::Ovn(DeviceForm::PreCreated),
         Kind::LinuxBridge(DeviceForm::LibvirtManaged),
         Kind::LinuxBridge(DeviceForm::PreCreated),
         Kind::SriovAgent,
@@ -178,6 +183,7 @@ impl Kind {
         match self {
             Kind::OvsHybrid => "ovs-hybrid".to_owned(),
             Kind::OvsNative(f) => format!("ovs-native ({})", f.as_str()),
+            Kind::Ovn(f) => format!("ml2-ovn ({})", f.as_str()),
             Kind::LinuxBridge(f) => format!("linux-bridge ({})", f.as_str()),
             Kind::SriovAgent => "sriov-agent".to_owned(),
             Kind::DirectPhysical => "direct-physical".to_owned(),
@@ -186,11 +192,16 @@ impl Kind {
     }
 }
 
-/// Classify a (vif_type, vnic_type) pair; `hybrid` is `details.ovs_hybrid_plug`.
+/// The mechanism driver name ML2/OVN binds with (`bound_drivers`).
+pub const OVN_DRIVER: &str = "ovn";
+
+/// Classify a (vif_type, vnic_type) pair; `hybrid` is `details.ovs_hybrid_plug`, `bound_by`
+/// the mechanism driver that bound the port (`details.bound_drivers`), when Neutron said.
 pub fn classify(
     vif_type: VifType,
     vnic_type: VnicType,
     hybrid: bool,
+    bound_by: Option<&str>,
     wiring: &Wiring,
 ) -> Result<Kind, Unsupported> {
     use VnicType as N;
@@ -202,6 +213,10 @@ pub fn classify(
         _ => {}
     }
     match (vif_type, vnic_type) {
+        // ML2/OVN has no hybrid plug: its binding never asks for one.
+        (VifType::Ovs, N::Normal) if bound_by == Some(OVN_DRIVER) => {
+            Ok(Kind::Ovn(wiring.ovs_native))
+        }
         (VifType::Ovs, N::Normal) if hybrid => Ok(Kind::OvsHybrid),
         (VifType::Ovs, N::Normal) => Ok(Kind::OvsNative(wiring.ovs_native)),
         (VifType::Ovs, N::RemoteManaged) => Ok(Kind::RemoteManaged),
@@ -260,9 +275,11 @@ pub enum EventOp {
     },
     /// Hot-plug new ports into a running instance (the VIFs given are the new ones).
     AttachInterface,
-    /// Change `binding:profile` (e.g. set or clear `migrating_to`) of ports plugged on this
-    /// host, binding host unchanged: Neutron rebinds and re-reports them.
+    /// Set `binding:profile.migrating_to` on ports plugged on this host, binding host
+    /// unchanged: Neutron rebinds and re-reports them.
     UpdateBindingProfile,
+    /// Clear `binding:profile.migrating_to` again (a live migration rolled back).
+    ClearBindingProfile,
 }
 
 impl EventOp {
@@ -278,6 +295,7 @@ impl EventOp {
             EventOp::PostLiveMigration { .. } => "post-live-migration",
             EventOp::AttachInterface => "attach-interface",
             EventOp::UpdateBindingProfile => "update-binding-profile",
+            EventOp::ClearBindingProfile => "clear-binding-profile",
         }
     }
 
@@ -321,6 +339,7 @@ impl EventOp {
             }
             EventOp::AttachInterface => Column::AttachInterface,
             EventOp::UpdateBindingProfile => Column::UpdateBindingProfile,
+            EventOp::ClearBindingProfile => Column::ClearBindingProfile,
         })
     }
 }
@@ -350,11 +369,13 @@ pub enum Column {
     PostLiveMigrationDest,
     /// [`EventOp::UpdateBindingProfile`].
     UpdateBindingProfile,
+    /// [`EventOp::ClearBindingProfile`].
+    ClearBindingProfile,
 }
 
 impl Column {
     /// Every column, in the order of docs/EVENT_MODEL.md.
-    pub const ALL: [Column; 11] = [
+    pub const ALL: [Column; 12] = [
         Column::Spawn,
         Column::AttachInterface,
         Column::HardReboot,
@@ -366,6 +387,7 @@ impl Column {
         Column::LiveMigrationSource,
         Column::PostLiveMigrationDest,
         Column::UpdateBindingProfile,
+        Column::ClearBindingProfile,
     ];
 
     /// Whether the VIF's `active` flag matters (only for newly bound ports).
@@ -452,6 +474,9 @@ mod why {
     pub const PROFILE_AGENT: &str = "the profile change rebinds the plugged port (DOWN) and its agent re-reports it ~1.5 s later: wait to consume these events";
     pub const PROFILE_AGENTLESS: &str =
         "the profile change rebinds the port; agentless, ACTIVE again at once: wait to consume the event";
+    pub const OVN_REWIRED: &str = "binding unchanged, but libvirt deletes and recreates the tap: ovn-controller releases and claims the port again and ML2/OVN reports it DOWN, then up (measured)";
+    pub const PROFILE_OVN_SET: &str = "ML2/OVN sets a port whose profile gains migrating_to DOWN, then forces it ACTIVE (measured: vif-plugged ~2 s later): wait to consume it";
+    pub const PROFILE_OVN_CLEAR: &str = "ML2/OVN sets a port whose migrating_to is cleared DOWN and leaves it so: only vif-unplugged comes (measured), nothing to wait for";
 }
 
 /// The table: timing and reason for one VIF kind in one column. `active` is the VIF's
@@ -468,8 +493,9 @@ pub fn table_cell(column: Column, kind: Kind, active: bool) -> Cell {
         },
         Column::HardReboot | Column::PowerOn => match kind {
             Kind::OvsHybrid => cell(No, why::HYBRID_KEPT),
-            Kind::OvsNative(Pc) | Kind::LinuxBridge(Pc) => cell(No, why::TAP_KEPT),
+            Kind::OvsNative(Pc) | Kind::Ovn(Pc) | Kind::LinuxBridge(Pc) => cell(No, why::TAP_KEPT),
             Kind::OvsNative(Lm) => cell(Plug, why::OVS_REWIRED),
+            Kind::Ovn(Lm) => cell(Plug, why::OVN_REWIRED),
             Kind::LinuxBridge(Lm) => cell(Plug, why::LB_REWIRED),
             Kind::SriovAgent => cell(No, why::SRIOV_POLLED),
             Kind::DirectPhysical | Kind::RemoteManaged => cell(No, why::AGENTLESS_UNCHANGED),
@@ -479,27 +505,31 @@ pub fn table_cell(column: Column, kind: Kind, active: bool) -> Cell {
             _ => cell(Plug, why::FINISH_CROSS_AGENT),
         },
         Column::FinishResizeSameHost => match kind {
-            Kind::OvsHybrid | Kind::OvsNative(Pc) | Kind::LinuxBridge(Pc) => {
+            Kind::OvsHybrid | Kind::OvsNative(Pc) | Kind::Ovn(Pc) | Kind::LinuxBridge(Pc) => {
                 cell(No, why::SAME_HOST_KEPT)
             }
             Kind::OvsNative(Lm) => cell(Plug, why::OVS_REWIRED),
+            Kind::Ovn(Lm) => cell(Plug, why::OVN_REWIRED),
             Kind::LinuxBridge(Lm) => cell(Plug, why::LB_REWIRED),
             Kind::SriovAgent => cell(No, why::SAME_DEVICE_SRIOV),
             Kind::DirectPhysical | Kind::RemoteManaged => cell(No, why::SAME_DEVICE_AGENTLESS),
         },
         Column::RevertResizeCrossHost => match kind {
-            Kind::OvsHybrid | Kind::OvsNative(Pc) | Kind::LinuxBridge(Pc) => {
+            Kind::OvsHybrid | Kind::OvsNative(Pc) | Kind::Ovn(Pc) | Kind::LinuxBridge(Pc) => {
                 cell(Bind, why::REVERT_KEPT)
             }
-            Kind::OvsNative(Lm) | Kind::LinuxBridge(Lm) => cell(Plug, why::REVERT_REPLUG),
+            Kind::OvsNative(Lm) | Kind::Ovn(Lm) | Kind::LinuxBridge(Lm) => {
+                cell(Plug, why::REVERT_REPLUG)
+            }
             Kind::SriovAgent => cell(Plug, why::REVERT_SRIOV),
             Kind::DirectPhysical | Kind::RemoteManaged => cell(Bind, why::FINISH_CROSS_AGENTLESS),
         },
         Column::RevertResizeSameHost => match kind {
-            Kind::OvsHybrid | Kind::OvsNative(Pc) | Kind::LinuxBridge(Pc) => {
+            Kind::OvsHybrid | Kind::OvsNative(Pc) | Kind::Ovn(Pc) | Kind::LinuxBridge(Pc) => {
                 cell(No, why::REVERT_SAME_KEPT)
             }
             Kind::OvsNative(Lm) => cell(Plug, why::OVS_REWIRED),
+            Kind::Ovn(Lm) => cell(Plug, why::OVN_REWIRED),
             Kind::LinuxBridge(Lm) => cell(Plug, why::LB_REWIRED),
             Kind::SriovAgent => cell(No, why::SRIOV_POLLED),
             Kind::DirectPhysical | Kind::RemoteManaged => cell(No, why::SAME_DEVICE_AGENTLESS),
@@ -516,6 +546,12 @@ pub fn table_cell(column: Column, kind: Kind, active: bool) -> Cell {
         },
         Column::UpdateBindingProfile => match kind {
             Kind::DirectPhysical | Kind::RemoteManaged => cell(Bind, why::PROFILE_AGENTLESS),
+            Kind::Ovn(_) => cell(Bind, why::PROFILE_OVN_SET),
+            _ => cell(Bind, why::PROFILE_AGENT),
+        },
+        Column::ClearBindingProfile => match kind {
+            Kind::DirectPhysical | Kind::RemoteManaged => cell(Bind, why::PROFILE_AGENTLESS),
+            Kind::Ovn(_) => cell(No, why::PROFILE_OVN_CLEAR),
             _ => cell(Bind, why::PROFILE_AGENT),
         },
     }
@@ -603,6 +639,7 @@ pub fn predict(
             vif.vif_type,
             vif.vnic_type,
             vif.details.ovs_hybrid_plug,
+            vif.details.bound_by.as_deref(),
             wiring,
         )
         .map_err(|why| PredictError::Unsupported {

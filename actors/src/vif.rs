@@ -335,6 +335,11 @@ pub struct VifDetails {
     /// Whether Neutron's agent on this host is expected to report the port up
     /// (`connectivity`, informative).
     pub connectivity: Option<String>,
+    /// The ML2 mechanism driver that bound the port's bottom level (`bound_drivers`, a map
+    /// of binding level to driver: `openvswitch`, `ovn`, `linuxbridge`, `sriovnicswitch`...).
+    /// Neutron adds it when it shows a port (not in the answer to a binding update, nor in
+    /// the bindings API); the event model tells ML2/OVN's ports from the OVS agent's by it.
+    pub bound_by: Option<String>,
 }
 
 /// `binding:profile`, the keys vireo uses; the whole object is kept in [`VifProfile::raw`].
@@ -529,6 +534,37 @@ fn field_err(index: usize, port: &str, field: &str, problem: Problem) -> VifErro
     }
 }
 
+/// `details.bound_drivers` (`{"0": "ovn"}`; a hierarchical binding has more levels): the
+/// driver of the highest level, the one that bound the segment on the host.
+fn bottom_driver(r: &Reader<'_>, d: &Map<String, Value>) -> Result<Option<String>, VifError> {
+    const PATH: &str = "details.bound_drivers";
+    let levels = match d.get("bound_drivers") {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::Object(m)) => m,
+        Some(_) => return Err(r.err(PATH, Problem::NotObject)),
+    };
+    let mut bottom: Option<(u64, &str)> = None;
+    for (level, driver) in levels {
+        let n: u64 = level.parse().map_err(|_| {
+            r.err(
+                PATH,
+                Problem::OutOfRange {
+                    value: format!("{level:?}"),
+                    min: 0,
+                    max: u64::from(u8::MAX),
+                },
+            )
+        })?;
+        let name = driver
+            .as_str()
+            .ok_or_else(|| r.err(PATH, Problem::NotString))?;
+        if bottom.is_none_or(|(b, _)| n > b) {
+            bottom = Some((n, name));
+        }
+    }
+    Ok(bottom.map(|(_, name)| name.to_owned()))
+}
+
 /// Reads the fields of one VIF dict, building errors that name the VIF.
 struct Reader<'a> {
     index: usize,
@@ -710,6 +746,7 @@ impl Vif {
             macvtap_source: opt_name("macvtap_source", "details.macvtap_source")?,
             connectivity: opt_str(&r, d, "connectivity", "details.connectivity")?
                 .map(str::to_owned),
+            bound_by: bottom_driver(&r, d)?,
         };
 
         let p = r.sub("profile")?.unwrap_or(&empty);
@@ -809,6 +846,33 @@ mod tests {
         assert_eq!(v.network.mtu, Some(1450));
         assert_eq!(v.ovs_bridge(), "br-int");
         assert_eq!(ni.to_value(), json!([ovs(P1, "fa:16:3e:00:00:01")]));
+    }
+
+    #[test]
+    fn the_bottom_bound_driver_is_read_and_a_bad_map_refused() {
+        let mut v = ovs(P1, "fa:16:3e:00:00:01");
+        assert_eq!(
+            NetworkInfo::from_value(&json!([v.clone()])).unwrap().vifs[0]
+                .details
+                .bound_by,
+            None
+        );
+        v["details"]["bound_drivers"] = json!({"0": "ovn"});
+        let ni = NetworkInfo::from_value(&json!([v.clone()])).unwrap();
+        assert_eq!(ni.vifs[0].details.bound_by.as_deref(), Some("ovn"));
+        assert_eq!(ni.to_value(), json!([v.clone()]), "kept as received");
+        // Hierarchical binding: the highest level bound the host's segment.
+        v["details"]["bound_drivers"] = json!({"10": "openvswitch", "2": "cisco_nexus"});
+        let ni = NetworkInfo::from_value(&json!([v.clone()])).unwrap();
+        assert_eq!(ni.vifs[0].details.bound_by.as_deref(), Some("openvswitch"));
+        for bad in [json!("ovn"), json!({"x": "ovn"}), json!({"0": 1})] {
+            v["details"]["bound_drivers"] = bad.clone();
+            let err = NetworkInfo::from_value(&json!([v.clone()])).unwrap_err();
+            assert!(
+                matches!(&err, VifError::Field { field, .. } if field == "details.bound_drivers"),
+                "{bad}: {err:?}"
+            );
+        }
     }
 
     #[test]

@@ -501,7 +501,7 @@ proptest! {
     #[test]
     fn predict_names_a_refused_vif_on_valid_documents(
         vifs in network_info(),
-        column in 0usize..10,
+        column in 0usize..11,
         pre in any::<bool>(),
     ) {
         let text = text_of(&vifs);
@@ -515,6 +515,7 @@ proptest! {
             6 => EventOp::LiveMigration { source: "a".into(), dest: "b".into() },
             7 => EventOp::PostLiveMigration { source: "a".into(), dest: "b".into() },
             8 => EventOp::UpdateBindingProfile,
+            9 => EventOp::ClearBindingProfile,
             _ => EventOp::LiveMigration { source: "a".into(), dest: "a".into() },
         };
         let form = if pre { DeviceForm::PreCreated } else { DeviceForm::LibvirtManaged };

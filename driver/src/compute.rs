@@ -387,8 +387,8 @@ pub enum PluggingConfig {
 pub enum NetworkConfig {
     /// The in-process service (the default when no Neutron is configured).
     Embedded(EmbeddedConfig),
-    /// A Neutron endpoint.
-    Neutron(NeutronConfig),
+    /// A Neutron endpoint (boxed: it is the larger configuration by far).
+    Neutron(Box<NeutronConfig>),
 }
 
 /// Everything [`load_driver`] needs.
@@ -524,7 +524,7 @@ impl DriverBuilder {
             }
             (None, NetworkConfig::Neutron(cfg)) => {
                 let neutron: Arc<dyn NetworkApi> = Arc::new(
-                    NeutronClient::new(cfg.clone())
+                    NeutronClient::new((**cfg).clone())
                         .map_err(|e| DriverError::Network(e.to_string()))?,
                 );
                 match cfg.ports_owner {

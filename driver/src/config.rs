@@ -1147,7 +1147,7 @@ impl AgentConfig {
                 PluggingConfig::Host(self.plugging.clone().unwrap_or_default())
             },
             network: match (&self.network.kind, &self.network.neutron) {
-                (NetworkKind::Neutron, Some(n)) => NetworkConfig::Neutron(n.clone()),
+                (NetworkKind::Neutron, Some(n)) => NetworkConfig::Neutron(Box::new(n.clone())),
                 _ => NetworkConfig::Embedded(self.network.embedded.clone().unwrap_or_default()),
             },
             migration_uri: self.libvirt.migration_uri.clone(),

@@ -111,6 +111,48 @@ fn nova_revert_cases_through_the_binary() {
 }
 
 #[test]
+fn ml2_ovn_ports_are_told_by_their_bound_driver() {
+    // Nova's network_info for an ML2/OVN port: no bridge, no hybrid plug, `bound_drivers`.
+    let ovn = |op: &str| {
+        let mut v = nova_vif(NORMAL, "fa:16:3e:12:34:02", "ovs", "normal", false, true);
+        v["details"] = json!({"connectivity": "l2", "port_filter": true,
+                              "bound_drivers": {"0": "ovn"}});
+        json!({"operation": op, "network_info": [
+            v, nova_vif(HYBRID, "fa:16:3e:12:34:01", "ovs", "normal", true, true)]})
+        .to_string()
+    };
+    let out = vireo(
+        &["events", "explain", "--json"],
+        &ovn("update-binding-profile"),
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(tags(&v, "bind_time"), vec![NORMAL, HYBRID]);
+    // Clearing migrating_to leaves an ML2/OVN port DOWN: nothing comes, nothing is awaited;
+    // the OVS agent's port is re-reported as before.
+    let out = vireo(
+        &["events", "explain", "--json"],
+        &ovn("clear-binding-profile"),
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(tags(&v, "bind_time"), vec![HYBRID]);
+    assert_eq!(tags(&v, "none"), vec![NORMAL]);
+    let out = vireo(&["events", "explain"], &ovn("clear-binding-profile"));
+    let text = String::from_utf8(out.stdout).unwrap();
+    let row = text.lines().find(|l| l.contains(NORMAL)).unwrap();
+    assert!(row.contains("ml2-ovn") && row.contains("none"), "{text}");
+}
+
+#[test]
 fn spawn_with_a_pasted_network_info_prints_a_table() {
     let doc = json!({
         "operation": "spawn",

@@ -99,7 +99,7 @@ pub fn bounded<R>(len: usize, f: impl FnOnce() -> R) -> R {
 /// invalid migration (source = destination) that must be refused the same way everywhere.
 pub fn operation(selector: u8) -> EventOp {
     let h = |s: &str| s.to_owned();
-    match selector % 12 {
+    match selector % 13 {
         0 => EventOp::Spawn,
         1 => EventOp::AttachInterface,
         2 => EventOp::HardReboot,
@@ -123,6 +123,7 @@ pub fn operation(selector: u8) -> EventOp {
             dest: h("h2"),
         },
         10 => EventOp::UpdateBindingProfile,
+        11 => EventOp::ClearBindingProfile,
         _ => EventOp::LiveMigration {
             source: h("h1"),
             dest: h("h1"),

@@ -182,7 +182,11 @@ mod tests {
             ("vm-lb", "lb")
         );
         assert_eq!(
-            (env.ovn_host.as_str(), env.ovn_network_id.as_str(), env.ovn_bridge.as_str()),
+            (
+                env.ovn_host.as_str(),
+                env.ovn_network_id.as_str(),
+                env.ovn_bridge.as_str()
+            ),
             ("vm-ovn", "o", "br-ovn")
         );
         assert_eq!(env.events_token_file, Path::new("/etc/t"));

@@ -194,10 +194,9 @@ impl Host {
             c
         };
         let neutron = || -> Result<Arc<dyn NetworkApi>, HarnessError> {
-            Ok(Arc::new(
-                NeutronClient::new(neutron_config())
-                    .map_err(|e| HarnessError::Setup(format!("neutron client: {e}")))?,
-            ))
+            Ok(Arc::new(NeutronClient::new(neutron_config()).map_err(
+                |e| HarnessError::Setup(format!("neutron client: {e}")),
+            )?))
         };
         let embedded = match &opts.network {
             NetChoice::Neutron => None,
@@ -250,7 +249,7 @@ impl Host {
             },
             network: match &opts.network {
                 NetChoice::Embedded(cfg) => NetworkConfig::Embedded(cfg.clone()),
-                _ => NetworkConfig::Neutron(neutron_config()),
+                _ => NetworkConfig::Neutron(Box::new(neutron_config())),
             },
             migration_uri: opts.migration_uri.clone(),
         };

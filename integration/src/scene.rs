@@ -128,7 +128,14 @@ pub fn flavor(name: &str, vcpus: u32, memory_mb: u64) -> Flavor {
 /// Bind a port to `host` for `instance` (what Nova does before it calls the driver) and
 /// return its `network_info` entry (`preserve_on_delete`: a user port).
 pub async fn bind_port(net: &dyn NetworkApi, port: PortId, host: &str, instance: Uuid) -> Vif {
-    bind_port_on(net, port, host, instance, vireo::network::DEFAULT_OVS_BRIDGE).await
+    bind_port_on(
+        net,
+        port,
+        host,
+        instance,
+        vireo::network::DEFAULT_OVS_BRIDGE,
+    )
+    .await
 }
 
 /// [`bind_port`], with `ovs_bridge` for a binding that names no bridge (ML2/OVN).
@@ -193,7 +200,13 @@ impl<'r> Scene<'r> {
     /// A new scenario.
     pub fn new(run: &'r Run, name: &str) -> Scene<'r> {
         let bridge = vireo::network::DEFAULT_OVS_BRIDGE.to_owned();
-        Scene::on(run, name, run.env.neutron_url.clone(), run.raw.clone(), bridge)
+        Scene::on(
+            run,
+            name,
+            run.env.neutron_url.clone(),
+            run.raw.clone(),
+            bridge,
+        )
     }
 
     /// A new scenario whose hosts use the Neutron at `url` (the ML2/OVN one), which its leak
@@ -206,7 +219,13 @@ impl<'r> Scene<'r> {
         ovs_bridge: &str,
     ) -> Result<Scene<'r>, HarnessError> {
         let raw = NeutronRaw::new(url)?;
-        Ok(Scene::on(run, name, url.to_owned(), raw, ovs_bridge.to_owned()))
+        Ok(Scene::on(
+            run,
+            name,
+            url.to_owned(),
+            raw,
+            ovs_bridge.to_owned(),
+        ))
     }
 
     fn on(

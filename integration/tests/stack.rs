@@ -29,9 +29,9 @@ use vireo_actors::instance::{
 };
 use vireo_actors::instance::{Operation, SpawnStorage, StepKind};
 use vireo_actors::lifecycle::InstanceState;
-use vireo_actors::network::{NetworkApi, PortRequest};
+use vireo_actors::network::{MigrationHosts, NetworkApi, PortRequest};
 use vireo_actors::plug::DomainForm;
-use vireo_actors::predict::Timing;
+use vireo_actors::predict::{predict, EventOp, Timing, Wiring};
 use vireo_actors::storage::{Checksum, ConfigDrive, ImageFormat, ImageId, ImageRef};
 use vireo_actors::vif::{NetworkInfo, PortId, Vif, VifType};
 use vireo_integration::endpoint::EndpointOptions;
@@ -856,8 +856,14 @@ async fn ovn_spawn_lifecycle(run: &Run, form: DomainForm) -> R {
     s.host(opts).await?;
     let net = env.ovn_network_id.clone();
     let (id, vifs, report) = spawn_allocated(&mut s, 0, &net, 1).await;
-    assert!(!vifs[0].details.ovs_hybrid_plug, "ML2/OVN has no hybrid plug");
+    assert!(
+        !vifs[0].details.ovs_hybrid_plug,
+        "ML2/OVN has no hybrid plug"
+    );
     assert_eq!(vifs[0].ovs_bridge(), env.ovn_bridge);
+    // vireo's own record knows the port as ML2/OVN's (read back after the binding).
+    let view = s.a().driver.show(id).await.unwrap();
+    assert_eq!(view.vifs[0].bound_by.as_deref(), Some("ovn"), "{view:?}");
     assert_devices(&vifs[0], form, true);
     assert_waits(&s, "spawn", &report, &[], &ids(&vifs));
     let recreated = match form {
@@ -868,6 +874,7 @@ async fn ovn_spawn_lifecycle(run: &Run, form: DomainForm) -> R {
     lifecycle(&s, h, id, &vifs, form, &recreated).await;
     resize_revert(&s, h, id, &vifs, &recreated).await;
     if form == DomainForm::LibvirtManaged {
+        ovn_profile_changes(&s, id, &vifs).await;
         let (p, vif) = attach_user_port(&s, id, &net, &env.ovn_host).await;
         destroy(&s, h, id).await;
         assert_devices(&vif, DomainForm::LibvirtManaged, false);
@@ -876,6 +883,70 @@ async fn ovn_spawn_lifecycle(run: &Run, form: DomainForm) -> R {
         destroy(&s, h, id).await;
     }
     s.finish().await
+}
+
+/// `binding:profile.migrating_to` set and cleared on plugged ML2/OVN ports (what a live
+/// migration without multiple port bindings does, and its rollback): each change is checked
+/// against the prediction vireo's flow waits with (`update_profiles`): where it predicts an
+/// event, `vif-plugged` arrives; where it predicts none (ML2/OVN leaves a cleared port DOWN),
+/// none arrives within 8 s.
+async fn ovn_profile_changes(s: &Scene<'_>, id: Uuid, vifs: &[Vif]) {
+    let h = s.a();
+    let dest = MigrationHosts {
+        dest: s.run.env.second_host.clone(),
+    };
+    for (op, migration) in [
+        (EventOp::UpdateBindingProfile, Some(&dest)),
+        (EventOp::ClearBindingProfile, None),
+    ] {
+        let prediction = predict(&op, vifs, &Wiring::default()).unwrap();
+        // ML2/OVN sends each vif-plugged more than once (the status hook and a direct
+        // notification); Neutron's notifier batches them per 2 s (`send_events_interval`). A
+        // copy of the previous change's event in a later batch must not be taken for this
+        // change's: let a whole window pass first.
+        tokio::time::sleep(Duration::from_millis(2500)).await;
+        let since = Instant::now();
+        h.network
+            .setup_networks_on_host(id, &h.name, migration.is_none(), migration)
+            .await
+            .unwrap_or_else(|e| panic!("{}: {}", op.name(), vireo_integration::chain(&e)));
+        for v in &prediction.vifs {
+            let arrived = s
+                .run
+                .endpoint
+                .log()
+                .wait_for(
+                    id,
+                    vireo_actors::external::EventName::NetworkVifPlugged,
+                    &v.port.to_string(),
+                    since,
+                    Duration::from_secs(8),
+                )
+                .await;
+            let after = arrived.as_ref().map(|a| a.at - since);
+            println!(
+                "{}: port {} predicted {:?}, vif-plugged after {after:?}",
+                op.name(),
+                v.port,
+                v.timing
+            );
+            match v.timing {
+                Timing::BindTime => assert!(
+                    arrived.is_some(),
+                    "{}: no vif-plugged for {}",
+                    op.name(),
+                    v.port
+                ),
+                Timing::None => assert!(
+                    arrived.is_none(),
+                    "{}: vif-plugged for {} predicted none: {arrived:?}",
+                    op.name(),
+                    v.port
+                ),
+                Timing::PlugTime => panic!("{}: nothing is plugged here: {}", op.name(), v.reason),
+            }
+        }
+    }
 }
 
 // ----------------------------------------------------------------------------------------
@@ -2440,7 +2511,9 @@ async fn run_all(runner: &mut Runner) {
         })
         .await;
     runner
-        .run(OVN[0], || ovn_spawn_lifecycle(&run, DomainForm::LibvirtManaged))
+        .run(OVN[0], || {
+            ovn_spawn_lifecycle(&run, DomainForm::LibvirtManaged)
+        })
         .await;
     runner
         .run(OVN[1], || ovn_spawn_lifecycle(&run, DomainForm::PreCreated))

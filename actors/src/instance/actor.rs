@@ -420,6 +420,7 @@ impl InstanceActor {
                         vnic_type: v.vnic_type.as_str().to_owned(),
                         hybrid: v.details.ovs_hybrid_plug,
                         device: v.tap_name(),
+                        bound_by: v.details.bound_by.clone(),
                     })
                     .collect()
             })

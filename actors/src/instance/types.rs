@@ -295,6 +295,9 @@ pub struct VifView {
     pub hybrid: bool,
     /// The host device.
     pub device: String,
+    /// The ML2 mechanism driver that bound the port (`bound_drivers`), when Neutron said.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bound_by: Option<String>,
 }
 
 /// What `show` reports about one instance.

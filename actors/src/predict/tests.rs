@@ -25,6 +25,15 @@ fn vif_json(n: u32, vif_type: &str, vnic: &str, hybrid: bool, active: bool) -> V
     })
 }
 
+/// A VIF of a table row: `variant` names ML2/OVN's rows, whose binding names its driver.
+fn row_vif(vif_type: &str, vnic: &str, variant: &str, hybrid: bool, active: bool) -> Value {
+    let mut v = vif_json(1, vif_type, vnic, hybrid, active);
+    if variant.starts_with("ML2/OVN") {
+        v["details"]["bound_drivers"] = json!({"0": OVN_DRIVER});
+    }
+    v
+}
+
 fn vifs(items: Vec<Value>) -> Vec<Vif> {
     NetworkInfo::from_value(&Value::Array(items)).unwrap().vifs
 }
@@ -101,6 +110,7 @@ fn op_for(column: Column) -> EventOp {
             dest: h("h2"),
         },
         Column::UpdateBindingProfile => EventOp::UpdateBindingProfile,
+        Column::ClearBindingProfile => EventOp::ClearBindingProfile,
     }
 }
 
@@ -127,7 +137,7 @@ fn every_cell_of_the_documented_table_holds() {
                     }
                 };
                 for (flag, want) in [(false, inactive), (true, active)] {
-                    let v = vifs(vec![vif_json(1, &row[0], vnic, hybrid, flag)]);
+                    let v = vifs(vec![row_vif(&row[0], vnic, &row[2], hybrid, flag)]);
                     let p = predict(&op_for(column), &v, &wiring).unwrap();
                     assert_eq!(
                         p.vifs[0].timing, want,
@@ -137,7 +147,7 @@ fn every_cell_of_the_documented_table_holds() {
                     assert_eq!(p.column, column);
                     cells += 1;
                 }
-                let v = vifs(vec![vif_json(1, &row[0], vnic, hybrid, false)]);
+                let v = vifs(vec![row_vif(&row[0], vnic, &row[2], hybrid, false)]);
                 kinds_seen.push(predict(&op_for(column), &v, &wiring).unwrap().vifs[0].kind);
             }
         }
@@ -145,8 +155,8 @@ fn every_cell_of_the_documented_table_holds() {
     for k in Kind::ALL {
         assert!(kinds_seen.contains(&k), "{k:?} has no row in the doc");
     }
-    // 9 (vif, vnic, variant) rows x 11 columns x both values of `active`.
-    assert_eq!(cells, 9 * 11 * 2);
+    // 11 (vif, vnic, variant) rows x 12 columns x both values of `active`.
+    assert_eq!(cells, 11 * 12 * 2);
 }
 
 #[test]
@@ -180,7 +190,7 @@ fn every_vif_type_vnic_type_pair_is_documented_and_classified() {
         for (j, vnic) in vnics.iter().enumerate() {
             let want = &row[1 + j];
             for hybrid in [false, true] {
-                let got = match classify(vt, *vnic, hybrid, &wiring) {
+                let got = match classify(vt, *vnic, hybrid, None, &wiring) {
                     Ok(Kind::OvsHybrid | Kind::OvsNative(_)) => "ovs".to_owned(),
                     Ok(Kind::LinuxBridge(_)) => "linux-bridge".to_owned(),
                     Ok(k) => k.label(),
@@ -189,7 +199,7 @@ fn every_vif_type_vnic_type_pair_is_documented_and_classified() {
                 assert_eq!(&got, want, "{vt}/{vnic} hybrid={hybrid}");
             }
             // And through `predict`, as a typed error naming the VIF.
-            if let Err(why) = classify(vt, *vnic, false, &wiring) {
+            if let Err(why) = classify(vt, *vnic, false, None, &wiring) {
                 let v = vifs(vec![
                     vif_json(1, "ovs", "normal", false, false),
                     vif_json(2, vt.as_str(), vnic.as_str(), false, false),
@@ -393,6 +403,7 @@ fn operation_names_and_forms_round_trip() {
     assert!("managed".parse::<DeviceForm>().is_err());
     let names: Vec<&str> = Column::ALL.into_iter().map(|c| op_for(c).name()).collect();
     assert!(names.contains(&"update-binding-profile") && names.contains(&"spawn"));
+    assert!(names.contains(&"clear-binding-profile"));
 }
 
 #[test]

@@ -21,7 +21,7 @@ use vireo_actors::vif::{NetworkInfo, Vif, VifError};
 use super::{ExplainArgs, EXIT_INVALID_INPUT, EXIT_IO};
 
 /// The operations `explain` takes, in the order shown to users.
-pub const OPERATIONS: [&str; 9] = [
+pub const OPERATIONS: [&str; 10] = [
     "spawn",
     "hard-reboot",
     "power-on",
@@ -31,6 +31,7 @@ pub const OPERATIONS: [&str; 9] = [
     "post-live-migration",
     "attach-interface",
     "update-binding-profile",
+    "clear-binding-profile",
 ];
 
 /// Why the input could not be explained.
@@ -151,6 +152,7 @@ fn parse_operation(name: &str, migration: Option<&MigrationIn>) -> Result<EventO
         "power-on" => EventOp::PowerOn,
         "attach-interface" => EventOp::AttachInterface,
         "update-binding-profile" => EventOp::UpdateBindingProfile,
+        "clear-binding-profile" => EventOp::ClearBindingProfile,
         "finish-resize" => {
             let (s, d) = hosts("finish-resize")?;
             EventOp::FinishResize { same_host: s == d }

@@ -27,19 +27,10 @@ pub(crate) async fn allocate<A: NetworkApi + ?Sized>(
 ) -> Result<NetworkInfo, NetworkError> {
     let span = info_span!("allocate_for_instance", instance = %instance, host);
     async {
-        let mut created = Vec::new();
-        let mut taken = Vec::new();
-        let result = allocate_steps(
-            api,
-            owner,
-            ovs_bridge,
-            instance,
-            host,
-            requests,
-            &mut created,
-            &mut taken,
-        )
-        .await;
+        let mut made = Made::default();
+        let result =
+            allocate_steps(api, owner, ovs_bridge, instance, host, requests, &mut made).await;
+        let Made { created, taken } = made;
         let cause = match result {
             Ok(ni) => return Ok(ni),
             Err(e) => e,
@@ -71,6 +62,14 @@ pub(crate) async fn allocate<A: NetworkApi + ?Sized>(
     .await
 }
 
+/// What an allocation did that its failure undoes: ports it created (deleted) and the
+/// caller's ports it took (unbound).
+#[derive(Default)]
+struct Made {
+    created: Vec<PortId>,
+    taken: Vec<Port>,
+}
+
 async fn allocate_steps<A: NetworkApi + ?Sized>(
     api: &A,
     owner: &str,
@@ -78,9 +77,9 @@ async fn allocate_steps<A: NetworkApi + ?Sized>(
     instance: Uuid,
     host: &str,
     requests: &[PortRequest],
-    created: &mut Vec<PortId>,
-    taken: &mut Vec<Port>,
+    made: &mut Made,
 ) -> Result<NetworkInfo, NetworkError> {
+    let Made { created, taken } = made;
     let device_id = instance.to_string();
     let mut networks: HashMap<String, NetworkSummary> = HashMap::new();
     // (port, preserve_on_delete) in request order.
@@ -128,6 +127,18 @@ async fn allocate_steps<A: NetworkApi + ?Sized>(
                 vif_type: port.vif_type,
             });
         }
+        // Neutron names the mechanism driver that bound a port (`bound_drivers`) only when it
+        // shows the port, not in its answer to the update. ML2/openvswitch's binding names
+        // its bridge; one that names none (ML2/OVN's) is read again, so the event model knows
+        // ML2/OVN's ports (docs/EVENT_MODEL.md: their profile changes differ).
+        let port = if port.vif_type == "ovs"
+            && !port.vif_details.contains_key("bridge_name")
+            && !port.vif_details.contains_key("bound_drivers")
+        {
+            api.get_port(*id).await?
+        } else {
+            port
+        };
         if !networks.contains_key(&port.network_id) {
             let net = api.get_network(&port.network_id).await?;
             networks.insert(port.network_id.clone(), net);

@@ -202,7 +202,12 @@ mod tests {
         let d = vif_dict(&p, &net(), false, DEFAULT_OVS_BRIDGE);
         assert_eq!(d["network"]["bridge"], json!("br-custom"));
         assert_eq!(d["active"], json!(true), "admin-down counts as active");
-        let d = vif_dict(&port("hostdev_physical", json!({})), &net(), false, DEFAULT_OVS_BRIDGE);
+        let d = vif_dict(
+            &port("hostdev_physical", json!({})),
+            &net(),
+            false,
+            DEFAULT_OVS_BRIDGE,
+        );
         assert_eq!(d["network"]["bridge"], Value::Null);
     }
 

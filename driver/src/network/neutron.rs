@@ -1298,7 +1298,8 @@ mod tests {
                 "{bridge:?}"
             );
         }
-        let c: NeutronConfig = toml::from_str("url = \"http://x\"\novs_bridge = \"br-ovn\"").unwrap();
+        let c: NeutronConfig =
+            toml::from_str("url = \"http://x\"\novs_bridge = \"br-ovn\"").unwrap();
         assert_eq!(c.ovs_bridge, "br-ovn");
         assert!(NeutronClient::new(c).is_ok());
         // No URL: only with Keystone, whose catalog names Neutron.

@@ -455,7 +455,8 @@ impl Ctx {
             }
         };
         let summary = net.get_network(&port.network_id).await.ok()?;
-        let value = vireo::network::vif_dict(&port, &summary, true, vireo::network::DEFAULT_OVS_BRIDGE);
+        let value =
+            vireo::network::vif_dict(&port, &summary, true, vireo::network::DEFAULT_OVS_BRIDGE);
         let vif = NetworkInfo::from_value(&serde_json::Value::Array(vec![value]))
             .ok()?
             .vifs

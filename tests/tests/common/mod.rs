@@ -706,7 +706,12 @@ pub async fn network_info(net: &dyn NetworkApi, ports: &[PortId]) -> NetworkInfo
     for p in ports {
         let port = net.get_port(*p).await.unwrap();
         let summary = net.get_network(&port.network_id).await.unwrap();
-        vifs.push(vireo::network::vif_dict(&port, &summary, true, vireo::network::DEFAULT_OVS_BRIDGE));
+        vifs.push(vireo::network::vif_dict(
+            &port,
+            &summary,
+            true,
+            vireo::network::DEFAULT_OVS_BRIDGE,
+        ));
     }
     NetworkInfo::from_value(&serde_json::Value::Array(vifs)).unwrap()
 }

@@ -540,7 +540,11 @@ async fn update_profiles(
     if changing_ids.is_empty() {
         return Ok(());
     }
-    let prediction = predicted(op, &EventOp::UpdateBindingProfile, &changing)?;
+    let change = match dest {
+        Some(_) => EventOp::UpdateBindingProfile,
+        None => EventOp::ClearBindingProfile,
+    };
+    let prediction = predicted(op, &change, &changing)?;
     let consume = WaitPolicy {
         timeout: op.deps.config.profile_wait,
         fatal: false,
