@@ -79,6 +79,17 @@ fn revert(source: &str, dest: &str) -> String {
     .to_string()
 }
 
+/// `vireo events explain --json` of `stdin`, which must succeed.
+fn explain_json(stdin: &str) -> Value {
+    let out = vireo(&["events", "explain", "--json"], stdin);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
 fn tags(v: &Value, list: &str) -> Vec<String> {
     v[list]
         .as_array()
@@ -121,29 +132,11 @@ fn ml2_ovn_ports_are_told_by_their_bound_driver() {
             v, nova_vif(HYBRID, "fa:16:3e:12:34:01", "ovs", "normal", true, true)]})
         .to_string()
     };
-    let out = vireo(
-        &["events", "explain", "--json"],
-        &ovn("update-binding-profile"),
-    );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = explain_json(&ovn("update-binding-profile"));
     assert_eq!(tags(&v, "bind_time"), vec![NORMAL, HYBRID]);
     // Clearing migrating_to leaves an ML2/OVN port DOWN: nothing comes, nothing is awaited;
     // the OVS agent's port is re-reported as before.
-    let out = vireo(
-        &["events", "explain", "--json"],
-        &ovn("clear-binding-profile"),
-    );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = explain_json(&ovn("clear-binding-profile"));
     assert_eq!(tags(&v, "bind_time"), vec![HYBRID]);
     assert_eq!(tags(&v, "none"), vec![NORMAL]);
     let out = vireo(&["events", "explain"], &ovn("clear-binding-profile"));

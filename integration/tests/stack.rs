@@ -864,14 +864,8 @@ async fn ovn_spawn_lifecycle(run: &Run, form: DomainForm) -> R {
     // vireo's own record knows the port as ML2/OVN's (read back after the binding).
     let view = s.a().driver.show(id).await.unwrap();
     assert_eq!(view.vifs[0].bound_by.as_deref(), Some("ovn"), "{view:?}");
-    assert_devices(&vifs[0], form, true);
-    assert_waits(&s, "spawn", &report, &[], &ids(&vifs));
-    let recreated = match form {
-        DomainForm::LibvirtManaged => ids(&vifs),
-        DomainForm::PreCreated => vec![],
-    };
+    let recreated = native_spawned_then_lifecycle(&s, id, &vifs, &report, form).await;
     let h = s.a();
-    lifecycle(&s, h, id, &vifs, form, &recreated).await;
     resize_revert(&s, h, id, &vifs, &recreated).await;
     if form == DomainForm::LibvirtManaged {
         ovn_profile_changes(&s, id, &vifs).await;
@@ -883,6 +877,26 @@ async fn ovn_spawn_lifecycle(run: &Run, form: DomainForm) -> R {
         destroy(&s, h, id).await;
     }
     s.finish().await
+}
+
+/// A native OVS port (the OVS agent's or ML2/OVN's) after its spawn: its device and the
+/// spawn's plug-time wait, then [`lifecycle`]; returns the ports whose device libvirt
+/// recreates with the domain (and which therefore report again).
+async fn native_spawned_then_lifecycle(
+    s: &Scene<'_>,
+    id: Uuid,
+    vifs: &[Vif],
+    report: &OpReport,
+    form: DomainForm,
+) -> Vec<PortId> {
+    assert_devices(&vifs[0], form, true);
+    assert_waits(s, "spawn", report, &[], &ids(vifs));
+    let recreated = match form {
+        DomainForm::LibvirtManaged => ids(vifs),
+        DomainForm::PreCreated => vec![],
+    };
+    lifecycle(s, s.a(), id, vifs, form, &recreated).await;
+    recreated
 }
 
 /// `binding:profile.migrating_to` set and cleared on plugged ML2/OVN ports (what a live
@@ -964,14 +978,8 @@ async fn native_spawn_lifecycle(run: &Run, form: DomainForm) -> R {
     let net = run.env.network_id.clone();
     let (id, vifs, report) = spawn_allocated(&mut s, 0, &net, 1).await;
     assert!(!vifs[0].details.ovs_hybrid_plug, "Neutron bound it native");
-    assert_devices(&vifs[0], form, true);
-    assert_waits(&s, "spawn", &report, &[], &ids(&vifs));
-    let recreated = match form {
-        DomainForm::LibvirtManaged => ids(&vifs),
-        DomainForm::PreCreated => vec![],
-    };
+    native_spawned_then_lifecycle(&s, id, &vifs, &report, form).await;
     let h = s.a();
-    lifecycle(&s, h, id, &vifs, form, &recreated).await;
     if form == DomainForm::LibvirtManaged {
         resize_revert(&s, h, id, &vifs, &ids(&vifs)).await;
     }
