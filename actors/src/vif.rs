@@ -543,9 +543,9 @@ fn bottom_driver(r: &Reader<'_>, d: &Map<String, Value>) -> Result<Option<String
         Some(Value::Object(m)) => m,
         Some(_) => return Err(r.err(PATH, Problem::NotObject)),
     };
-    let mut bottom: Option<(u64, &str)> = None;
+    let mut bottom: Option<(u8, &str)> = None;
     for (level, driver) in levels {
-        let n: u64 = level.parse().map_err(|_| {
+        let n: u8 = level.parse().map_err(|_| {
             r.err(
                 PATH,
                 Problem::OutOfRange {
@@ -865,7 +865,12 @@ mod tests {
         v["details"]["bound_drivers"] = json!({"10": "openvswitch", "2": "cisco_nexus"});
         let ni = NetworkInfo::from_value(&json!([v.clone()])).unwrap();
         assert_eq!(ni.vifs[0].details.bound_by.as_deref(), Some("openvswitch"));
-        for bad in [json!("ovn"), json!({"x": "ovn"}), json!({"0": 1})] {
+        for bad in [
+            json!("ovn"),
+            json!({"x": "ovn"}),
+            json!({"256": "ovn"}),
+            json!({"0": 1}),
+        ] {
             v["details"]["bound_drivers"] = bad.clone();
             let err = NetworkInfo::from_value(&json!([v.clone()])).unwrap_err();
             assert!(
