@@ -724,7 +724,6 @@ restore_after_lb_agent() {
 # ---------------------------------------------------------------------------------------------
 # ML2/OVN
 
-ovn_nb() { ovn-nbctl --db="unix:$OVN_DIR/run/nb.sock" --timeout=10 "$@"; }
 ovn_sb() { ovn-sbctl --db="unix:$OVN_DIR/run/sb.sock" --timeout=10 "$@"; }
 # The chassis of OVN_HOST is registered (ovn-controller connected to the southbound database).
 ovn_chassis_up() { [[ $(ovn_sb --bare --columns=hostname find Chassis "name=$OVN_HOST") == "$OVN_HOST" ]]; }
