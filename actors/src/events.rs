@@ -177,8 +177,10 @@ impl Future for WaitHandle {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct EventConfig {
-    /// Events kept per instance while nobody waits for them; when full, the oldest that no
-    /// wait takes (not `network-vif-plugged`) is dropped first, then the oldest of all.
+    /// Events kept per instance while nobody waits for them (raised to two per port the
+    /// instance is known to have); when full, the oldest for a port the instance does not
+    /// have is dropped first, then the oldest that no wait takes (not `network-vif-plugged`),
+    /// then the oldest of all.
     pub buffer_per_instance: usize,
     /// A buffered event older than this is dropped (seconds).
     pub buffer_max_age_secs: u64,
@@ -301,6 +303,19 @@ pub struct MemoryFigures {
 #[rtype(result = "()")]
 pub struct TrackInstance(pub Uuid);
 
+/// Ports a known instance has (its record's VIFs): its buffer then drops events for any other
+/// port first, so that strays (events for ports the instance does not have) never push out an
+/// early event of one of its own. Waits teach the actor their ports too. Ignored for an
+/// instance the actor does not know (send [`TrackInstance`] first).
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "()")]
+pub struct TrackPorts {
+    /// The instance.
+    pub instance: Uuid,
+    /// Ports it has.
+    pub ports: Vec<PortId>,
+}
+
 /// Forget an instance: its waits fail with [`WaitError::Cancelled`], its buffer is dropped,
 /// later events for it count as unknown.
 #[derive(Debug, Clone, Copy, Message)]
@@ -417,11 +432,16 @@ struct Buffered {
     at: Instant,
 }
 
+/// Ports one instance is known to have, at most this many (the most recently learnt).
+const MAX_KNOWN_PORTS: usize = 64;
+
 #[derive(Debug)]
 struct Entry {
     tracked: bool,
     waiters: Vec<Waiter>,
     buffer: VecDeque<Buffered>,
+    /// Ports of the instance (from [`TrackPorts`] and its waits), most recent last.
+    ports: Vec<PortId>,
     last_active: Instant,
 }
 
@@ -431,8 +451,49 @@ impl Entry {
             tracked: false,
             waiters: Vec::new(),
             buffer: VecDeque::new(),
+            ports: Vec::new(),
             last_active: now,
         }
+    }
+
+    fn learn_port(&mut self, port: PortId) {
+        if let Some(pos) = self.ports.iter().position(|p| *p == port) {
+            self.ports.remove(pos);
+        } else if self.ports.len() >= MAX_KNOWN_PORTS {
+            self.ports.remove(0);
+        }
+        self.ports.push(port);
+    }
+
+    fn knows(&self, port: &PortId) -> bool {
+        self.ports.contains(port)
+    }
+
+    /// The buffer's bound: the configured count, raised so that every known port keeps one
+    /// `network-vif-plugged` of each status (zero stays zero: no buffering).
+    fn buffer_cap(&self, configured: usize) -> usize {
+        if configured == 0 {
+            0
+        } else {
+            configured.max(2 * self.ports.len())
+        }
+    }
+
+    /// Which buffered event goes when the buffer is full: the oldest for a port the instance
+    /// does not have (a stray), then the oldest no wait takes (not `network-vif-plugged`),
+    /// then the oldest of all.
+    fn eviction(&self) -> usize {
+        let foreign = || {
+            self.buffer
+                .iter()
+                .position(|b| !self.ports.is_empty() && !self.knows(&b.key.tag))
+        };
+        let unawaited = || {
+            self.buffer
+                .iter()
+                .position(|b| b.key.name != EventName::NetworkVifPlugged)
+        };
+        foreign().or_else(unawaited).unwrap_or(0)
     }
 }
 
@@ -655,20 +716,18 @@ impl NetworkEventActor {
                 self.stats.duplicates += 1;
                 return;
             }
-            if entry.buffer.len() >= self.cfg.buffer_per_instance {
-                // The oldest event no wait takes goes first (vireo and Nova wait only for
-                // `network-vif-plugged`; unplugged, deleted and changed come with every
-                // unplug and port update), so that a flood of those cannot push out an early
-                // plug event a wait is about to take. Only then the oldest of all.
-                let evict = entry
-                    .buffer
-                    .iter()
-                    .position(|b| b.key.name != EventName::NetworkVifPlugged)
-                    .unwrap_or(0);
+            let cap = entry.buffer_cap(self.cfg.buffer_per_instance);
+            if cap > 0 && entry.buffer.len() >= cap {
+                // Strays first (events for ports the instance does not have), then what no
+                // wait takes (vireo and Nova wait only for `network-vif-plugged`; unplugged,
+                // deleted and changed come with every unplug and port update), so that a
+                // flood of either cannot push out an early plug event a wait is about to
+                // take. Only then the oldest of all.
+                let evict = entry.eviction();
                 entry.buffer.remove(evict);
                 self.stats.buffer_dropped_count += 1;
             }
-            if self.cfg.buffer_per_instance > 0 {
+            if cap > 0 {
                 entry.buffer.push_back(Buffered {
                     key,
                     failed,
@@ -745,6 +804,7 @@ impl NetworkEventActor {
             if expected.iter().any(|(k, _)| *k == key) {
                 continue;
             }
+            entry.learn_port(key.tag);
             // An early event of this operation, kept in the buffer?
             let got = match entry
                 .buffer
@@ -907,6 +967,22 @@ impl Handler<TrackInstance> for NetworkEventActor {
     }
 }
 
+impl Handler<TrackPorts> for NetworkEventActor {
+    type Result = ();
+    fn handle(&mut self, msg: TrackPorts, _: &mut Context<Self>) {
+        if self.shutting_down {
+            return;
+        }
+        // Only for an instance the actor knows: ports do not make one known (an instance this
+        // host gave away stays forgotten).
+        if let Some(entry) = self.instances.get_mut(&msg.instance) {
+            for p in msg.ports {
+                entry.learn_port(p);
+            }
+        }
+    }
+}
+
 impl Handler<ForgetInstance> for NetworkEventActor {
     type Result = ();
     fn handle(&mut self, msg: ForgetInstance, _: &mut Context<Self>) {
@@ -1026,6 +1102,11 @@ impl EventsHandle {
     /// Make an instance known.
     pub fn track(&self, instance: Uuid) {
         self.addr.do_send(TrackInstance(instance));
+    }
+
+    /// Ports a known instance has (see [`TrackPorts`]).
+    pub fn track_ports(&self, instance: Uuid, ports: Vec<PortId>) {
+        self.addr.do_send(TrackPorts { instance, ports });
     }
 
     /// Forget an instance (its waits are cancelled).

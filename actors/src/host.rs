@@ -434,8 +434,10 @@ impl Handler<Recover> for HostActor {
             for (d, meta, record) in found {
                 let power = power_of(d.state);
                 let state = recovered_state(record.state, power);
+                let ports = record.network_info.vifs.iter().map(|v| v.id).collect();
                 let addr = act.spawn_instance(d.uuid, state, Some(record), power, ctx);
                 act.deps.events.track(d.uuid);
+                act.deps.events.track_ports(d.uuid, ports);
                 let interrupted = meta.operation.as_ref().map(|o| format!("{}/{}", o.kind, o.phase));
                 if let Some(op) = meta.operation {
                     let uuid = d.uuid;
@@ -458,8 +460,10 @@ impl Handler<Recover> for HostActor {
                 // Adopted as the destination it was before the agent stopped: the source's
                 // post-live-migration (or its rollback) finds it.
                 let power = power_of(d.state);
+                let ports = record.network_info.vifs.iter().map(|v| v.id).collect();
                 act.spawn_instance(d.uuid, InstanceState::Incoming, Some(record), power, ctx);
                 act.deps.events.track(d.uuid);
+                act.deps.events.track_ports(d.uuid, ports);
                 info!(instance = %d.uuid, source = %migration.source_host, "a guest arriving by live migration adopted");
                 report.instances.push(RecoveredInstance {
                     uuid: d.uuid,

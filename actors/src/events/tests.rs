@@ -485,6 +485,97 @@ async fn strays_no_wait_takes_never_evict_an_early_plug_event() {
     assert!(pending(&mut oldest));
 }
 
+/// More `network-vif-plugged` strays (ports the instance does not have) than the buffer holds,
+/// between a real early event and its wait: the real one is kept (LOAD.md's finding).
+#[actix_rt::test]
+async fn plug_strays_for_ports_the_instance_lacks_never_evict_its_early_event() {
+    let h = setup().await;
+    h.track(inst(1));
+    h.track_ports(inst(1), vec![port(1), port(2)]);
+    let since = Instant::now();
+    h.deliver(plugged(inst(1), port(1)));
+    let cap = EventConfig::default().buffer_per_instance as u32;
+    for n in 0..3 * cap {
+        h.deliver(plugged(inst(1), port(100 + n)));
+    }
+    let s = barrier(&h).await;
+    assert_eq!(s.buffered_now, u64::from(cap));
+    let w = h
+        .expect(inst(1), want(&[1]), since, FATAL, OpId(1))
+        .await
+        .unwrap();
+    assert!(w.await.unwrap().complete(), "the early plug event was kept");
+}
+
+/// A port is known from a wait that named it, too: after that wait ended, strays still cannot
+/// push out the port's next early event.
+#[actix_rt::test]
+async fn a_wait_teaches_the_actor_its_ports() {
+    let h = setup().await;
+    h.track(inst(1));
+    let first = expect(&h, inst(1), &[1], FATAL, 1).await;
+    h.deliver(plugged(inst(1), port(1)));
+    assert!(first.await.unwrap().complete());
+    tokio::time::advance(Duration::from_secs(1)).await;
+    let since = Instant::now();
+    h.deliver(plugged(inst(1), port(1)));
+    let cap = EventConfig::default().buffer_per_instance as u32;
+    for n in 0..2 * cap {
+        h.deliver(plugged(inst(1), port(100 + n)));
+    }
+    barrier(&h).await;
+    let w = h
+        .expect(inst(1), want(&[1]), since, FATAL, OpId(2))
+        .await
+        .unwrap();
+    assert!(w.await.unwrap().complete());
+}
+
+/// An instance with more ports than half the buffer: every port's early plug event is kept,
+/// whatever else arrives (the bound grows to two per known port, no further).
+#[actix_rt::test]
+async fn every_known_port_keeps_its_early_plug_event() {
+    let h = setup().await;
+    h.track(inst(1));
+    let n = EventConfig::default().buffer_per_instance as u32 + 8;
+    let ports: Vec<u32> = (1..=n).collect();
+    h.track_ports(inst(1), ports.iter().map(|p| port(*p)).collect());
+    let since = Instant::now();
+    for p in &ports {
+        h.deliver(plugged(inst(1), port(*p)));
+        h.deliver(ev(
+            inst(1),
+            EventName::NetworkChanged,
+            port(*p),
+            EventStatus::Completed,
+        ));
+    }
+    for k in 0..100 {
+        h.deliver(plugged(inst(1), port(1_000 + k)));
+    }
+    let s = barrier(&h).await;
+    assert_eq!(s.buffered_now, u64::from(2 * n));
+    let w = h
+        .expect(inst(1), want(&ports), since, FATAL, OpId(1))
+        .await
+        .unwrap();
+    assert!(
+        w.await.unwrap().complete(),
+        "every port's early event was kept"
+    );
+}
+
+/// Ports do not make an instance known: events for it still count as unknown.
+#[actix_rt::test]
+async fn ports_of_an_unknown_instance_are_ignored() {
+    let h = setup().await;
+    h.track_ports(inst(1), vec![port(1)]);
+    h.deliver(plugged(inst(1), port(1)));
+    let s = barrier(&h).await;
+    assert_eq!(s.unknown_instance_dropped, 1);
+    assert_eq!(s.instances_now, 0);
+}
+
 #[actix_rt::test]
 async fn the_buffer_is_bounded_by_count_and_age() {
     let h = setup().await;

@@ -115,6 +115,9 @@ impl OpCtx {
     /// The instance's VIFs are these (for the plugger's device hooks).
     pub fn use_record(&mut self, record: &InstanceRecord) {
         self.devices = record.network_info.vifs.iter().map(|v| v.id).collect();
+        self.deps
+            .events
+            .track_ports(self.uuid, self.devices.clone());
     }
 
     /// libvirt created the devices of the domain (it started).

@@ -586,8 +586,8 @@ pub(crate) async fn pre_live_migration(
         Err(e) => return Finished::err(InstanceState::Gone, None, e),
     };
     record.state = InstanceState::Incoming;
-    op.use_record(&record);
     op.deps.events.track(op.uuid);
+    op.use_record(&record);
     // QEMU opens the serial log of the incoming domain here: its directory must exist (on a
     // shared instance directory it does already).
     if let Err(e) = record.prepare_console_log_dir(&op.deps.config.domain) {

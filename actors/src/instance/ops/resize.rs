@@ -180,8 +180,8 @@ pub(crate) async fn finish_resize(
         };
         return Finished::err(InstanceState::Gone, None, refused.into());
     }
-    op.use_record(&record);
     op.deps.events.track(op.uuid);
+    op.use_record(&record);
     if let Some(task) = &caller {
         op.adopt_caller_task(task);
     }
