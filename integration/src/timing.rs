@@ -421,6 +421,7 @@ mod tests {
             took: Duration::ZERO,
             complete: true,
             missing: vec![],
+            stale: vec![],
             outcome: String::new(),
         };
         let step = |at: u64, took: u64| Step {

@@ -297,3 +297,75 @@ async fn a_stale_event_before_the_plug_does_not_release_the_plug_wait() {
     );
     c.destroy_and_assert_clean(&[id], &[]).await;
 }
+
+/// A stale duplicate that arrives after the plug-time wait was registered — the window the
+/// registration cannot close — while the port is not wired again: it releases the wait, but
+/// the ports whose events released it are read back, and a port the service does not show
+/// ACTIVE had a stale event: the wait goes on for the real one, and the report names the port.
+/// It used to end the power-on with the port DOWN.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_event_while_the_port_is_down_does_not_end_the_wait() {
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+    use vireo_actors::external::{EventName, EventStatus, ExternalEvent};
+    use vireo_actors::network::PortStatus;
+    use vireo_actors::plug::VifPlugger;
+    use vireo_actors::predict::Timing;
+    let c = Arc::new(spec(&["h1"]).start().await);
+    let h1 = c.host("h1");
+    let id = uuid();
+    h1.spawn_on(id, "vm-reg-stale-down", vec![on(NET_NATIVE)])
+        .await;
+    let native = ports(&h1.driver.show(id).await.unwrap())[0];
+    h1.driver.power_off(id, None).await.unwrap();
+    eventually(Duration::from_secs(10), "the port went DOWN", || async {
+        (c.network.port_status(native) == Some(PortStatus::Down)).then_some(())
+    })
+    .await;
+    // h1's L2 agent goes away: nobody wires the power-on's device until it is back.
+    assert!(c.network.detach_host("h1"));
+    h1.net.take_calls();
+    let task = {
+        let c = c.clone();
+        tokio::spawn(async move { c.host("h1").driver.power_on(id).await })
+    };
+    at_phase(&h1.driver, id, "wait for events").await;
+    c.sink.inject(ExternalEvent {
+        name: EventName::NetworkVifPlugged,
+        server_uuid: id,
+        tag: Some(native.to_string()),
+        status: EventStatus::Completed,
+    });
+    let mut calls = Vec::new();
+    eventually(Duration::from_secs(10), "the ports read back", || {
+        calls.extend(h1.net.take_calls());
+        let over = calls.contains(&NetCall::ListPorts) || task.is_finished();
+        async move { over.then_some(()) }
+    })
+    .await;
+    assert!(
+        !task.is_finished(),
+        "the power-on ended on the stale event with its port {:?}",
+        c.network.port_status(native)
+    );
+    // The agent is back and wires the device: the real event.
+    let t0 = Instant::now();
+    let (n, w) = (c.network.clone(), h1.plugger.wiring());
+    on_thread(&c.system, move || n.attach_host("h1", w))
+        .await
+        .unwrap();
+    let r = task
+        .await
+        .unwrap()
+        .unwrap_or_else(|e| panic!("{}", chain(&e)));
+    assert_eq!(c.sink.plugged(id, t0, Instant::now()), vec![native]);
+    let plug = r
+        .waits
+        .iter()
+        .find(|w| w.timing == Timing::PlugTime)
+        .unwrap();
+    assert_eq!(plug.stale, vec![native], "{r:#?}");
+    assert!(plug.complete, "{r:#?}");
+    assert_eq!(c.network.port_status(native), Some(PortStatus::Active));
+    c.destroy_and_assert_clean(&[id], &[]).await;
+}

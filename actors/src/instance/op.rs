@@ -12,11 +12,11 @@ use vireo_xml::metadata::InFlightOperation;
 
 use super::in_flight::{InFlight, Marker};
 
-use crate::events::{OpId, WaitHandle, WaitOutcome, WaitPolicy};
-use crate::external::ExternalEvent;
+use crate::events::{OpId, WaitError, WaitHandle, WaitOutcome, WaitPolicy};
+use crate::external::{EventName, ExternalEvent};
 use crate::libvirt::{DomainState, LibvirtError, Metadata};
 use crate::lifecycle::Request;
-use crate::network::NetworkError;
+use crate::network::{NetworkError, PortStatus};
 use crate::plug::{static_attachment, Attachment, DomainForm, PlugContext, PlugKind};
 use crate::predict::{ExpectedEvent, Timing};
 use crate::storage::StorageError;
@@ -47,6 +47,8 @@ pub(crate) struct PendingWait {
     events: Vec<ExpectedEvent>,
     handle: WaitHandle,
     registered: tokio::time::Instant,
+    since: tokio::time::Instant,
+    policy: WaitPolicy,
 }
 
 /// How a domain was started.
@@ -575,19 +577,32 @@ impl OpCtx {
             events,
             handle,
             registered: tokio::time::Instant::now(),
+            since,
+            policy,
         })
     }
 
-    /// Await a registered wait.
+    /// Await a registered wait, then confirm its `network-vif-plugged` events against the
+    /// network service (see [`OpCtx::confirm_up`]).
     pub async fn wait(&mut self, pending: PendingWait) -> Result<WaitOutcome, InstanceError> {
         let PendingWait {
             timing,
             events,
             handle,
             registered,
+            since,
+            policy,
         } = pending;
         let start = std::time::Instant::now();
-        let result = handle.await;
+        let mut stale = Vec::new();
+        let result = match handle.await {
+            Ok(o) if o.waited => {
+                let deadline = registered + policy.timeout;
+                self.confirm_up(&events, o, since, policy, deadline, &mut stale)
+                    .await
+            }
+            other => other,
+        };
         let took = registered.elapsed();
         if let Ok(mut l) = self.live.lock() {
             l.waiting_for.retain(|e| !events.contains(e));
@@ -620,12 +635,108 @@ impl OpCtx {
             took,
             complete,
             missing,
+            stale,
             outcome,
         });
         result.map_err(|source| InstanceError::EventWait {
             timing: label,
             source,
         })
+    }
+
+    /// A wait's events are Neutron's word that the ports went ACTIVE, but Neutron events carry
+    /// no operation: a stale copy (a duplicate of an earlier plug, a port re-reported on an
+    /// update, docs/EVENT_MODEL.md section 9) that arrives while the wait is open releases it
+    /// as well as the real one. So the ports whose `network-vif-plugged` released the wait are
+    /// read back (one listing of the instance's ports): one that is not ACTIVE (and is
+    /// administratively up) had a stale event, and the wait goes on for its next one, until
+    /// the original deadline, counting from the original `since` (the real event may have
+    /// come meanwhile). A port the listing does not show, or a listing that fails, is taken
+    /// on the events' word: the check narrows the window, it never fails an operation.
+    /// `stale` collects the ports whose event was stale, for the report.
+    async fn confirm_up(
+        &mut self,
+        events: &[ExpectedEvent],
+        mut outcome: WaitOutcome,
+        since: tokio::time::Instant,
+        policy: WaitPolicy,
+        deadline: tokio::time::Instant,
+        stale: &mut Vec<PortId>,
+    ) -> Result<WaitOutcome, WaitError> {
+        let mut check: Vec<PortId> = events
+            .iter()
+            .filter(|e| e.name == EventName::NetworkVifPlugged)
+            .map(|e| e.tag)
+            .filter(|p| !outcome.missing.contains(p) && !outcome.failed.contains(p))
+            .collect();
+        while !check.is_empty() {
+            let net = self.deps.network.clone();
+            let ports = match net.list_instance_ports(self.uuid).await {
+                Ok(ports) => ports,
+                Err(e) => {
+                    warn!(instance = %self.uuid, error = %e,
+                        "ports not read back after their events; trusting the events");
+                    return Ok(outcome);
+                }
+            };
+            let not_up: Vec<PortId> = check
+                .iter()
+                .copied()
+                .filter(|id| {
+                    ports
+                        .iter()
+                        .any(|p| p.id == *id && p.admin_state_up && p.status != PortStatus::Active)
+                })
+                .collect();
+            if not_up.is_empty() {
+                return Ok(outcome);
+            }
+            info!(instance = %self.uuid, ports = ?not_up,
+                "network-vif-plugged came but the port is not ACTIVE: a stale event; waiting for the next");
+            stale.extend(not_up.iter().copied());
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            if left.is_zero() {
+                if policy.fatal {
+                    return Err(WaitError::TimedOut {
+                        missing: not_up,
+                        timeout: policy.timeout,
+                    });
+                }
+                outcome.missing.extend(not_up);
+                return Ok(outcome);
+            }
+            let again: Vec<ExpectedEvent> = events
+                .iter()
+                .filter(|e| e.name == EventName::NetworkVifPlugged && not_up.contains(&e.tag))
+                .cloned()
+                .collect();
+            let pol = WaitPolicy {
+                timeout: left,
+                fatal: policy.fatal,
+            };
+            let handle = self
+                .deps
+                .events
+                .expect(self.uuid, again, since, pol, self.op_id)
+                .await
+                .map_err(|_| WaitError::Shutdown)?;
+            let more = match handle.await {
+                Err(WaitError::TimedOut { missing, .. }) => {
+                    return Err(WaitError::TimedOut {
+                        missing,
+                        timeout: policy.timeout,
+                    })
+                }
+                other => other?,
+            };
+            check = not_up
+                .into_iter()
+                .filter(|p| !more.missing.contains(p) && !more.failed.contains(p))
+                .collect();
+            outcome.missing.extend(more.missing);
+            outcome.failed.extend(more.failed);
+        }
+        Ok(outcome)
     }
 
     /// Cancel every wait of this operation (before rolling back).

@@ -171,6 +171,9 @@ pub struct WaitReport {
     pub complete: bool,
     /// Ports that never reported (non-fatal waits) or that failed.
     pub missing: Vec<PortId>,
+    /// Ports whose first `network-vif-plugged` was stale (the network service did not show
+    /// the port ACTIVE after it): the wait went on for the next.
+    pub stale: Vec<PortId>,
     /// How it ended, in words.
     pub outcome: String,
 }

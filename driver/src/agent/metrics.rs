@@ -147,6 +147,9 @@ pub struct Metrics {
     pub events_received: CounterVec,
     /// `vireo_external_event_batches_total`: POSTs handed to the events actor.
     pub event_batches: CounterVec,
+    /// `vireo_stale_events_total`: `network-vif-plugged` events that released a wait while
+    /// the network service did not show their port ACTIVE (the wait went on).
+    pub stale_events: CounterVec,
     /// `vireo_operations_total{kind,result}`: result `succeeded`, `failed` or `rejected`
     /// (refused at admission: 400/404/409/503).
     pub operations: CounterVec,
@@ -230,6 +233,13 @@ impl Metrics {
                 "External-event POSTs whose accepted events were handed to the events actor.",
                 &[],
             ),
+            stale_events: CounterVec::new(
+                &r,
+                "vireo_stale_events_total",
+                "network-vif-plugged events that released a wait while their port was not \
+                 ACTIVE in the network service; the wait went on for the next.",
+                &[],
+            ),
             operations: CounterVec::new(
                 &r,
                 "vireo_operations_total",
@@ -281,6 +291,9 @@ impl Metrics {
             let result = if w.complete { "complete" } else { "incomplete" };
             self.event_waits
                 .observe(&[w.timing.as_str(), result], w.took);
+            for _ in &w.stale {
+                self.stale_events.inc(&[]);
+            }
         }
     }
 
@@ -456,12 +469,15 @@ mod tests {
             .observe(&["/v1/instances"], Duration::from_secs(9));
         assert_eq!(m.http_duration.count(&["/v1/instances"]), 3);
         m.event_batches.inc(&[]);
+        let port: vireo_actors::vif::PortId =
+            "3b2c4d5e-0000-4000-8000-000000000001".parse().unwrap();
         let wait = |timing, ms, complete| WaitReport {
             timing,
             expected: Vec::new(),
             took: Duration::from_millis(ms),
             complete,
             missing: Vec::new(),
+            stale: if ms == 700 { vec![port] } else { Vec::new() },
             outcome: String::new(),
         };
         m.observe_waits(&[
@@ -495,6 +511,7 @@ mod tests {
             "vireo_http_request_duration_seconds_bucket{route=\"/v1/instances\",le=\"+Inf\"} 3",
             "vireo_http_request_duration_seconds_count{route=\"/v1/instances\"} 3",
             "vireo_external_event_batches_total 1",
+            "vireo_stale_events_total 1",
             "vireo_events_delivered_total 5",
             "vireo_events_early_total 2",
             "vireo_events_dropped_total{reason=\"unknown-instance\"} 0",

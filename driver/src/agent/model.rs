@@ -246,7 +246,7 @@ pub struct OpStatus {
     pub finished_at: Option<String>,
     /// The driver's report when it succeeded: `{"op_id", "request", "took_ms", "steps":
     /// [{"name", "kind", "took_ms", "at_ms", "failed"}], "waits": [{"timing", "expected":
-    /// [{"name", "tag"}], "took_ms", "complete", "missing", "outcome"}], "released"?}`.
+    /// [{"name", "tag"}], "took_ms", "complete", "missing", "stale"?, "outcome"}], "released"?}`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub report: Option<Value>,
     /// Why it failed.
@@ -450,6 +450,10 @@ pub struct ReportWait {
     pub complete: bool,
     /// Ports that never reported or failed.
     pub missing: Vec<String>,
+    /// Ports whose first `network-vif-plugged` was stale (not ACTIVE in the network service
+    /// after it); the wait went on for the next. Absent when none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stale: Vec<String>,
     /// How it ended.
     pub outcome: String,
 }

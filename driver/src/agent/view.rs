@@ -139,6 +139,7 @@ pub fn report_wire(r: &OpReport) -> Report {
                 took_ms: ms(w.took),
                 complete: w.complete,
                 missing: w.missing.iter().map(ToString::to_string).collect(),
+                stale: w.stale.iter().map(ToString::to_string).collect(),
                 outcome: w.outcome.clone(),
             })
             .collect(),
@@ -212,6 +213,7 @@ pub fn op_report(r: &Report) -> Result<OpReport, String> {
             took: d(w.took_ms),
             complete: w.complete,
             missing: ports("waits.missing", &w.missing)?,
+            stale: ports("waits.stale", &w.stale)?,
             outcome: w.outcome.clone(),
         });
     }
@@ -283,6 +285,7 @@ mod tests {
                     took: Duration::from_millis(40),
                     complete: timing != Timing::None,
                     missing: vec![port(2)],
+                    stale: vec![port(5)],
                     outcome: "completed".into(),
                 })
                 .collect(),
@@ -348,6 +351,7 @@ mod tests {
             took_ms: 0,
             complete: true,
             missing: vec!["not-a-port".into()],
+            stale: vec![],
             outcome: String::new(),
         });
         assert!(op_report(&w).is_err());
