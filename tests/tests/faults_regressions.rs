@@ -336,12 +336,18 @@ async fn a_stale_event_while_the_port_is_down_does_not_end_the_wait() {
         tag: Some(native.to_string()),
         status: EventStatus::Completed,
     });
-    let mut calls = Vec::new();
-    eventually(Duration::from_secs(10), "the ports read back", || {
-        calls.extend(h1.net.take_calls());
-        let over = calls.contains(&NetCall::ListPorts) || task.is_finished();
-        async move { over.then_some(()) }
-    })
+    // The port is read back and found DOWN, and still so a second later: a stale event.
+    eventually(
+        Duration::from_secs(10),
+        "the stale event noticed",
+        || async {
+            if task.is_finished() {
+                return Some(());
+            }
+            let v = h1.driver.show(id).await.ok()?;
+            (v.operation?.phase == "wait again after a stale event").then_some(())
+        },
+    )
     .await;
     assert!(
         !task.is_finished(),

@@ -47,7 +47,6 @@ pub(crate) struct PendingWait {
     events: Vec<ExpectedEvent>,
     handle: WaitHandle,
     registered: tokio::time::Instant,
-    since: tokio::time::Instant,
     policy: WaitPolicy,
 }
 
@@ -577,7 +576,6 @@ impl OpCtx {
             events,
             handle,
             registered: tokio::time::Instant::now(),
-            since,
             policy,
         })
     }
@@ -590,7 +588,6 @@ impl OpCtx {
             events,
             handle,
             registered,
-            since,
             policy,
         } = pending;
         let start = std::time::Instant::now();
@@ -598,7 +595,7 @@ impl OpCtx {
         let result = match handle.await {
             Ok(o) if o.waited => {
                 let deadline = registered + policy.timeout;
-                self.confirm_up(&events, o, since, policy, deadline, &mut stale)
+                self.confirm_up(&events, o, policy, deadline, &mut stale)
                     .await
             }
             other => other,
@@ -648,27 +645,35 @@ impl OpCtx {
     /// no operation: a stale copy (a duplicate of an earlier plug, a port re-reported on an
     /// update, docs/EVENT_MODEL.md section 9) that arrives while the wait is open releases it
     /// as well as the real one. So the ports whose `network-vif-plugged` released the wait are
-    /// read back (one listing of the instance's ports): one that is not ACTIVE (and is
-    /// administratively up) had a stale event, and the wait goes on for its next one, until
-    /// the original deadline, counting from the original `since` (the real event may have
-    /// come meanwhile). A port the listing does not show, or a listing that fails, is taken
-    /// on the events' word: the check narrows the window, it never fails an operation.
-    /// `stale` collects the ports whose event was stale, for the report.
+    /// read back (one listing of the instance's ports) until each shows ACTIVE, up to the
+    /// wait's own deadline: first at once, then after 100 ms, doubling up to 5 s. Neutron
+    /// sends the event as it sets the status, before its transaction commits, so a read right
+    /// after a real event may still show the old status for some milliseconds (seen here: a
+    /// listing 34 ms after the event still had the port DOWN); a port still not ACTIVE a
+    /// second after the first read had a stale event: the phase says so, `stale` collects it
+    /// for the report, and the polling goes on until the real plug shows. A port that is administratively down,
+    /// one the listing does not show and a listing that fails are taken on the events' word:
+    /// the check only ever keeps a wait open, it never fails an operation that would not
+    /// have failed without the stale event.
     async fn confirm_up(
         &mut self,
         events: &[ExpectedEvent],
         mut outcome: WaitOutcome,
-        since: tokio::time::Instant,
         policy: WaitPolicy,
         deadline: tokio::time::Instant,
         stale: &mut Vec<PortId>,
     ) -> Result<WaitOutcome, WaitError> {
+        const FIRST_PAUSE: Duration = Duration::from_millis(100);
+        const MAX_PAUSE: Duration = Duration::from_secs(5);
+        const STALE_AFTER: Duration = Duration::from_secs(1);
         let mut check: Vec<PortId> = events
             .iter()
             .filter(|e| e.name == EventName::NetworkVifPlugged)
             .map(|e| e.tag)
             .filter(|p| !outcome.missing.contains(p) && !outcome.failed.contains(p))
             .collect();
+        let first = tokio::time::Instant::now();
+        let mut pause = FIRST_PAUSE;
         while !check.is_empty() {
             let net = self.deps.network.clone();
             let ports = match net.list_instance_ports(self.uuid).await {
@@ -679,62 +684,35 @@ impl OpCtx {
                     return Ok(outcome);
                 }
             };
-            let not_up: Vec<PortId> = check
-                .iter()
-                .copied()
-                .filter(|id| {
-                    ports
-                        .iter()
-                        .any(|p| p.id == *id && p.admin_state_up && p.status != PortStatus::Active)
-                })
-                .collect();
-            if not_up.is_empty() {
-                return Ok(outcome);
+            check.retain(|id| {
+                ports
+                    .iter()
+                    .any(|p| p.id == *id && p.admin_state_up && p.status != PortStatus::Active)
+            });
+            if check.is_empty() {
+                break;
             }
-            info!(instance = %self.uuid, ports = ?not_up,
-                "network-vif-plugged came but the port is not ACTIVE: a stale event; waiting for the next");
-            stale.extend(not_up.iter().copied());
-            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            let now = tokio::time::Instant::now();
+            if stale.is_empty() && now.saturating_duration_since(first) >= STALE_AFTER {
+                info!(instance = %self.uuid, ports = ?check,
+                    "network-vif-plugged came but the port is not ACTIVE: a stale event; \
+                     waiting for the port to come up");
+                stale.extend(check.iter().copied());
+                self.phase("wait again after a stale event");
+            }
+            let left = deadline.saturating_duration_since(now);
             if left.is_zero() {
                 if policy.fatal {
                     return Err(WaitError::TimedOut {
-                        missing: not_up,
+                        missing: check,
                         timeout: policy.timeout,
                     });
                 }
-                outcome.missing.extend(not_up);
-                return Ok(outcome);
+                outcome.missing.extend(check);
+                break;
             }
-            let again: Vec<ExpectedEvent> = events
-                .iter()
-                .filter(|e| e.name == EventName::NetworkVifPlugged && not_up.contains(&e.tag))
-                .cloned()
-                .collect();
-            let pol = WaitPolicy {
-                timeout: left,
-                fatal: policy.fatal,
-            };
-            let handle = self
-                .deps
-                .events
-                .expect(self.uuid, again, since, pol, self.op_id)
-                .await
-                .map_err(|_| WaitError::Shutdown)?;
-            let more = match handle.await {
-                Err(WaitError::TimedOut { missing, .. }) => {
-                    return Err(WaitError::TimedOut {
-                        missing,
-                        timeout: policy.timeout,
-                    })
-                }
-                other => other?,
-            };
-            check = not_up
-                .into_iter()
-                .filter(|p| !more.missing.contains(p) && !more.failed.contains(p))
-                .collect();
-            outcome.missing.extend(more.missing);
-            outcome.failed.extend(more.failed);
+            tokio::time::sleep(pause.min(left)).await;
+            pause = (pause * 2).min(MAX_PAUSE);
         }
         Ok(outcome)
     }

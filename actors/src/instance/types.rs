@@ -172,7 +172,7 @@ pub struct WaitReport {
     /// Ports that never reported (non-fatal waits) or that failed.
     pub missing: Vec<PortId>,
     /// Ports whose first `network-vif-plugged` was stale (the network service did not show
-    /// the port ACTIVE after it): the wait went on for the next.
+    /// the port ACTIVE a second after it): the wait went on until it was.
     pub stale: Vec<PortId>,
     /// How it ended, in words.
     pub outcome: String,

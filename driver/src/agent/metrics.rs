@@ -148,7 +148,7 @@ pub struct Metrics {
     /// `vireo_external_event_batches_total`: POSTs handed to the events actor.
     pub event_batches: CounterVec,
     /// `vireo_stale_events_total`: `network-vif-plugged` events that released a wait while
-    /// the network service did not show their port ACTIVE (the wait went on).
+    /// the network service did not show their port ACTIVE (the wait went on until it did).
     pub stale_events: CounterVec,
     /// `vireo_operations_total{kind,result}`: result `succeeded`, `failed` or `rejected`
     /// (refused at admission: 400/404/409/503).
@@ -237,7 +237,7 @@ impl Metrics {
                 &r,
                 "vireo_stale_events_total",
                 "network-vif-plugged events that released a wait while their port was not \
-                 ACTIVE in the network service; the wait went on for the next.",
+                 ACTIVE in the network service; the wait went on until it was.",
                 &[],
             ),
             operations: CounterVec::new(

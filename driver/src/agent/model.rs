@@ -451,7 +451,7 @@ pub struct ReportWait {
     /// Ports that never reported or failed.
     pub missing: Vec<String>,
     /// Ports whose first `network-vif-plugged` was stale (not ACTIVE in the network service
-    /// after it); the wait went on for the next. Absent when none.
+    /// a second after it); the wait went on until it was. Absent when none.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub stale: Vec<String>,
     /// How it ended.
