@@ -1266,25 +1266,29 @@ fn hb_domain_state(b: &HostBEnv, id: Uuid) -> Option<String> {
 
 /// Every port of `vifs` is bound to `host` only, without `migrating_to`, and goes ACTIVE.
 async fn assert_bound_active(s: &Scene<'_>, vifs: &[Vif], host: &str) {
+    assert_ports_bound_active(s, &ids(vifs), host).await
+}
+
+/// [`assert_bound_active`] by port id.
+async fn assert_ports_bound_active(s: &Scene<'_>, ports: &[PortId], host: &str) {
     let net = s.a().network.clone();
-    for v in vifs {
+    for &id in ports {
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
-            let port = net.get_port(v.id).await.unwrap();
-            assert_eq!(port.host_id, host, "port {} bound to {host}", v.id);
-            assert!(port.migrating_to().is_none(), "{}: migrating_to left", v.id);
+            let port = net.get_port(id).await.unwrap();
+            assert_eq!(port.host_id, host, "port {id} bound to {host}");
+            assert!(port.migrating_to().is_none(), "{id}: migrating_to left");
             if port.status == vireo_actors::network::PortStatus::Active {
                 break;
             }
             assert!(
                 Instant::now() < deadline,
-                "port {} never ACTIVE on {host}: {port:?}",
-                v.id
+                "port {id} never ACTIVE on {host}: {port:?}"
             );
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
-        let bindings = net.show_bindings(v.id).await.unwrap();
-        assert_eq!(bindings.len(), 1, "{}: one binding: {bindings:?}", v.id);
+        let bindings = net.show_bindings(id).await.unwrap();
+        assert_eq!(bindings.len(), 1, "{id}: one binding: {bindings:?}");
         assert_eq!(bindings[0].host, host);
     }
 }
@@ -1547,14 +1551,14 @@ async fn b_at_phase(b: &HostBAgent, id: Uuid, phase: &str) {
     }
 }
 
-/// A build on host B whose agent is killed (SIGKILL) while it waits for its ports' events,
-/// and started again at once: the restarted agent finds the domain with the build in flight
-/// and rolls it back — the domain, B's devices and the ports it created go, nothing is left
-/// (the leak check of both hosts and Neutron).
-async fn two_host_spawn_killed_in_its_wait(run: &Run, b: &mut HostBAgent) -> R {
-    let mut s = Scene::new(run, "two hosts: spawn on B, B's agent killed in its wait");
-    let opts = s.system_host();
-    s.host(opts).await?;
+/// Ask host B's agent to build an m1.tiny instance on `ports` new ports of the test network
+/// (B allocates them); returns once B accepted it.
+async fn create_on_b(
+    s: &mut Scene<'_>,
+    run: &Run,
+    b: &HostBAgent,
+    ports: usize,
+) -> Result<Uuid, HarnessError> {
     let id = s.instance();
     let name = s.domain_name();
     let net = run.env.network_id.clone();
@@ -1576,7 +1580,7 @@ async fn two_host_spawn_killed_in_its_wait(run: &Run, b: &mut HostBAgent) -> R {
             vireo::agent::model::PortRequest::Network {
                 network_id: net.clone()
             };
-            2
+            ports
         ]),
         network_info: None,
         power_on: true,
@@ -1584,15 +1588,146 @@ async fn two_host_spawn_killed_in_its_wait(run: &Run, b: &mut HostBAgent) -> R {
     b.client.create_instance(&req).await.map_err(|e| {
         HarnessError::Setup(format!("create on B: {}", vireo_integration::chain(&e)))
     })?;
-    b_at_phase(b, id, "wait for events").await;
-    let ports = run.raw.ports_of_device(id).await?;
-    assert_eq!(ports.len(), 2, "{ports:?}");
-    for p in &ports {
+    Ok(id)
+}
+
+/// The ports Neutron shows for instance `id`, booked as vireo's (the leak check looks for
+/// them and their devices).
+async fn book_ports_of(
+    s: &mut Scene<'_>,
+    run: &Run,
+    id: Uuid,
+) -> Result<Vec<PortId>, HarnessError> {
+    let mut out = Vec::new();
+    for p in run.raw.ports_of_device(id).await? {
         if let Some(pid) = p["id"].as_str().and_then(|p| p.parse().ok()) {
             s.book.vireo(PortId(pid));
             s.watch(PortId(pid).prefix(11));
+            out.push(PortId(pid));
         }
     }
+    Ok(out)
+}
+
+/// A cross-host resize B → A with host B's agent — the source — killed (SIGKILL) while host
+/// A finishes it, and started again at once. A finishes on its own (its answer is lost with
+/// B's connection); B's restarted agent finds its hand-over done (the resize in flight, the
+/// domain off) and keeps the instance as the resize's source, its copy untouched. Confirm on
+/// A then removes B's copy: the guest runs on A with its new flavor, its ports bound and
+/// active there, and B holds nothing.
+async fn two_host_resize_source_killed(run: &Run, b: &mut HostBAgent) -> R {
+    let mut s = Scene::new(run, "two hosts: resize B>A, B (the source) killed");
+    s.peers.insert(b.peer()?);
+    let opts = s.system_host();
+    s.host(opts).await?;
+    let id = create_on_b(&mut s, run, b, 1).await?;
+    b_until(b, id, |v| {
+        v.state == InstanceState::Running.as_str() && v.operation.is_none()
+    })
+    .await;
+    let ports = book_ports_of(&mut s, run, id).await?;
+    assert_eq!(ports.len(), 1, "{ports:?}");
+    let h = s.a();
+    let a_name = h.name.clone();
+    let resize = {
+        let (client, bname, op) = (b.client.clone(), b.env.name.clone(), resize_to(&a_name));
+        tokio::spawn(async move { api_op(&client, &bname, id, op).await })
+    };
+    b_at_phase(b, id, "finish on destination").await;
+    b.kill_and_restart(Duration::ZERO).await?;
+    let lost = resize.await.expect("the resize's task");
+    println!(
+        "the resize through B after B's agent was killed: {}",
+        match &lost {
+            Ok(_) => "succeeded".to_owned(),
+            Err(e) => vireo_integration::chain(e),
+        }
+    );
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let on_a = h.driver.show(id).await.ok();
+        let on_b = b.client.show_instance(id).await.ok();
+        let a_done = on_a
+            .as_ref()
+            .is_some_and(|v| v.state == InstanceState::ResizeTarget && v.operation.is_none());
+        let b_done = on_b.as_ref().is_some_and(|v| {
+            v.state == InstanceState::ResizeSource.as_str() && v.operation.is_none()
+        });
+        if a_done && b_done {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the resize did not settle: A {:?}; B {:?}",
+            on_a.map(|v| (v.state, v.operation.map(|o| o.phase))),
+            on_b.map(|v| (v.state, v.operation))
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(
+        hb_domain_state(&b.env, id).as_deref(),
+        Some("shut off"),
+        "B keeps its copy, off"
+    );
+    let a_api = run.api_client()?;
+    s.remote_ok(
+        "confirm on A",
+        id,
+        api_op(&a_api, &a_name, id, Operation::ConfirmResize {}),
+    )
+    .await;
+    b_until_gone(b, id).await;
+    assert_eq!(hb_domain_state(&b.env, id), None, "no domain left on B");
+    let view = h.driver.show(id).await.unwrap();
+    assert_eq!(view.state, InstanceState::Running);
+    assert_eq!(view.flavor.as_deref(), Some("m1.small"));
+    assert_ports_bound_active(&s, &ports, &a_name).await;
+    destroy(&s, h, id).await;
+    finish_two_hosts(s, b).await
+}
+
+/// Poll host B's agent until its view of `id` satisfies `done` (120 s at most).
+async fn b_until(b: &HostBAgent, id: Uuid, done: impl Fn(&vireo::agent::model::Instance) -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let v = b.client.show_instance(id).await.ok();
+        if v.as_ref().is_some_and(&done) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "host B: not there in 120 s: {:?}",
+            v.map(|v| (v.state, v.operation))
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Poll host B's agent until it no longer knows `id` (60 s at most).
+async fn b_until_gone(b: &HostBAgent, id: Uuid) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while let Ok(v) = b.client.show_instance(id).await {
+        assert!(
+            Instant::now() < deadline,
+            "host B kept the instance: {:?}",
+            (v.state, v.operation)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// A build on host B whose agent is killed (SIGKILL) while it waits for its ports' events,
+/// and started again at once: the restarted agent finds the domain with the build in flight
+/// and rolls it back — the domain, B's devices and the ports it created go, nothing is left
+/// (the leak check of both hosts and Neutron).
+async fn two_host_spawn_killed_in_its_wait(run: &Run, b: &mut HostBAgent) -> R {
+    let mut s = Scene::new(run, "two hosts: spawn on B, B's agent killed in its wait");
+    let opts = s.system_host();
+    s.host(opts).await?;
+    let id = create_on_b(&mut s, run, b, 2).await?;
+    b_at_phase(b, id, "wait for events").await;
+    let ports = book_ports_of(&mut s, run, id).await?;
+    assert_eq!(ports.len(), 2, "{ports:?}");
     b.kill_and_restart(Duration::ZERO).await?;
     let deadline = Instant::now() + Duration::from_secs(60);
     while b.client.show_instance(id).await.is_ok() {
@@ -2310,7 +2445,7 @@ const HYBRID: [&str; 5] = [
     "build fails",
     "live migration rollback",
 ];
-const TWO_HOSTS: [&str; 10] = [
+const TWO_HOSTS: [&str; 11] = [
     "two hosts: live migrate A>B",
     "two hosts: resize A>B+revert",
     "two hosts: resize A>B with disks",
@@ -2321,6 +2456,7 @@ const TWO_HOSTS: [&str; 10] = [
     "two hosts: live migrate A>B, B killed in its hand-over",
     "two hosts: resize A>B, B killed in its finish",
     "two hosts: resize A>B+revert, B killed in the revert",
+    "two hosts: resize B>A, B (the source) killed",
 ];
 /// Run with host B's agent restarted on an instances directory host A uses too.
 const TWO_HOSTS_SHARED: [&str; 2] = [
@@ -2432,6 +2568,9 @@ async fn two_hosts(runner: &mut Runner, run: &Run, plan: Option<HostBPlan>) {
         .await;
     runner
         .run(TWO_HOSTS[9], || two_host_revert_killed(run, &mut b))
+        .await;
+    runner
+        .run(TWO_HOSTS[10], || two_host_resize_source_killed(run, &mut b))
         .await;
     let failed = |runner: &Runner, names: &[&str]| {
         runner
