@@ -1633,16 +1633,14 @@ async fn two_host_resize_source_killed(run: &Run, b: &mut HostBAgent) -> R {
         let (client, bname, op) = (b.client.clone(), b.env.name.clone(), resize_to(&a_name));
         tokio::spawn(async move { api_op(&client, &bname, id, op).await })
     };
-    b_at_phase(b, id, "finish on destination").await;
-    b.kill_and_restart(Duration::ZERO).await?;
-    let lost = resize.await.expect("the resize's task");
-    println!(
-        "the resize through B after B's agent was killed: {}",
-        match &lost {
-            Ok(_) => "succeeded".to_owned(),
-            Err(e) => vireo_integration::chain(e),
-        }
-    );
+    kill_b_at(
+        b,
+        id,
+        "finish on destination",
+        "the resize through B",
+        resize,
+    )
+    .await?;
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
         let on_a = h.driver.show(id).await.ok();
@@ -1684,6 +1682,29 @@ async fn two_host_resize_source_killed(run: &Run, b: &mut HostBAgent) -> R {
     assert_ports_bound_active(&s, &ports, &a_name).await;
     destroy(&s, h, id).await;
     finish_two_hosts(s, b).await
+}
+
+/// Kill host B's agent (SIGKILL) once instance `id`'s operation there is at `phase`, start it
+/// again at once, and print what became of `task`, the operation `what` whose caller the
+/// kill cut off.
+async fn kill_b_at(
+    b: &mut HostBAgent,
+    id: Uuid,
+    phase: &str,
+    what: &str,
+    task: tokio::task::JoinHandle<Result<OpReport, InstanceError>>,
+) -> R {
+    b_at_phase(b, id, phase).await;
+    b.kill_and_restart(Duration::ZERO).await?;
+    let outcome = task.await.expect("the operation's task");
+    println!(
+        "{what} after B's agent was killed: {}",
+        match &outcome {
+            Ok(_) => "succeeded".to_owned(),
+            Err(e) => vireo_integration::chain(e),
+        }
+    );
+    Ok(())
 }
 
 /// Poll host B's agent until its view of `id` satisfies `done` (120 s at most).
@@ -1922,16 +1943,7 @@ async fn two_host_resize_killed_in_finish(run: &Run, b: &mut HostBAgent) -> R {
         let op = resize_to(&bname);
         tokio::spawn(async move { api_op(&a_api, &a_name, id, op).await })
     };
-    b_at_phase(b, id, "wait for events").await;
-    b.kill_and_restart(Duration::ZERO).await?;
-    let outcome = resize.await.expect("the resize's task");
-    println!(
-        "host A's resize after B's agent was killed: {}",
-        match &outcome {
-            Ok(_) => "succeeded".to_owned(),
-            Err(e) => vireo_integration::chain(e),
-        }
-    );
+    kill_b_at(b, id, "wait for events", "host A's resize", resize).await?;
     back_on_a(&s, b, id, &vifs).await?;
     destroy(&s, h, id).await;
     finish_two_hosts(s, b).await
@@ -2009,17 +2021,15 @@ async fn two_host_revert_killed(run: &Run, b: &mut HostBAgent) -> R {
         let (client, name) = (b.client.clone(), bname.clone());
         tokio::spawn(async move { api_op(&client, &name, id, Operation::RevertResize {}).await })
     };
-    b_at_phase(b, id, "bring back on the source").await;
-    b.kill_and_restart(Duration::ZERO).await?;
     // Its caller loses the revert with the agent (the connection closes).
-    let lost = revert.await.expect("the revert's task");
-    println!(
-        "the revert through B after B's agent was killed: {}",
-        match &lost {
-            Ok(_) => "succeeded".to_owned(),
-            Err(e) => vireo_integration::chain(e),
-        }
-    );
+    kill_b_at(
+        b,
+        id,
+        "bring back on the source",
+        "the revert through B",
+        revert,
+    )
+    .await?;
     back_on_a(&s, b, id, &vifs).await?;
     let back = h.driver.show(id).await.unwrap().last_operation.unwrap();
     assert_eq!(back.request, "finish-revert-resize");
