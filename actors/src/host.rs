@@ -434,7 +434,7 @@ impl Handler<Recover> for HostActor {
             for (d, meta, record) in found {
                 let power = power_of(d.state);
                 let state = recovered_state(record.state, power);
-                let ports = record.network_info.vifs.iter().map(|v| v.id).collect();
+                let ports = record.network_info.port_ids();
                 let addr = act.spawn_instance(d.uuid, state, Some(record), power, ctx);
                 act.deps.events.track(d.uuid);
                 act.deps.events.track_ports(d.uuid, ports);
@@ -460,7 +460,7 @@ impl Handler<Recover> for HostActor {
                 // Adopted as the destination it was before the agent stopped: the source's
                 // post-live-migration (or its rollback) finds it.
                 let power = power_of(d.state);
-                let ports = record.network_info.vifs.iter().map(|v| v.id).collect();
+                let ports = record.network_info.port_ids();
                 act.spawn_instance(d.uuid, InstanceState::Incoming, Some(record), power, ctx);
                 act.deps.events.track(d.uuid);
                 act.deps.events.track_ports(d.uuid, ports);

@@ -482,6 +482,11 @@ pub struct NetworkInfo {
 }
 
 impl NetworkInfo {
+    /// The ports of the VIFs, in `network_info` order.
+    pub fn port_ids(&self) -> Vec<PortId> {
+        self.vifs.iter().map(|v| v.id).collect()
+    }
+
     /// Parse `network_info` JSON text.
     pub fn parse(text: &str) -> Result<Self, VifError> {
         let value: Value = serde_json::from_str(text).map_err(|e| VifError::Json(e.to_string()))?;

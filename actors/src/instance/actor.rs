@@ -512,7 +512,7 @@ impl InstanceActor {
                 let ports: Vec<_> = self
                     .record
                     .as_ref()
-                    .map(|r| r.network_info.vifs.iter().map(|v| v.id).collect())
+                    .map(|r| r.network_info.port_ids())
                     .unwrap_or_default();
                 let plugger = self.deps.plugger.clone();
                 ctx.wait(

@@ -115,7 +115,7 @@ impl OpCtx {
 
     /// The instance's VIFs are these (for the plugger's device hooks).
     pub fn use_record(&mut self, record: &InstanceRecord) {
-        self.devices = record.network_info.vifs.iter().map(|v| v.id).collect();
+        self.devices = record.network_info.port_ids();
         self.deps
             .events
             .track_ports(self.uuid, self.devices.clone());
@@ -651,10 +651,10 @@ impl OpCtx {
     /// after a real event may still show the old status for some milliseconds (seen here: a
     /// listing 34 ms after the event still had the port DOWN); a port still not ACTIVE a
     /// second after the first read had a stale event: the phase says so, `stale` collects it
-    /// for the report, and the polling goes on until the real plug shows. A port that is administratively down,
-    /// one the listing does not show and a listing that fails are taken on the events' word:
-    /// the check only ever keeps a wait open, it never fails an operation that would not
-    /// have failed without the stale event.
+    /// for the report, and the polling goes on until the real plug shows. A port that is
+    /// administratively down, one the listing does not show and a listing that fails are
+    /// taken on the events' word: the check only ever keeps a wait open, it never fails an
+    /// operation that would not have failed without the stale event.
     async fn confirm_up(
         &mut self,
         events: &[ExpectedEvent],

@@ -291,8 +291,8 @@ impl Metrics {
             let result = if w.complete { "complete" } else { "incomplete" };
             self.event_waits
                 .observe(&[w.timing.as_str(), result], w.took);
-            for _ in &w.stale {
-                self.stale_events.inc(&[]);
+            if !w.stale.is_empty() {
+                self.stale_events.add(&[], w.stale.len() as u64);
             }
         }
     }
