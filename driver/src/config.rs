@@ -291,6 +291,11 @@ pub struct EventsSection {
     /// A timeout or a `failed` event fails the operation (it rolls back). Default true.
     #[serde(default = "default_true")]
     pub vif_plugging_is_fatal: bool,
+    /// Seconds a wait released by `network-vif-plugged` reads its ports back until the
+    /// network service shows them ACTIVE, before it trusts the events (a stale event keeps
+    /// the wait open that long); 0 = trust the events at once. Default 10, at most 600.
+    #[serde(default = "default_confirm_active_timeout")]
+    pub confirm_active_timeout: u64,
 }
 
 /// How OVS native ports are wired (see `vireo events explain`).
@@ -458,6 +463,9 @@ fn default_network_kind() -> NetworkKind {
 fn default_vif_plugging_timeout() -> u64 {
     300
 }
+fn default_confirm_active_timeout() -> u64 {
+    10
+}
 fn default_true() -> bool {
     true
 }
@@ -554,6 +562,7 @@ impl Default for EventsSection {
         EventsSection {
             vif_plugging_timeout: default_vif_plugging_timeout(),
             vif_plugging_is_fatal: true,
+            confirm_active_timeout: default_confirm_active_timeout(),
         }
     }
 }
@@ -901,6 +910,15 @@ impl AgentConfig {
                 ),
             );
         }
+        if self.events.confirm_active_timeout > 600 {
+            return bad(
+                "events.confirm_active_timeout",
+                format!(
+                    "{} is more than 600 seconds",
+                    self.events.confirm_active_timeout
+                ),
+            );
+        }
         if let Some(p) = &self.instances.instances_path {
             if !p.is_absolute() {
                 return bad(
@@ -1115,6 +1133,7 @@ impl AgentConfig {
             },
             ovs_native_form: self.instances.ovs_native_form.domain_form(),
             wait: self.wait_policy(),
+            confirm_window: Duration::from_secs(self.events.confirm_active_timeout),
             power_off_timeout: Duration::from_secs(self.instances.power_off_timeout),
             soft_reboot_timeout: Duration::from_secs(self.instances.soft_reboot_timeout),
             device_detach: vireo_actors::instance::DetachPolicy {
@@ -1426,6 +1445,10 @@ level = "debug"
             "events.vif_plugging_timeout"
         );
         assert_eq!(key_of("[events]\nbogus = 1\n"), "events.bogus");
+        assert_eq!(
+            key_of("[events]\nconfirm_active_timeout = 601\n"),
+            "events.confirm_active_timeout"
+        );
         assert_eq!(
             key_of("[instances]\novs_native_form = \"magic\"\n"),
             "instances.ovs_native_form"

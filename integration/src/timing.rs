@@ -422,6 +422,7 @@ mod tests {
             complete: true,
             missing: vec![],
             stale: vec![],
+            unconfirmed: vec![],
             outcome: String::new(),
         };
         let step = |at: u64, took: u64| Step {

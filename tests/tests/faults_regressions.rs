@@ -375,3 +375,69 @@ async fn a_stale_event_while_the_port_is_down_does_not_end_the_wait() {
     assert_eq!(c.network.port_status(native), Some(PortStatus::Active));
     c.destroy_and_assert_clean(&[id], &[]).await;
 }
+
+/// Neutron can lose a port's status while the port works: on the real stack, ML2/OVN sent
+/// `network-vif-plugged` twice on a cross-host revert while its status update gave up, and
+/// the port stayed DOWN (docs/EVENT_MODEL.md section 7). The read-back keeps the wait open
+/// for the confirmation window only, then trusts the events: the operation succeeds and its
+/// report names the port `unconfirmed`. It used to hold the wait to its deadline and fail a
+/// working operation with a timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plug_event_whose_port_stays_down_is_trusted_after_the_window() {
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+    use vireo_actors::external::{EventName, EventStatus, ExternalEvent};
+    use vireo_actors::network::PortStatus;
+    use vireo_actors::plug::VifPlugger;
+    use vireo_actors::predict::Timing;
+    let mut s = spec(&["h1"]);
+    s.instances.confirm_window = Duration::from_secs(2);
+    let c = Arc::new(s.start().await);
+    let h1 = c.host("h1");
+    let id = uuid();
+    h1.spawn_on(id, "vm-reg-unconfirmed", vec![on(NET_NATIVE)])
+        .await;
+    let native = ports(&h1.driver.show(id).await.unwrap())[0];
+    h1.driver.power_off(id, None).await.unwrap();
+    eventually(Duration::from_secs(10), "the port went DOWN", || async {
+        (c.network.port_status(native) == Some(PortStatus::Down)).then_some(())
+    })
+    .await;
+    // The service's status never follows: its host's agent is away for good.
+    assert!(c.network.detach_host("h1"));
+    let task = {
+        let c = c.clone();
+        tokio::spawn(async move { c.host("h1").driver.power_on(id).await })
+    };
+    at_phase(&h1.driver, id, "wait for events").await;
+    let t0 = Instant::now();
+    c.sink.inject(ExternalEvent {
+        name: EventName::NetworkVifPlugged,
+        server_uuid: id,
+        tag: Some(native.to_string()),
+        status: EventStatus::Completed,
+    });
+    let r = task.await.unwrap().unwrap_or_else(|e| {
+        panic!(
+            "the power-on failed on a status the service lost: {}",
+            chain(&e)
+        )
+    });
+    let took = t0.elapsed();
+    let plug = r
+        .waits
+        .iter()
+        .find(|w| w.timing == Timing::PlugTime)
+        .unwrap();
+    assert!(plug.complete, "{r:#?}");
+    assert_eq!(plug.unconfirmed, vec![native], "{r:#?}");
+    assert_eq!(plug.stale, vec![native], "{r:#?}");
+    // The window, not the 30 s deadline.
+    assert!(took < Duration::from_secs(10), "trusted after {took:?}");
+    assert_eq!(c.network.port_status(native), Some(PortStatus::Down));
+    let (n, w) = (c.network.clone(), h1.plugger.wiring());
+    on_thread(&c.system, move || n.attach_host("h1", w))
+        .await
+        .unwrap();
+    c.destroy_and_assert_clean(&[id], &[]).await;
+}

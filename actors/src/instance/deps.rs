@@ -97,6 +97,9 @@ pub struct InstanceConfig {
     /// How long an operation waits to consume the events its own `binding:profile` update
     /// causes (non-fatal; see docs/EVENT_MODEL.md section 6).
     pub profile_wait: Duration,
+    /// How long a wait released by `network-vif-plugged` reads its ports back for ACTIVE
+    /// before it trusts the events (docs/EVENT_MODEL.md section 7); zero: no read-back.
+    pub confirm_window: Duration,
     /// How long a graceful power off may take before the domain is destroyed.
     pub power_off_timeout: Duration,
     /// How often a graceful power off polls the domain state.
@@ -188,6 +191,7 @@ impl Default for InstanceConfig {
             ovs_native_form: DomainForm::LibvirtManaged,
             wait: WaitPolicy::default(),
             profile_wait: Duration::from_secs(10),
+            confirm_window: Duration::from_secs(10),
             power_off_timeout: Duration::from_secs(60),
             power_off_poll: Duration::from_millis(250),
             soft_reboot_timeout: Duration::from_secs(120),

@@ -12,7 +12,7 @@ use vireo_xml::metadata::InFlightOperation;
 
 use super::in_flight::{InFlight, Marker};
 
-use crate::events::{OpId, WaitError, WaitHandle, WaitOutcome, WaitPolicy};
+use crate::events::{OpId, WaitHandle, WaitOutcome, WaitPolicy};
 use crate::external::{EventName, ExternalEvent};
 use crate::libvirt::{DomainState, LibvirtError, Metadata};
 use crate::lifecycle::Request;
@@ -591,12 +591,13 @@ impl OpCtx {
             policy,
         } = pending;
         let start = std::time::Instant::now();
-        let mut stale = Vec::new();
+        let (mut stale, mut unconfirmed) = (Vec::new(), Vec::new());
         let result = match handle.await {
             Ok(o) if o.waited => {
                 let deadline = registered + policy.timeout;
-                self.confirm_up(&events, o, policy, deadline, &mut stale)
-                    .await
+                Ok(self
+                    .confirm_up(&events, o, deadline, &mut stale, &mut unconfirmed)
+                    .await)
             }
             other => other,
         };
@@ -633,6 +634,7 @@ impl OpCtx {
             complete,
             missing,
             stale,
+            unconfirmed,
             outcome,
         });
         result.map_err(|source| InstanceError::EventWait {
@@ -646,23 +648,30 @@ impl OpCtx {
     /// update, docs/EVENT_MODEL.md section 9) that arrives while the wait is open releases it
     /// as well as the real one. So the ports whose `network-vif-plugged` released the wait are
     /// read back (one listing of the instance's ports) until each shows ACTIVE, up to the
-    /// wait's own deadline: first at once, then after 100 ms, doubling up to 5 s. Neutron
-    /// sends the event as it sets the status, before its transaction commits, so a read right
-    /// after a real event may still show the old status for some milliseconds (seen here: a
-    /// listing 34 ms after the event still had the port DOWN); a port still not ACTIVE a
-    /// second after the first read had a stale event: the phase says so, `stale` collects it
-    /// for the report, and the polling goes on until the real plug shows. A port that is
-    /// administratively down, one the listing does not show and a listing that fails are
-    /// taken on the events' word: the check only ever keeps a wait open, it never fails an
-    /// operation that would not have failed without the stale event.
+    /// confirmation window (`InstanceConfig::confirm_window`) and never past the wait's own
+    /// deadline: first at once, then after 100 ms, doubling up to 5 s. Neutron sends the
+    /// event as it sets the status, before its transaction commits, so a read right after a
+    /// real event may still show the old status for some milliseconds (seen here: a listing
+    /// 34 ms after the event still had the port DOWN); a port still not ACTIVE a second after
+    /// the first read had a stale event: the phase says so, `stale` collects it for the
+    /// report, and the polling goes on until the real plug shows.
+    ///
+    /// The status is not the truth either: Neutron can lose it. ML2/OVN on a cross-host
+    /// revert (measured here, docs/EVENT_MODEL.md section 7) sends `network-vif-plugged`
+    /// twice while the binding moves back, and the status update that goes with them gives
+    /// up (the port looked unbound for its ten tries in 5 s): the port forwards and stays
+    /// DOWN until its next change. So at the end of the window the events are trusted and
+    /// the ports still not ACTIVE go to `unconfirmed`: the check only ever keeps a wait open
+    /// for a while, it never fails an operation. A port that is administratively down, one
+    /// the listing does not show and a listing that fails are taken on the events' word.
     async fn confirm_up(
         &mut self,
         events: &[ExpectedEvent],
-        mut outcome: WaitOutcome,
-        policy: WaitPolicy,
+        outcome: WaitOutcome,
         deadline: tokio::time::Instant,
         stale: &mut Vec<PortId>,
-    ) -> Result<WaitOutcome, WaitError> {
+        unconfirmed: &mut Vec<PortId>,
+    ) -> WaitOutcome {
         const FIRST_PAUSE: Duration = Duration::from_millis(100);
         const MAX_PAUSE: Duration = Duration::from_secs(5);
         const STALE_AFTER: Duration = Duration::from_secs(1);
@@ -672,7 +681,12 @@ impl OpCtx {
             .map(|e| e.tag)
             .filter(|p| !outcome.missing.contains(p) && !outcome.failed.contains(p))
             .collect();
+        let window = self.deps.config.confirm_window;
+        if window.is_zero() {
+            return outcome;
+        }
         let first = tokio::time::Instant::now();
+        let until = deadline.min(first + window);
         let mut pause = FIRST_PAUSE;
         while !check.is_empty() {
             let net = self.deps.network.clone();
@@ -681,7 +695,7 @@ impl OpCtx {
                 Err(e) => {
                     warn!(instance = %self.uuid, error = %e,
                         "ports not read back after their events; trusting the events");
-                    return Ok(outcome);
+                    return outcome;
                 }
             };
             check.retain(|id| {
@@ -700,21 +714,18 @@ impl OpCtx {
                 stale.extend(check.iter().copied());
                 self.phase("wait again after a stale event");
             }
-            let left = deadline.saturating_duration_since(now);
+            let left = until.saturating_duration_since(now);
             if left.is_zero() {
-                if policy.fatal {
-                    return Err(WaitError::TimedOut {
-                        missing: check,
-                        timeout: policy.timeout,
-                    });
-                }
-                outcome.missing.extend(check);
+                warn!(instance = %self.uuid, ports = ?check, window = ?window,
+                    "network-vif-plugged came but the port is still not ACTIVE: trusting \
+                     the event");
+                unconfirmed.extend(check);
                 break;
             }
             tokio::time::sleep(pause.min(left)).await;
             pause = (pause * 2).min(MAX_PAUSE);
         }
-        Ok(outcome)
+        outcome
     }
 
     /// Cancel every wait of this operation (before rolling back).

@@ -172,8 +172,12 @@ pub struct WaitReport {
     /// Ports that never reported (non-fatal waits) or that failed.
     pub missing: Vec<PortId>,
     /// Ports whose first `network-vif-plugged` was stale (the network service did not show
-    /// the port ACTIVE a second after it): the wait went on until it was.
+    /// the port ACTIVE a second after it): the wait went on until it was, or until the
+    /// confirmation window ended (then the port is in `unconfirmed` too).
     pub stale: Vec<PortId>,
+    /// Ports whose `network-vif-plugged` came but which the network service still did not
+    /// show ACTIVE when the confirmation window ended: the events were trusted.
+    pub unconfirmed: Vec<PortId>,
     /// How it ended, in words.
     pub outcome: String,
 }

@@ -150,6 +150,9 @@ pub struct Metrics {
     /// `vireo_stale_events_total`: `network-vif-plugged` events that released a wait while
     /// the network service did not show their port ACTIVE (the wait went on until it did).
     pub stale_events: CounterVec,
+    /// `vireo_unconfirmed_plugs_total`: ports whose `network-vif-plugged` was trusted though
+    /// the network service still did not show them ACTIVE at the end of the window.
+    pub unconfirmed_plugs: CounterVec,
     /// `vireo_operations_total{kind,result}`: result `succeeded`, `failed` or `rejected`
     /// (refused at admission: 400/404/409/503).
     pub operations: CounterVec,
@@ -240,6 +243,13 @@ impl Metrics {
                  ACTIVE in the network service; the wait went on until it was.",
                 &[],
             ),
+            unconfirmed_plugs: CounterVec::new(
+                &r,
+                "vireo_unconfirmed_plugs_total",
+                "Ports whose network-vif-plugged came but which the network service still did \
+                 not show ACTIVE at the end of the confirmation window; the events were trusted.",
+                &[],
+            ),
             operations: CounterVec::new(
                 &r,
                 "vireo_operations_total",
@@ -293,6 +303,9 @@ impl Metrics {
                 .observe(&[w.timing.as_str(), result], w.took);
             if !w.stale.is_empty() {
                 self.stale_events.add(&[], w.stale.len() as u64);
+            }
+            if !w.unconfirmed.is_empty() {
+                self.unconfirmed_plugs.add(&[], w.unconfirmed.len() as u64);
             }
         }
     }
@@ -478,6 +491,11 @@ mod tests {
             complete,
             missing: Vec::new(),
             stale: if ms == 700 { vec![port] } else { Vec::new() },
+            unconfirmed: if ms == 3 {
+                vec![port, port]
+            } else {
+                Vec::new()
+            },
             outcome: String::new(),
         };
         m.observe_waits(&[
@@ -512,6 +530,7 @@ mod tests {
             "vireo_http_request_duration_seconds_count{route=\"/v1/instances\"} 3",
             "vireo_external_event_batches_total 1",
             "vireo_stale_events_total 1",
+            "vireo_unconfirmed_plugs_total 2",
             "vireo_events_delivered_total 5",
             "vireo_events_early_total 2",
             "vireo_events_dropped_total{reason=\"unknown-instance\"} 0",

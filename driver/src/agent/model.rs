@@ -451,9 +451,15 @@ pub struct ReportWait {
     /// Ports that never reported or failed.
     pub missing: Vec<String>,
     /// Ports whose first `network-vif-plugged` was stale (not ACTIVE in the network service
-    /// a second after it); the wait went on until it was. Absent when none.
+    /// a second after it); the wait went on until it was, or until the confirmation window
+    /// ended. Absent when none.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub stale: Vec<String>,
+    /// Ports whose `network-vif-plugged` came but which the network service still did not
+    /// show ACTIVE when the confirmation window ended: the events were trusted. Absent when
+    /// none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unconfirmed: Vec<String>,
     /// How it ended.
     pub outcome: String,
 }

@@ -140,6 +140,7 @@ pub fn report_wire(r: &OpReport) -> Report {
                 complete: w.complete,
                 missing: w.missing.iter().map(ToString::to_string).collect(),
                 stale: w.stale.iter().map(ToString::to_string).collect(),
+                unconfirmed: w.unconfirmed.iter().map(ToString::to_string).collect(),
                 outcome: w.outcome.clone(),
             })
             .collect(),
@@ -214,6 +215,7 @@ pub fn op_report(r: &Report) -> Result<OpReport, String> {
             complete: w.complete,
             missing: ports("waits.missing", &w.missing)?,
             stale: ports("waits.stale", &w.stale)?,
+            unconfirmed: ports("waits.unconfirmed", &w.unconfirmed)?,
             outcome: w.outcome.clone(),
         });
     }
@@ -286,6 +288,7 @@ mod tests {
                     complete: timing != Timing::None,
                     missing: vec![port(2)],
                     stale: vec![port(5)],
+                    unconfirmed: vec![port(5)],
                     outcome: "completed".into(),
                 })
                 .collect(),
@@ -352,6 +355,7 @@ mod tests {
             complete: true,
             missing: vec!["not-a-port".into()],
             stale: vec![],
+            unconfirmed: vec![],
             outcome: String::new(),
         });
         assert!(op_report(&w).is_err());
