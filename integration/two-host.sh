@@ -447,6 +447,50 @@ start_agent_b() {
   echo "$FIREWALL" >"$HB_DIR/firewall"
 }
 
+# Host B as a second chassis of host A's ML2/OVN (integration/host-setup.sh's OVN databases, its
+# ML2/OVN neutron-server): an ovn-controller inside B on B's Open vSwitch, chassis HB_OVN_HOST
+# with its own integration bridge, as host A's chassis is on A's. ML2/OVN then binds ports to
+# host B too, and its cross-host events are real (the two-host OVN scenarios of the stack tier).
+OVN_DIR=$STATE_DIR/ovn
+HB_OVN_HOST=${VIREO_HOSTB_OVN_HOST:-$HB_NAME-ovn}
+OVN_BRIDGE=br-ovn
+
+ovn_sb() { ovn-sbctl --db="unix:$OVN_DIR/run/sb.sock" --timeout=10 "$@"; }
+have_ovn() { [[ -S $OVN_DIR/run/sb.sock ]] && ovn_sb --timeout=3 show >/dev/null 2>&1; }
+ovn_chassis_b_up() {
+  [[ $(ovn_sb --bare --columns=hostname find Chassis "name=$HB_OVN_HOST") == "$HB_OVN_HOST" ]]
+}
+
+start_ovn_b() {
+  local c=$HB_OVN_HOST s
+  s=$(now)
+  # The chassis-named options (ovn-controller(8), `-n`): B's Open vSwitch serves only B's
+  # OVS agent besides, whose bridges these do not touch.
+  ovs_b set Open_vSwitch . "external_ids:ovn-remote-$c=unix:$OVN_DIR/run/sb.sock" \
+    "external_ids:ovn-encap-type-$c=geneve" "external_ids:ovn-encap-ip-$c=$ADDR_B" \
+    "external_ids:ovn-bridge-$c=$OVN_BRIDGE" "external_ids:ovn-bridge-datapath-type-$c=netdev" \
+    "external_ids:hostname-$c=$c"
+  if ! alive_b ovn-controller; then
+    mkdir -p "$HB_DIR/ovn"
+    in_b env "OVN_RUNDIR=$HB_DIR/ovn" ovn-controller -n "$c" "$B_OVSDB" \
+      --pidfile="$RUN/ovn-controller.pid" --log-file="$LOG/ovn-controller.log" \
+      -vconsole:off --no-chdir --detach >>"$LOG/ovn-controller.out" 2>&1
+  fi
+  wait_for 30 "host B's ovn-controller ($c) to register its chassis" ovn_chassis_b_up || {
+    tail -20 "$LOG/ovn-controller.log" >&2 || true
+    die "host B's ovn-controller did not register its chassis"
+  }
+  record hostb-ovn-controller "$s"
+}
+
+# The chassis outlives its ovn-controller in the southbound database: remove it, so ML2/OVN
+# stops offering host B.
+ovn_forget_b() {
+  have_ovn || return 0
+  ovn_sb --if-exists chassis-del "$HB_OVN_HOST" >/dev/null 2>&1 ||
+    log "could not remove OVN chassis $HB_OVN_HOST"
+}
+
 # ---------------------------------------------------------------------------------------------
 # nova-up / nova-down: host B as a second nova-compute of host A's small OpenStack
 
@@ -670,6 +714,7 @@ cmd_down() {
   local had_agent=0
   [[ -e $RUN/neutron-ovs-agent.pid ]] && had_agent=1
   stop_pid neutron-ovs-agent 5 alive_b &
+  stop_pid ovn-controller 5 alive_b &
   stop_pid libvirtd 30 alive_b &
   stop_pid ovs-vswitchd 10 alive_b &
   stop_pid fwd-libvirt 5 alive_root &
@@ -691,6 +736,7 @@ cmd_down() {
     done
   fi
   if ((had_agent)) || [[ -e $NEU/neutron.conf ]]; then neutron_forget_b; fi
+  ovn_forget_b
   umount "$NS_DIR/mnt" 2>/dev/null || true
   umount "$NS_DIR/uts" 2>/dev/null || true
   if mountpoint -q "$NS_DIR" 2>/dev/null; then umount "$NS_DIR"; fi
@@ -745,6 +791,11 @@ cmd_up() {
     else
       log "no Neutron set-up on host A (integration/host-setup.sh up --with-neutron): host B runs no agent"
     fi
+    if have_ovn; then
+      start_ovn_b
+    else
+      log "no ML2/OVN on host A: host B is no OVN chassis"
+    fi
   fi
   record up "$s"
   print_timings
@@ -752,8 +803,9 @@ cmd_up() {
 }
 
 cmd_env() {
-  local agent=0
+  local agent=0 ovn=
   ns_ready && alive_b neutron-ovs-agent && agent=1
+  ns_ready && alive_b ovn-controller && ovn=$HB_OVN_HOST
   cat <<EOF
 export VIREO_HOSTB_NAME=$HB_NAME
 export VIREO_HOSTB_URI=$HB_URI
@@ -769,6 +821,7 @@ export VIREO_HOSTB_OVSDB=$B_OVSDB
 export VIREO_HOSTB_NETNS=$NETNS
 export VIREO_HOSTB_UUID=$HB_UUID
 export VIREO_HOSTB_NEUTRON_AGENT=$agent
+export VIREO_HOSTB_OVN_HOST=$ovn
 EOF
 }
 
@@ -823,6 +876,14 @@ cmd_status() {
     fi
   else
     report "hostb neutron agent" none "(no Neutron on host A, or up --no-neutron)"
+  fi
+  if alive_b ovn-controller; then
+    if ovn_chassis_b_up 2>/dev/null; then report "hostb ovn-controller" up "chassis $HB_OVN_HOST"; else
+      report "hostb ovn-controller" DOWN "chassis $HB_OVN_HOST not registered"
+      bad=1
+    fi
+  else
+    report "hostb ovn-controller" none "(no ML2/OVN on host A, or up --no-neutron)"
   fi
   return $bad
 }

@@ -39,6 +39,9 @@ pub struct StackEnv {
     pub ovn_network_id: String,
     /// ovn-controller's integration bridge (`VIREO_OVN_BRIDGE`; ML2/OVN bindings name none).
     pub ovn_bridge: String,
+    /// OVN's northbound database (`VIREO_OVN_NB_DB`, an ovsdb remote): where a logical
+    /// port's `up` shows whether its chassis claimed it, whatever Neutron's status says.
+    pub ovn_nb_db: String,
     /// The port Neutron's Nova notifier posts to on 127.0.0.1 (`VIREO_NOVA_PORT`).
     pub nova_port: u16,
     /// The events token Neutron's notifier sends (`[nova] auth_type = admin_token`), in a
@@ -46,7 +49,7 @@ pub struct StackEnv {
     pub events_token_file: PathBuf,
 }
 
-const KEYS: [&str; 13] = [
+const KEYS: [&str; 14] = [
     "VIREO_NEUTRON_URL",
     "VIREO_NEUTRON_HOST",
     "VIREO_NEUTRON_SECOND_HOST",
@@ -58,6 +61,7 @@ const KEYS: [&str; 13] = [
     "VIREO_OVN_HOST",
     "VIREO_OVN_NETWORK_ID",
     "VIREO_OVN_BRIDGE",
+    "VIREO_OVN_NB_DB",
     "VIREO_NOVA_PORT",
     "VIREO_EVENTS_TOKEN_FILE",
 ];
@@ -114,6 +118,7 @@ impl StackEnv {
             ovn_host: get("VIREO_OVN_HOST")?,
             ovn_network_id: get("VIREO_OVN_NETWORK_ID")?,
             ovn_bridge: get("VIREO_OVN_BRIDGE")?,
+            ovn_nb_db: get("VIREO_OVN_NB_DB")?,
             nova_port: nova_port.parse().map_err(|_| {
                 HarnessError::Setup(format!("VIREO_NOVA_PORT {nova_port:?} is not a port"))
             })?,
@@ -168,7 +173,7 @@ mod tests {
              VIREO_NEUTRON_SECOND_HOST=h2\nVIREO_NEUTRON_NETWORK_ID=n\nVIREO_NEUTRON_SUBNET_ID=s\n\
              VIREO_NEUTRON_LB_HOST=vm-lb\nVIREO_NEUTRON_LB_NETWORK_ID=lb\n\
              VIREO_OVN_NEUTRON_URL=http://127.0.0.1:9796\nVIREO_OVN_HOST=vm-ovn\n\
-             VIREO_OVN_NETWORK_ID=o\nVIREO_OVN_BRIDGE=br-ovn\n\
+             VIREO_OVN_NETWORK_ID=o\nVIREO_OVN_BRIDGE=br-ovn\nVIREO_OVN_NB_DB=unix:/nb\n\
              VIREO_NOVA_PORT=8774\nVIREO_EVENTS_TOKEN_FILE=/etc/t\n",
         )
         .unwrap();

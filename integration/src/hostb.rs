@@ -16,6 +16,7 @@ use uuid::Uuid;
 use vireo::agent::auth::Token;
 use vireo::agent::peer::{HttpPeer, PeerLink};
 use vireo::client::AgentClient;
+use vireo::config::OvsNativeForm;
 
 use crate::relay::Relay;
 use crate::HarnessError;
@@ -40,6 +41,9 @@ pub struct HostBEnv {
     pub ovsdb_socket: PathBuf,
     /// Its network namespace: `VIREO_HOSTB_NETNS`.
     pub netns: String,
+    /// Its host name as a chassis of host A's ML2/OVN (`two-host.sh up` starts an
+    /// ovn-controller inside B when host A runs ML2/OVN): `VIREO_HOSTB_OVN_HOST`.
+    pub ovn_host: String,
     /// Where its mount and UTS namespace files are.
     pub ns_dir: PathBuf,
 }
@@ -78,6 +82,10 @@ impl HostBEnv {
             addr_b: ip("VIREO_HOSTB_ADDR", "198.51.100.2")?,
             ovsdb_socket: PathBuf::from(ovsdb.strip_prefix("unix:").unwrap_or(&ovsdb)),
             netns: var("VIREO_HOSTB_NETNS", "vireo-hb"),
+            ovn_host: var(
+                "VIREO_HOSTB_OVN_HOST",
+                &format!("{}-ovn", var("VIREO_HOSTB_NAME", "vireo-hb")),
+            ),
             ns_dir: PathBuf::from("/run/vireo-hb"),
         };
         let netns = Path::new("/run/netns").join(&env.netns);
@@ -171,12 +179,59 @@ pub struct HostASide {
 /// The port host B's agent listens on (on host B's address).
 pub const AGENT_PORT: u16 = 8774;
 
+/// The port of host B's agent as host B's ML2/OVN chassis (a second agent on host B, never
+/// run beside the first: [`AgentOptions::ovn`]).
+pub const OVN_AGENT_PORT: u16 = 8776;
+
+/// How host B's agent runs.
+#[derive(Debug, Clone)]
+pub struct AgentOptions {
+    /// Its host name (Neutron binding host, `[[peers]]` name).
+    pub name: String,
+    /// The port it listens on, on host B's address.
+    pub port: u16,
+    /// libvirt's domain type (`qemu` here).
+    pub domain_type: String,
+    /// Where it keeps instance directories, when not in its own state directory (a
+    /// directory host A's agent uses too: a shared instances path).
+    pub instances_path: Option<PathBuf>,
+    /// `[network.neutron] ovs_bridge`: where its OVS ports go when a binding names no
+    /// bridge (ML2/OVN's never do); vireo's default otherwise.
+    pub ovs_bridge: Option<String>,
+    /// `[instances] ovs_native_form`: how native OVS ports are wired.
+    pub ovs_native_form: OvsNativeForm,
+}
+
+impl AgentOptions {
+    /// Host B as the ML2/OVS host `env.name`, on [`AGENT_PORT`].
+    pub fn ovs(env: &HostBEnv) -> AgentOptions {
+        AgentOptions {
+            name: env.name.clone(),
+            port: AGENT_PORT,
+            domain_type: "qemu".into(),
+            instances_path: None,
+            ovs_bridge: None,
+            ovs_native_form: OvsNativeForm::LibvirtManaged,
+        }
+    }
+
+    /// Host B as its ML2/OVN chassis `env.ovn_host`, on [`OVN_AGENT_PORT`] (set
+    /// [`AgentOptions::ovs_bridge`] to the chassis' integration bridge).
+    pub fn ovn(env: &HostBEnv) -> AgentOptions {
+        AgentOptions {
+            name: env.ovn_host.clone(),
+            port: OVN_AGENT_PORT,
+            ..AgentOptions::ovs(env)
+        }
+    }
+}
+
 /// Host B's agent as host A knows it (a `[[peers]]` entry): its API on host B's address,
 /// its API token `secret`, and host B's libvirtd over TCP to live-migrate to.
-pub fn link(env: &HostBEnv, secret: &str) -> PeerLink {
+pub fn link(env: &HostBEnv, opts: &AgentOptions, secret: &str) -> PeerLink {
     PeerLink {
-        name: env.name.clone(),
-        url: format!("http://{}", SocketAddr::new(env.addr_b, AGENT_PORT)),
+        name: opts.name.clone(),
+        url: format!("http://{}", SocketAddr::new(env.addr_b, opts.port)),
         token: Token::from_secret(secret),
         migration_uri: Some(env.tcp_uri.clone()),
         timeout: Duration::from_secs(600),
@@ -186,7 +241,7 @@ pub fn link(env: &HostBEnv, secret: &str) -> PeerLink {
 /// Host B's running `vireo agent`.
 #[derive(Debug)]
 pub struct HostBAgent {
-    /// Host B.
+    /// Host B (its `name` the agent's host name: [`AgentOptions::name`]).
     pub env: HostBEnv,
     /// Its API client (API token).
     pub client: AgentClient,
@@ -203,18 +258,17 @@ pub struct HostBAgent {
 }
 
 impl HostBAgent {
-    /// Write host B's config (API token `secret`, see [`link`]) and start `agent_bin agent
-    /// --config ...` inside host B; wait until it answers `/healthz`. With
-    /// `instances_path`, B keeps its instance directories there (a directory host A's
-    /// agent uses too: a shared instances path) instead of in its own state directory.
+    /// Write host B's config (`opts`, API token `secret`, see [`link`]) and start
+    /// `agent_bin agent --config ...` inside host B; wait until it answers `/healthz`.
+    /// Its `env.name` is the agent's host name (`opts.name`) from then on.
     pub async fn start(
-        env: HostBEnv,
+        mut env: HostBEnv,
+        opts: &AgentOptions,
         secret: &str,
         agent_bin: &Path,
         a: &HostASide,
-        domain_type: &str,
-        instances_path: Option<&Path>,
     ) -> Result<HostBAgent, HarnessError> {
+        env.name = opts.name.clone();
         let relay_api = Relay::start(SocketAddr::new(env.addr_a, 0), a.api, env.addr_b).await?;
         let relay_neutron =
             Relay::start(SocketAddr::new(env.addr_a, 0), a.neutron, env.addr_b).await?;
@@ -238,7 +292,7 @@ impl HostBAgent {
         })?;
         write_secret(&root.join("api-token"), secret)?;
         write_secret(&root.join("peer-a-token"), &a.api_secret)?;
-        let listen = SocketAddr::new(env.addr_b, AGENT_PORT);
+        let listen = SocketAddr::new(env.addr_b, opts.port);
         let config = format!(
             r#"host = "{name}"
 listen = "{listen}"
@@ -250,12 +304,13 @@ uri = "{uri}"
 kind = "neutron"
 [network.neutron]
 url = "http://{neutron}"
-[events]
+{ovs_bridge}[events]
 vif_plugging_timeout = 60
 [instances]
 state_dir = "{root}/state"
 {instances_path}image_dirs = ["{root}/images"]
 domain_type = "{domain_type}"
+ovs_native_form = "{form}"
 power_off_timeout = 2
 [plugging]
 ovsdb_connection = "unix:{ovsdb}"
@@ -269,7 +324,12 @@ token_file = "{root}/peer-a-token"
 migration_uri = "{a_uri}"
 timeout = 600
 "#,
-            name = env.name,
+            name = opts.name,
+            domain_type = opts.domain_type,
+            form = match opts.ovs_native_form {
+                OvsNativeForm::LibvirtManaged => "libvirt-managed",
+                OvsNativeForm::PreCreated => "pre-created",
+            },
             root = root.display(),
             uri = env.unix_uri,
             neutron = relay_neutron.addr(),
@@ -277,7 +337,14 @@ timeout = 600
             a_name = a.name,
             a_api = relay_api.addr(),
             a_uri = env.a_uri_from_b,
-            instances_path = instances_path
+            ovs_bridge = opts
+                .ovs_bridge
+                .as_ref()
+                .map(|b| format!("ovs_bridge = \"{b}\"\n"))
+                .unwrap_or_default(),
+            instances_path = opts
+                .instances_path
+                .as_ref()
                 .map(|p| format!("instances_path = \"{}\"\n", p.display()))
                 .unwrap_or_default(),
         );
@@ -288,7 +355,7 @@ timeout = 600
         })?;
         let log = root.join("agent.log");
         let child = spawn_agent(&env, agent_bin, &cfg, &log)?;
-        let link = link(&env, secret);
+        let link = link(&env, opts, secret);
         let client = AgentClient::new(&link.url, &link.token)
             .map_err(|e| setup(format!("host B's client: {}", crate::chain(&e))))?;
         let mut agent = HostBAgent {

@@ -21,6 +21,7 @@ use uuid::Uuid;
 use vireo::agent::model::{Flavor as ModelFlavor, OpState, Report as WireReport};
 use vireo::client::AgentClient;
 use vireo::compute::{ComputeDriver, ComputeOps};
+use vireo::config::OvsNativeForm;
 use vireo::network::embedded::{EmbeddedConfig, EmbeddedNetworkDef, Mechanism};
 use vireo::plug::leak::Fixture;
 use vireo_actors::instance::{
@@ -38,7 +39,7 @@ use vireo_integration::endpoint::EndpointOptions;
 use vireo_integration::firewall::{Firewall, FirewallGuard};
 use vireo_integration::guest::{open_dir, wait_ready};
 use vireo_integration::host::{Host, HostOptions, NetChoice, Plugging};
-use vireo_integration::hostb::{self, HostASide, HostBAgent, HostBEnv};
+use vireo_integration::hostb::{self, AgentOptions, HostASide, HostBAgent, HostBEnv};
 use vireo_integration::runner::{Outcome, Runner};
 use vireo_integration::scene::{bind_port, flavor, Run, Scene};
 use vireo_integration::timing::timings_file;
@@ -961,6 +962,223 @@ async fn ovn_profile_changes(s: &Scene<'_>, id: Uuid, vifs: &[Vif]) {
             }
         }
     }
+}
+
+// ----------------------------------------------------------------------------------------
+// Scenarios: two hosts on ML2/OVN
+
+/// The waits of a report on another host (or a remote call's), by timing: every one
+/// completed (its events came; never a timeout), and they awaited exactly `bind` at bind
+/// time and `plug` at plug time: the cell of docs/EVENT_MODEL.md's table, as vireo's
+/// prediction chose it for the flow, proved by the events Neutron really sent.
+fn assert_cell(what: &str, r: &OpReport, bind: &[PortId], plug: &[PortId]) {
+    for w in &r.waits {
+        assert!(
+            w.complete,
+            "{what}: wait {:?} incomplete: {} (missing {:?})",
+            w.timing, w.outcome, w.missing
+        );
+        println!(
+            "{what}: {} wait for {} port(s) complete in {} ms",
+            w.timing.as_str(),
+            w.expected.len(),
+            w.took.as_millis()
+        );
+    }
+    assert_eq!(
+        waited(r, Timing::BindTime),
+        set(bind),
+        "{what}: bind-time wait"
+    );
+    assert_eq!(
+        waited(r, Timing::PlugTime),
+        set(plug),
+        "{what}: plug-time wait"
+    );
+}
+
+/// The logical port of `port` is `up` in OVN's northbound database: its chassis claimed it
+/// (what ML2/OVN turns into the port's status, when that update does not get lost).
+fn ovn_port_up(nb_db: &str, port: PortId) -> bool {
+    let out = Command::new("ovn-nbctl")
+        .arg(format!("--db={nb_db}"))
+        .args(["--timeout=10", "get", "Logical_Switch_Port"])
+        .arg(port.to_string())
+        .arg("up")
+        .output()
+        .unwrap();
+    out.status.success() && String::from_utf8_lossy(&out.stdout).trim() == "true"
+}
+
+/// Every port of `vifs` is bound to `host` only, without `migrating_to`, and ACTIVE; but a
+/// port whose events `report` trusted while Neutron did not show it ACTIVE (`unconfirmed`:
+/// Neutron lost the status, docs/EVENT_MODEL.md section 7) must instead be up in OVN, where
+/// the truth is.
+async fn assert_ovn_bound_up(s: &Scene<'_>, vifs: &[Vif], host: &str, report: &OpReport) {
+    let unconfirmed: BTreeSet<PortId> = report
+        .waits
+        .iter()
+        .flat_map(|w| w.unconfirmed.iter().copied())
+        .collect();
+    let (lost, rest): (Vec<PortId>, Vec<PortId>) =
+        ids(vifs).into_iter().partition(|p| unconfirmed.contains(p));
+    assert_ports_bound_active(s, &rest, host).await;
+    for id in lost {
+        let port = s.a().network.get_port(id).await.unwrap();
+        assert_eq!(port.host_id, host, "port {id} bound to {host}");
+        assert!(port.migrating_to().is_none(), "{id}: migrating_to left");
+        println!(
+            "port {id}: its events trusted, Neutron's status {:?}",
+            port.status
+        );
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !ovn_port_up(&s.run.env.ovn_nb_db, id) {
+            assert!(
+                Instant::now() < deadline,
+                "logical port {id} never up in OVN"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+}
+
+/// The tap of a native OVS port inside host B is in `bridge`, or gone.
+fn assert_tap_b(b: &HostBEnv, v: &Vif, bridge: &str, present: bool) {
+    let tap = v.tap_name();
+    assert_eq!(
+        hb_ovs_bridge_of(b, &tap).as_deref() == Some(bridge),
+        present,
+        "host B: tap {tap} in B's {bridge} (present: {present})"
+    );
+}
+
+/// Two hosts on ML2/OVN, each its own chassis (host A's ovn-controller on this machine's
+/// Open vSwitch, host B's inside host B on B's), ports on a geneve network; host B's agent
+/// runs as B's chassis host. A resize A > B and its revert, then a live migration A > B
+/// and the delete on B. Every wait is checked against the cross-host cells of the ML2/OVN
+/// row of its form (finish x, revert x, LM src, LM dst): the prediction chose exactly those
+/// waits and every one ended on the events ML2/OVN sent (through A's endpoint, which
+/// forwards host B's), never a timeout. Both hosts plug the same `form`.
+async fn ovn_two_hosts(run: &Run, b: &HostBAgent, form: DomainForm) -> R {
+    let (name, revert_x_bind) = match form {
+        DomainForm::LibvirtManaged => (TWO_HOSTS_OVN[0], false),
+        DomainForm::PreCreated => (TWO_HOSTS_OVN[1], true),
+    };
+    let env = &run.env;
+    let mut s = Scene::on_neutron(run, name, &env.ovn_neutron_url, &env.ovn_bridge)?;
+    s.peers.insert(b.peer()?);
+    let mut opts = s.system_host();
+    opts.name = env.ovn_host.clone();
+    opts.ovs_native_form = form;
+    s.host(opts).await?;
+    let net = env.ovn_network_id.clone();
+    let (id, vifs, report) = spawn_allocated(&mut s, 0, &net, 1).await;
+    assert_waits(&s, "spawn", &report, &[], &ids(&vifs));
+    assert_devices(&vifs[0], form, true);
+    let h = s.a();
+    let a_api = run.api_client()?;
+    let bname = b.env.name.clone();
+    let all = ids(&vifs);
+
+    // Resize A > B: B's finish waits at plug time (finish x: plug).
+    let r = s
+        .remote_ok(
+            "resize A>B",
+            id,
+            api_op(&a_api, &h.name, id, resize_to(&bname)),
+        )
+        .await;
+    assert!(
+        r.total(StepKind::Peer) > Duration::ZERO,
+        "host B was called"
+    );
+    assert_state(h, id, InstanceState::ResizeSource).await;
+    let view = b.client.show_instance(id).await.unwrap();
+    assert_eq!(view.state, "resize-target", "{view:?}");
+    assert_eq!(hb_domain_state(&b.env, id).as_deref(), Some("running"));
+    for v in &vifs {
+        assert_tap_b(&b.env, v, &env.ovn_bridge, true);
+    }
+    let finish = last_report(&b.client, id).await;
+    assert_eq!(finish.request, "finish-resize");
+    assert_ovn_bound_up(&s, &vifs, &bname, &finish).await;
+    assert_cell("finish x (B)", &finish, &[], &all);
+    s.peer_row("finish-resize (B)", id, &finish);
+
+    // Its revert: A takes the instance back (revert x: plug when libvirt re-creates the tap,
+    // bind when A kept its pre-created tap wired).
+    s.remote_ok(
+        "revert on B",
+        id,
+        api_op(&b.client, &bname, id, Operation::RevertResize {}),
+    )
+    .await;
+    assert_state(h, id, InstanceState::Running).await;
+    assert!(hb_domain_state(&b.env, id).is_none(), "no domain left on B");
+    for v in &vifs {
+        assert_tap_b(&b.env, v, &env.ovn_bridge, false);
+        assert_devices(v, form, true);
+    }
+    let back = h.driver.show(id).await.unwrap().last_operation.unwrap();
+    assert_eq!(back.request, "finish-revert-resize");
+    assert_ovn_bound_up(&s, &vifs, &h.name, &back).await;
+    if revert_x_bind {
+        assert_cell("revert x (A)", &back, &all, &[]);
+    } else {
+        assert_cell("revert x (A)", &back, &[], &all);
+    }
+    s.peer_row("finish-revert (A)", id, &back);
+
+    // Live migration A > B: the source sets `migrating_to` on its ACTIVE ports (profile
+    // set: bind; a port whose status Neutron lost reports nothing new) and awaits nothing
+    // while B pre-wires (LM src: none); B awaits the activation of its bindings (LM dst:
+    // bind).
+    let mut active = Vec::new();
+    for &p in &all {
+        if h.network.get_port(p).await.unwrap().status == vireo_actors::network::PortStatus::Active
+        {
+            active.push(p);
+        }
+    }
+    let r = s
+        .remote_ok(
+            "live-migrate A>B",
+            id,
+            api_op(
+                &a_api,
+                &h.name,
+                id,
+                Operation::LiveMigrate(Box::new(LiveMigrateArgs::new(&bname))),
+            ),
+        )
+        .await;
+    assert!(
+        r.total(StepKind::Peer) > Duration::ZERO,
+        "host B was called"
+    );
+    assert_cell("profile set, LM src (A)", &r, &active, &[]);
+    assert!(
+        h.driver.show(id).await.is_err(),
+        "host A forgot the instance"
+    );
+    assert_eq!(hb_domain_state(&b.env, id).as_deref(), Some("running"));
+    for v in &vifs {
+        assert_tap_b(&b.env, v, &env.ovn_bridge, true);
+    }
+    let post = last_report(&b.client, id).await;
+    assert_eq!(post.request, "post-live-migration-at-destination");
+    assert_ovn_bound_up(&s, &vifs, &bname, &post).await;
+    assert_cell("LM dst (B)", &post, &all, &[]);
+    s.peer_row("post-live-migr. (B)", id, &post);
+    let del = s.remote_ok("delete on B", id, delete_on_b(b, id)).await;
+    assert_eq!(
+        del.released.as_ref().map(|r| r.deleted.len()),
+        Some(vifs.len())
+    );
+    for v in &vifs {
+        assert_tap_b(&b.env, v, &env.ovn_bridge, false);
+    }
+    finish_two_hosts(s, b).await
 }
 
 // ----------------------------------------------------------------------------------------
@@ -2473,6 +2691,10 @@ const TWO_HOSTS_SHARED: [&str; 2] = [
     "two hosts (shared instances): live migrate A>B with disks",
     "two hosts (shared instances): resize A>B with disks",
 ];
+const TWO_HOSTS_OVN: [&str; 2] = [
+    "two hosts on ML2/OVN, libvirt-managed: resize A>B+revert, live migrate A>B",
+    "two hosts on ML2/OVN, pre-created: resize A>B+revert, live migrate A>B",
+];
 const OVN: [&str; 2] = [
     "ML2/OVN libvirt-managed: spawn+lifecycle",
     "ML2/OVN pre-created: spawn+lifecycle",
@@ -2491,13 +2713,20 @@ type HostBPlan = Result<(HostBEnv, String), HarnessError>;
 fn plan_host_b(runner: &mut Runner) -> (EndpointOptions, Option<HostBPlan>) {
     let mut opts = EndpointOptions::alone();
     if runner.listing()
-        || !(runner.any_selected(&TWO_HOSTS) || runner.any_selected(&TWO_HOSTS_SHARED))
+        || !(runner.any_selected(&TWO_HOSTS)
+            || runner.any_selected(&TWO_HOSTS_SHARED)
+            || runner.any_selected(&TWO_HOSTS_OVN))
     {
         return (opts, None);
     }
     let plan = HostBEnv::load().map(|env| {
         let secret = Uuid::new_v4().simple().to_string();
-        opts.peers.push(hostb::link(&env, &secret));
+        // Both of host B's agents (never running at once): events the endpoint cannot
+        // place go to each.
+        opts.peers
+            .push(hostb::link(&env, &AgentOptions::ovs(&env), &secret));
+        opts.peers
+            .push(hostb::link(&env, &AgentOptions::ovn(&env), &secret));
         (env, secret)
     });
     (opts, Some(plan))
@@ -2526,13 +2755,14 @@ async fn two_hosts(runner: &mut Runner, run: &Run, plan: Option<HostBPlan>) {
     };
     let start = Instant::now();
     let bin = std::path::Path::new(env!("CARGO_BIN_EXE_vireo-it-agent"));
-    let mut b = match HostBAgent::start(env.clone(), &secret, bin, &side, "qemu", None).await {
-        Ok(b) => b,
-        Err(e) => {
-            runner.fail("host B's vireo agent", &e);
-            return;
-        }
-    };
+    let mut b =
+        match HostBAgent::start(env.clone(), &AgentOptions::ovs(&env), &secret, bin, &side).await {
+            Ok(b) => b,
+            Err(e) => {
+                runner.fail("host B's vireo agent", &e);
+                return;
+            }
+        };
     println!(
         "host B's vireo agent ({}) answers at {} after {:.1} s",
         b.env.name,
@@ -2604,7 +2834,9 @@ async fn two_hosts(runner: &mut Runner, run: &Run, plan: Option<HostBPlan>) {
         }
     };
     let instances = shared.path().join("instances");
-    let b = match HostBAgent::start(env, &secret, bin, &side, "qemu", Some(&instances)).await {
+    let mut opts = AgentOptions::ovs(&env);
+    opts.instances_path = Some(instances);
+    let b = match HostBAgent::start(env, &opts, &secret, bin, &side).await {
         Ok(b) => b,
         Err(e) => {
             runner.fail("host B's vireo agent (shared instances)", &e);
@@ -2625,6 +2857,62 @@ async fn two_hosts(runner: &mut Runner, run: &Run, plan: Option<HostBPlan>) {
         println!("host B's agent log (last lines):\n{}", b.log_tail());
     }
     b.stop().await;
+}
+
+/// Host B as its ML2/OVN chassis: its agent started for each form (both hosts plug the
+/// same), after the ML2/OVS agent of [`two_hosts`] has stopped.
+async fn two_hosts_ovn(runner: &mut Runner, run: &Run, plan: Option<(HostBEnv, String)>) {
+    let Some((env, secret)) = plan else {
+        return;
+    };
+    let side = HostASide {
+        name: run.env.ovn_host.clone(),
+        api: run.endpoint.addr(),
+        api_secret: run.endpoint.api_secret().to_owned(),
+        neutron: run
+            .env
+            .ovn_neutron_url
+            .trim_start_matches("http://")
+            .trim_end_matches('/')
+            .parse()
+            .expect("ML2/OVN Neutron's URL is http://ADDR:PORT"),
+    };
+    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_vireo-it-agent"));
+    for (name, form, conf) in [
+        (
+            TWO_HOSTS_OVN[0],
+            DomainForm::LibvirtManaged,
+            OvsNativeForm::LibvirtManaged,
+        ),
+        (
+            TWO_HOSTS_OVN[1],
+            DomainForm::PreCreated,
+            OvsNativeForm::PreCreated,
+        ),
+    ] {
+        if !runner.selected(name) {
+            continue;
+        }
+        let mut opts = AgentOptions::ovn(&env);
+        opts.ovs_bridge = Some(run.env.ovn_bridge.clone());
+        opts.ovs_native_form = conf;
+        let b = match HostBAgent::start(env.clone(), &opts, &secret, bin, &side).await {
+            Ok(b) => b,
+            Err(e) => {
+                runner.fail(name, &e);
+                continue;
+            }
+        };
+        runner.run(name, || ovn_two_hosts(run, &b, form)).await;
+        if runner
+            .results()
+            .iter()
+            .any(|(n, o, _)| n == name && *o != Outcome::Passed)
+        {
+            println!("host B's agent log (last lines):\n{}", b.log_tail());
+        }
+        b.stop().await;
+    }
 }
 
 async fn run_all(runner: &mut Runner) {
@@ -2679,11 +2967,20 @@ async fn run_all(runner: &mut Runner) {
         .run("booted guest: disks", || boot_with_disks(&run))
         .await;
     if runner.listing() {
-        for n in TWO_HOSTS.iter().chain(&TWO_HOSTS_SHARED) {
+        for n in TWO_HOSTS
+            .iter()
+            .chain(&TWO_HOSTS_SHARED)
+            .chain(&TWO_HOSTS_OVN)
+        {
             runner.run(n, || async { Ok(()) }).await;
         }
     } else {
+        let ovn = match &plan {
+            Some(Ok(p)) => Some(p.clone()),
+            _ => None,
+        };
         two_hosts(runner, &run, plan).await;
+        two_hosts_ovn(runner, &run, ovn).await;
     }
 
     if runner.any_selected(&NATIVE) && !runner.listing() {
