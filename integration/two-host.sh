@@ -16,10 +16,12 @@
 #
 # Host A is the machine's own libvirtd (qemu:///system), Open vSwitch and Neutron, which this
 # script never stops, restarts or reconfigures. Host B is a libvirtd + virtlogd, an Open vSwitch
-# (userspace datapath) and a neutron-openvswitch-agent that run inside their own network, mount
-# and UTS namespaces; B's network namespace is linked to the root namespace by a veth pair on
-# TEST-NET-2 (198.51.100.0/30: A = .1, B = .2). See integration/README.md, "Two hosts on one
-# machine". Runs as root on Debian 12 without systemd; needs integration/host-setup.sh up first.
+# (userspace datapath), a neutron-openvswitch-agent, a neutron-linuxbridge-agent (host
+# <name>-lb) and, when host A runs ML2/OVN, an ovn-controller (chassis <name>-ovn) that run
+# inside their own network, mount and UTS namespaces; B's network namespace is linked to the
+# root namespace by a veth pair on TEST-NET-2 (198.51.100.0/30: A = .1, B = .2). See
+# integration/README.md, "Two hosts on one machine". Runs as root on Debian 12 without
+# systemd; needs integration/host-setup.sh up first.
 set -euo pipefail
 
 SELF=$(readlink -f "${BASH_SOURCE[0]}")
@@ -29,6 +31,9 @@ TPL_DIR=$SCRIPT_DIR/setup/two-host
 STATE_DIR=${VIREO_STATE_DIR:-/var/lib/vireo-integration}
 HB_DIR=${VIREO_HB_DIR:-$STATE_DIR/hostb}
 HB_NAME=${VIREO_HOSTB_NAME:-vireo-hb}
+HB_LB_HOST=${VIREO_HOSTB_LB_HOST:-$HB_NAME-lb} # host B's Linux bridge agent
+LB_UPLINK_B=vhb-lbup                           # its physnet1 (a veth pair inside B)
+LB_UPLINK_B_PEER=vhb-lbpeer
 NETNS=vireo-hb
 NS_DIR=/run/vireo-hb # mount point of B's mount and UTS namespace files (a private bind mount)
 ADDR_A=${VIREO_HB_ADDR_A:-198.51.100.1}
@@ -174,6 +179,7 @@ pids_in_b() {
 
 render() { # render TEMPLATE OUT: fills @VAR@ placeholders; records a changed file in CHANGED
   sed -e "s|@HB_DIR@|$HB_DIR|g" -e "s|@HB_NAME@|$HB_NAME|g" -e "s|@HB_UUID@|$HB_UUID|g" \
+    -e "s|@HB_LB_HOST@|$HB_LB_HOST|g" -e "s|@LB_UPLINK_B@|$LB_UPLINK_B|g" \
     -e "s|@ADDR_A@|$ADDR_A|g" -e "s|@ADDR_B@|$ADDR_B|g" -e "s|@LIBVIRT_PORT@|$LIBVIRT_PORT|g" \
     -e "s|@RABBIT_PORT@|$RABBIT_PORT|g" -e "s|@FIREWALL_DRIVER@|${FIREWALL:-iptables_hybrid}|g" \
     "$TPL_DIR/$1" >"$2.tmp"
@@ -204,9 +210,9 @@ have_neutron() { [[ -s $A_NEUTRON_ENV && -s $A_NEUTRON_CONF ]] && api GET '/v2.0
 
 # agent_alive_b [SINCE]: the Open vSwitch agent of host B reports alive (started at or after
 # unix time SINCE).
-agent_alive_b() {
+agent_alive_b() { # agent_alive_b [SINCE [HOST [TYPE]]]: that agent reports alive, started since SINCE
   local out
-  out=$(api GET "/v2.0/agents?host=$HB_NAME&agent_type=Open+vSwitch+agent") || return 1
+  out=$(api GET "/v2.0/agents?host=${2:-$HB_NAME}&agent_type=${3:-Open+vSwitch+agent}") || return 1
   jq -e --argjson since "${1:-0}" '.agents | length > 0 and all(.alive
       and ((.started_at | sub("\\.[0-9]+$"; "") | strptime("%Y-%m-%d %H:%M:%S") | mktime) >= $since))' \
     <<<"$out" >/dev/null
@@ -491,6 +497,36 @@ ovn_forget_b() {
     log "could not remove OVN chassis $HB_OVN_HOST"
 }
 
+# Host B's Linux bridge agent: a host of its own, HB_LB_HOST, inside B beside B's OVS agent
+# (host A runs one as <hostname>-lb), so Linux bridge ports move between hosts with real
+# events. Its physnet1 uplink is a veth pair inside B.
+start_lb_agent_b() {
+  render linuxbridge_agent.ini.in "$NEU/linuxbridge_agent.ini"
+  if alive_b neutron-lb-agent && changed neutron.conf linuxbridge_agent.ini; then
+    log "configuration changed: restarting host B's Linux bridge agent"
+    stop_pid neutron-lb-agent 10 alive_b
+  fi
+  if ! ip -n "$NETNS" link show "$LB_UPLINK_B" >/dev/null 2>&1; then
+    ip -n "$NETNS" link add "$LB_UPLINK_B" type veth peer name "$LB_UPLINK_B_PEER"
+  fi
+  ip -n "$NETNS" link set "$LB_UPLINK_B" up
+  ip -n "$NETNS" link set "$LB_UPLINK_B_PEER" up
+  alive_b neutron-lb-agent && return
+  local s
+  s=$(now)
+  setsid nsenter --mount="$NS_DIR/mnt" --uts="$NS_DIR/uts" --net="/run/netns/$NETNS" -- \
+    "$SELF" __in-b neutron-linuxbridge-agent --config-file "$NEU/neutron.conf" \
+    --config-file "$NEU/linuxbridge_agent.ini" --log-file "$LOG/neutron-linuxbridge-agent.log" \
+    >>"$LOG/neutron-lb-agent.out" 2>&1 </dev/null &
+  echo $! >"$RUN/neutron-lb-agent.pid"
+  wait_for 120 "host B's Linux bridge agent to report alive" \
+    agent_alive_b "${s%.*}" "$HB_LB_HOST" "Linux+bridge+agent" || {
+    tail -30 "$LOG/neutron-linuxbridge-agent.log" >&2 || true
+    die "host B's Linux bridge agent did not report alive"
+  }
+  record hostb-neutron-lb-agent "$s"
+}
+
 # ---------------------------------------------------------------------------------------------
 # nova-up / nova-down: host B as a second nova-compute of host A's small OpenStack
 
@@ -688,10 +724,12 @@ cmd_nova_down() {
 # then fan out tunnel_delete).
 neutron_forget_b() {
   have_neutron || return 0
-  local id
-  for id in $(api GET "/v2.0/agents?host=$HB_NAME" | jq -r '.agents[].id'); do
-    log "deleting Neutron agent $id (host $HB_NAME)"
-    api DELETE "/v2.0/agents/$id" >/dev/null || true
+  local id h
+  for h in "$HB_NAME" "$HB_LB_HOST"; do
+    for id in $(api GET "/v2.0/agents?host=$h" | jq -r '.agents[].id'); do
+      log "deleting Neutron agent $id (host $h)"
+      api DELETE "/v2.0/agents/$id" >/dev/null || true
+    done
   done
   "$PY" "$TPL_DIR/forget_tunnel_endpoint.py" --config-file "$A_NEUTRON_CONF" \
     --host "$HB_NAME" --ip "$ADDR_B" >>"$LOG/forget-tunnel-endpoint.log" 2>&1 ||
@@ -714,6 +752,7 @@ cmd_down() {
   local had_agent=0
   [[ -e $RUN/neutron-ovs-agent.pid ]] && had_agent=1
   stop_pid neutron-ovs-agent 5 alive_b &
+  stop_pid neutron-lb-agent 5 alive_b &
   stop_pid ovn-controller 5 alive_b &
   stop_pid libvirtd 30 alive_b &
   stop_pid ovs-vswitchd 10 alive_b &
@@ -788,6 +827,7 @@ cmd_up() {
   if [[ $NO_NEUTRON == 0 ]]; then
     if have_neutron; then
       start_agent_b
+      start_lb_agent_b
     else
       log "no Neutron set-up on host A (integration/host-setup.sh up --with-neutron): host B runs no agent"
     fi
@@ -806,6 +846,8 @@ cmd_env() {
   local agent=0 ovn=
   ns_ready && alive_b neutron-ovs-agent && agent=1
   ns_ready && alive_b ovn-controller && ovn=$HB_OVN_HOST
+  local lb=
+  ns_ready && alive_b neutron-lb-agent && lb=$HB_LB_HOST
   cat <<EOF
 export VIREO_HOSTB_NAME=$HB_NAME
 export VIREO_HOSTB_URI=$HB_URI
@@ -822,6 +864,7 @@ export VIREO_HOSTB_NETNS=$NETNS
 export VIREO_HOSTB_UUID=$HB_UUID
 export VIREO_HOSTB_NEUTRON_AGENT=$agent
 export VIREO_HOSTB_OVN_HOST=$ovn
+export VIREO_HOSTB_LB_HOST=$lb
 EOF
 }
 
@@ -876,6 +919,14 @@ cmd_status() {
     fi
   else
     report "hostb neutron agent" none "(no Neutron on host A, or up --no-neutron)"
+  fi
+  if [[ -e $NEU/linuxbridge_agent.ini ]]; then
+    if alive_b neutron-lb-agent && agent_alive_b 0 "$HB_LB_HOST" "Linux+bridge+agent" 2>/dev/null; then
+      report "hostb linux bridge agent" up "host $HB_LB_HOST, physnet1 on $LB_UPLINK_B"
+    else
+      report "hostb linux bridge agent" DOWN
+      bad=1
+    fi
   fi
   if alive_b ovn-controller; then
     if ovn_chassis_b_up 2>/dev/null; then report "hostb ovn-controller" up "chassis $HB_OVN_HOST"; else

@@ -44,6 +44,9 @@ pub struct HostBEnv {
     /// Its host name as a chassis of host A's ML2/OVN (`two-host.sh up` starts an
     /// ovn-controller inside B when host A runs ML2/OVN): `VIREO_HOSTB_OVN_HOST`.
     pub ovn_host: String,
+    /// The host of its Linux bridge agent (`two-host.sh up` runs one inside B beside B's
+    /// Open vSwitch agent): `VIREO_HOSTB_LB_HOST`.
+    pub lb_host: String,
     /// Where its mount and UTS namespace files are.
     pub ns_dir: PathBuf,
 }
@@ -85,6 +88,10 @@ impl HostBEnv {
             ovn_host: var(
                 "VIREO_HOSTB_OVN_HOST",
                 &format!("{}-ovn", var("VIREO_HOSTB_NAME", "vireo-hb")),
+            ),
+            lb_host: var(
+                "VIREO_HOSTB_LB_HOST",
+                &format!("{}-lb", var("VIREO_HOSTB_NAME", "vireo-hb")),
             ),
             ns_dir: PathBuf::from("/run/vireo-hb"),
         };
@@ -183,6 +190,9 @@ pub const AGENT_PORT: u16 = 8774;
 /// run beside the first: [`AgentOptions::ovn`]).
 pub const OVN_AGENT_PORT: u16 = 8776;
 
+/// The port of host B's agent as its Linux bridge agent's host ([`AgentOptions::lb`]).
+pub const LB_AGENT_PORT: u16 = 8777;
+
 /// How host B's agent runs.
 #[derive(Debug, Clone)]
 pub struct AgentOptions {
@@ -212,6 +222,15 @@ impl AgentOptions {
             instances_path: None,
             ovs_bridge: None,
             ovs_native_form: OvsNativeForm::LibvirtManaged,
+        }
+    }
+
+    /// Host B as its Linux bridge agent's host `env.lb_host`, on [`LB_AGENT_PORT`].
+    pub fn lb(env: &HostBEnv) -> AgentOptions {
+        AgentOptions {
+            name: env.lb_host.clone(),
+            port: LB_AGENT_PORT,
+            ..AgentOptions::ovs(env)
         }
     }
 

@@ -831,6 +831,7 @@ async fn linuxbridge_spawn_lifecycle(run: &Run) -> R {
     let h = s.a();
     lifecycle(&s, h, id, &vifs, DomainForm::LibvirtManaged, &ids(&vifs)).await;
     resize_revert(&s, h, id, &vifs, &ids(&vifs)).await;
+    profile_changes(&s, id, &vifs).await;
     // attach-interface: a user's port on the agent's network, bound here by the caller.
     let (p, vif) = attach_user_port(&s, id, &net, &run.env.lb_host).await;
     destroy(&s, h, id).await;
@@ -869,7 +870,7 @@ async fn ovn_spawn_lifecycle(run: &Run, form: DomainForm) -> R {
     let h = s.a();
     resize_revert(&s, h, id, &vifs, &recreated).await;
     if form == DomainForm::LibvirtManaged {
-        ovn_profile_changes(&s, id, &vifs).await;
+        profile_changes(&s, id, &vifs).await;
         let (p, vif) = attach_user_port(&s, id, &net, &env.ovn_host).await;
         destroy(&s, h, id).await;
         assert_devices(&vif, DomainForm::LibvirtManaged, false);
@@ -900,12 +901,12 @@ async fn native_spawned_then_lifecycle(
     recreated
 }
 
-/// `binding:profile.migrating_to` set and cleared on plugged ML2/OVN ports (what a live
-/// migration without multiple port bindings does, and its rollback): each change is checked
-/// against the prediction vireo's flow waits with (`update_profiles`): where it predicts an
-/// event, `vif-plugged` arrives; where it predicts none (ML2/OVN leaves a cleared port DOWN),
-/// none arrives within 8 s.
-async fn ovn_profile_changes(s: &Scene<'_>, id: Uuid, vifs: &[Vif]) {
+/// `binding:profile.migrating_to` set and cleared on plugged ports (what a live migration
+/// without multiple port bindings does, and its rollback): each change is checked against the
+/// prediction vireo's flow waits with (`update_profiles`): where it predicts an event,
+/// `vif-plugged` arrives; where it predicts none (ML2/OVN leaves a cleared port DOWN), none
+/// arrives within 8 s. Run on ML2/OVN's ports and on the Linux bridge agent's.
+async fn profile_changes(s: &Scene<'_>, id: Uuid, vifs: &[Vif]) {
     let h = s.a();
     let dest = MigrationHosts {
         dest: s.run.env.second_host.clone(),
@@ -965,7 +966,7 @@ async fn ovn_profile_changes(s: &Scene<'_>, id: Uuid, vifs: &[Vif]) {
 }
 
 // ----------------------------------------------------------------------------------------
-// Scenarios: two hosts on ML2/OVN
+// Scenarios: two hosts on ML2/OVN and on Linux bridge
 
 /// The waits of a report on another host (or a remote call's), by timing: every one
 /// completed (its events came; never a timeout), and they awaited exactly `bind` at bind
@@ -1013,8 +1014,14 @@ fn ovn_port_up(nb_db: &str, port: PortId) -> bool {
 /// Every port of `vifs` is bound to `host` only, without `migrating_to`, and ACTIVE; but a
 /// port whose events `report` trusted while Neutron did not show it ACTIVE (`unconfirmed`:
 /// Neutron lost the status, docs/EVENT_MODEL.md section 7) must instead be up in OVN, where
-/// the truth is.
-async fn assert_ovn_bound_up(s: &Scene<'_>, vifs: &[Vif], host: &str, report: &OpReport) {
+/// the truth is (`ovn_nb`: OVN's northbound database; none: no such port allowed).
+async fn assert_bound_up(
+    s: &Scene<'_>,
+    vifs: &[Vif],
+    host: &str,
+    report: &OpReport,
+    ovn_nb: Option<&str>,
+) {
     let unconfirmed: BTreeSet<PortId> = report
         .waits
         .iter()
@@ -1024,6 +1031,9 @@ async fn assert_ovn_bound_up(s: &Scene<'_>, vifs: &[Vif], host: &str, report: &O
         ids(vifs).into_iter().partition(|p| unconfirmed.contains(p));
     assert_ports_bound_active(s, &rest, host).await;
     for id in lost {
+        let Some(nb) = ovn_nb else {
+            panic!("port {id}: its events trusted while Neutron did not show it ACTIVE");
+        };
         let port = s.a().network.get_port(id).await.unwrap();
         assert_eq!(port.host_id, host, "port {id} bound to {host}");
         assert!(port.migrating_to().is_none(), "{id}: migrating_to left");
@@ -1032,7 +1042,7 @@ async fn assert_ovn_bound_up(s: &Scene<'_>, vifs: &[Vif], host: &str, report: &O
             port.status
         );
         let deadline = Instant::now() + Duration::from_secs(30);
-        while !ovn_port_up(&s.run.env.ovn_nb_db, id) {
+        while !ovn_port_up(nb, id) {
             assert!(
                 Instant::now() < deadline,
                 "logical port {id} never up in OVN"
@@ -1040,6 +1050,16 @@ async fn assert_ovn_bound_up(s: &Scene<'_>, vifs: &[Vif], host: &str, report: &O
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
+}
+
+/// The tap of a Linux bridge port inside host B is in its bridge, or gone.
+fn assert_lb_tap_b(b: &HostBEnv, v: &Vif, present: bool) {
+    let (tap, br) = (v.tap_name(), v.linux_bridge_name().unwrap());
+    assert_eq!(
+        hb_link_master(b, &tap).flatten().as_deref() == Some(br.as_str()),
+        present,
+        "host B: tap {tap} in {br} (present: {present})"
+    );
 }
 
 /// The tap of a native OVS port inside host B is in `bridge`, or gone.
@@ -1052,26 +1072,55 @@ fn assert_tap_b(b: &HostBEnv, v: &Vif, bridge: &str, present: bool) {
     );
 }
 
-/// Two hosts on ML2/OVN, each its own chassis (host A's ovn-controller on this machine's
-/// Open vSwitch, host B's inside host B on B's), ports on a geneve network; host B's agent
-/// runs as B's chassis host. A resize A > B and its revert, then a live migration A > B
-/// and the delete on B. Every wait is checked against the cross-host cells of the ML2/OVN
-/// row of its form (finish x, revert x, LM src, LM dst): the prediction chose exactly those
-/// waits and every one ended on the events ML2/OVN sent (through A's endpoint, which
-/// forwards host B's), never a timeout. Both hosts plug the same `form`.
-async fn ovn_two_hosts(run: &Run, b: &HostBAgent, form: DomainForm) -> R {
-    let (name, revert_x_bind) = match form {
-        DomainForm::LibvirtManaged => (TWO_HOSTS_OVN[0], false),
-        DomainForm::PreCreated => (TWO_HOSTS_OVN[1], true),
-    };
+/// What backend a two-host cells scenario runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Backend {
+    /// ML2/OVN, both hosts plugging OVS native ports in this form.
+    Ovn(DomainForm),
+    /// Neutron's Linux bridge agent on both hosts (libvirt-managed taps).
+    LinuxBridge,
+}
+
+/// Two hosts on `backend`: host A's vireo runs as A's host of that backend (its OVN chassis
+/// `<hostname>-ovn` on this machine's Open vSwitch, or its Linux bridge agent's host
+/// `<hostname>-lb`), host B's agent as B's (the chassis `vireo-hb-ovn`, an ovn-controller
+/// inside host B on B's Open vSwitch; or `vireo-hb-lb`, a neutron-linuxbridge-agent inside
+/// host B). A resize A > B and its revert, then a live migration A > B and the delete on B.
+/// Every wait is checked against the cross-host cells of the backend's row in
+/// docs/EVENT_MODEL.md (finish x, revert x, profile set, LM src, LM dst): the prediction
+/// chose exactly those waits and every one ended on the events Neutron sent (through A's
+/// endpoint, which forwards host B's), never a timeout.
+async fn two_host_cells(run: &Run, b: &HostBAgent, backend: Backend) -> R {
     let env = &run.env;
-    let mut s = Scene::on_neutron(run, name, &env.ovn_neutron_url, &env.ovn_bridge)?;
+    let (mut s, form, net, revert_x_bind) = match backend {
+        Backend::Ovn(form) => {
+            let (name, kept) = match form {
+                DomainForm::LibvirtManaged => (TWO_HOSTS_OVN[0], false),
+                DomainForm::PreCreated => (TWO_HOSTS_OVN[1], true),
+            };
+            let s = Scene::on_neutron(run, name, &env.ovn_neutron_url, &env.ovn_bridge)?;
+            (s, form, env.ovn_network_id.clone(), kept)
+        }
+        Backend::LinuxBridge => (
+            Scene::new(run, TWO_HOSTS_LB),
+            DomainForm::LibvirtManaged,
+            env.lb_network_id.clone(),
+            false,
+        ),
+    };
     s.peers.insert(b.peer()?);
     let mut opts = s.system_host();
-    opts.name = env.ovn_host.clone();
+    opts.name = match backend {
+        Backend::Ovn(_) => env.ovn_host.clone(),
+        Backend::LinuxBridge => env.lb_host.clone(),
+    };
     opts.ovs_native_form = form;
     s.host(opts).await?;
-    let net = env.ovn_network_id.clone();
+    let on_b = |v: &Vif, present: bool| match backend {
+        Backend::Ovn(_) => assert_tap_b(&b.env, v, &env.ovn_bridge, present),
+        Backend::LinuxBridge => assert_lb_tap_b(&b.env, v, present),
+    };
+    let ovn_nb = matches!(backend, Backend::Ovn(_)).then_some(env.ovn_nb_db.as_str());
     let (id, vifs, report) = spawn_allocated(&mut s, 0, &net, 1).await;
     assert_waits(&s, "spawn", &report, &[], &ids(&vifs));
     assert_devices(&vifs[0], form, true);
@@ -1097,11 +1146,11 @@ async fn ovn_two_hosts(run: &Run, b: &HostBAgent, form: DomainForm) -> R {
     assert_eq!(view.state, "resize-target", "{view:?}");
     assert_eq!(hb_domain_state(&b.env, id).as_deref(), Some("running"));
     for v in &vifs {
-        assert_tap_b(&b.env, v, &env.ovn_bridge, true);
+        on_b(v, true);
     }
     let finish = last_report(&b.client, id).await;
     assert_eq!(finish.request, "finish-resize");
-    assert_ovn_bound_up(&s, &vifs, &bname, &finish).await;
+    assert_bound_up(&s, &vifs, &bname, &finish, ovn_nb).await;
     assert_cell("finish x (B)", &finish, &[], &all);
     s.peer_row("finish-resize (B)", id, &finish);
 
@@ -1116,12 +1165,12 @@ async fn ovn_two_hosts(run: &Run, b: &HostBAgent, form: DomainForm) -> R {
     assert_state(h, id, InstanceState::Running).await;
     assert!(hb_domain_state(&b.env, id).is_none(), "no domain left on B");
     for v in &vifs {
-        assert_tap_b(&b.env, v, &env.ovn_bridge, false);
+        on_b(v, false);
         assert_devices(v, form, true);
     }
     let back = h.driver.show(id).await.unwrap().last_operation.unwrap();
     assert_eq!(back.request, "finish-revert-resize");
-    assert_ovn_bound_up(&s, &vifs, &h.name, &back).await;
+    assert_bound_up(&s, &vifs, &h.name, &back, ovn_nb).await;
     if revert_x_bind {
         assert_cell("revert x (A)", &back, &all, &[]);
     } else {
@@ -1163,11 +1212,11 @@ async fn ovn_two_hosts(run: &Run, b: &HostBAgent, form: DomainForm) -> R {
     );
     assert_eq!(hb_domain_state(&b.env, id).as_deref(), Some("running"));
     for v in &vifs {
-        assert_tap_b(&b.env, v, &env.ovn_bridge, true);
+        on_b(v, true);
     }
     let post = last_report(&b.client, id).await;
     assert_eq!(post.request, "post-live-migration-at-destination");
-    assert_ovn_bound_up(&s, &vifs, &bname, &post).await;
+    assert_bound_up(&s, &vifs, &bname, &post, ovn_nb).await;
     assert_cell("LM dst (B)", &post, &all, &[]);
     s.peer_row("post-live-migr. (B)", id, &post);
     let del = s.remote_ok("delete on B", id, delete_on_b(b, id)).await;
@@ -1176,7 +1225,7 @@ async fn ovn_two_hosts(run: &Run, b: &HostBAgent, form: DomainForm) -> R {
         Some(vifs.len())
     );
     for v in &vifs {
-        assert_tap_b(&b.env, v, &env.ovn_bridge, false);
+        on_b(v, false);
     }
     finish_two_hosts(s, b).await
 }
@@ -2695,6 +2744,7 @@ const TWO_HOSTS_OVN: [&str; 2] = [
     "two hosts on ML2/OVN, libvirt-managed: resize A>B+revert, live migrate A>B",
     "two hosts on ML2/OVN, pre-created: resize A>B+revert, live migrate A>B",
 ];
+const TWO_HOSTS_LB: &str = "two hosts on Linux bridge: resize A>B+revert, live migrate A>B";
 const OVN: [&str; 2] = [
     "ML2/OVN libvirt-managed: spawn+lifecycle",
     "ML2/OVN pre-created: spawn+lifecycle",
@@ -2715,7 +2765,8 @@ fn plan_host_b(runner: &mut Runner) -> (EndpointOptions, Option<HostBPlan>) {
     if runner.listing()
         || !(runner.any_selected(&TWO_HOSTS)
             || runner.any_selected(&TWO_HOSTS_SHARED)
-            || runner.any_selected(&TWO_HOSTS_OVN))
+            || runner.any_selected(&TWO_HOSTS_OVN)
+            || runner.selected(TWO_HOSTS_LB))
     {
         return (opts, None);
     }
@@ -2727,6 +2778,8 @@ fn plan_host_b(runner: &mut Runner) -> (EndpointOptions, Option<HostBPlan>) {
             .push(hostb::link(&env, &AgentOptions::ovs(&env), &secret));
         opts.peers
             .push(hostb::link(&env, &AgentOptions::ovn(&env), &secret));
+        opts.peers
+            .push(hostb::link(&env, &AgentOptions::lb(&env), &secret));
         (env, secret)
     });
     (opts, Some(plan))
@@ -2859,51 +2912,65 @@ async fn two_hosts(runner: &mut Runner, run: &Run, plan: Option<HostBPlan>) {
     b.stop().await;
 }
 
-/// Host B as its ML2/OVN chassis: its agent started for each form (both hosts plug the
-/// same), after the ML2/OVS agent of [`two_hosts`] has stopped.
-async fn two_hosts_ovn(runner: &mut Runner, run: &Run, plan: Option<(HostBEnv, String)>) {
+/// Host B as its ML2/OVN chassis (its agent started for each form; both hosts plug the
+/// same) and as its Linux bridge agent's host, after the ML2/OVS agent of [`two_hosts`]
+/// has stopped: one of host B's agents at a time.
+async fn two_hosts_backends(runner: &mut Runner, run: &Run, plan: Option<(HostBEnv, String)>) {
     let Some((env, secret)) = plan else {
         return;
     };
-    let side = HostASide {
-        name: run.env.ovn_host.clone(),
-        api: run.endpoint.addr(),
-        api_secret: run.endpoint.api_secret().to_owned(),
-        neutron: run
-            .env
-            .ovn_neutron_url
-            .trim_start_matches("http://")
+    let addr = |url: &str| -> std::net::SocketAddr {
+        url.trim_start_matches("http://")
             .trim_end_matches('/')
             .parse()
-            .expect("ML2/OVN Neutron's URL is http://ADDR:PORT"),
+            .expect("Neutron's URL is http://ADDR:PORT")
     };
+    let side = |name: &str, neutron: &str| HostASide {
+        name: name.to_owned(),
+        api: run.endpoint.addr(),
+        api_secret: run.endpoint.api_secret().to_owned(),
+        neutron: addr(neutron),
+    };
+    let ovn = |form: OvsNativeForm| {
+        let mut opts = AgentOptions::ovn(&env);
+        opts.ovs_bridge = Some(run.env.ovn_bridge.clone());
+        opts.ovs_native_form = form;
+        opts
+    };
+    let ovn_a = side(&run.env.ovn_host, &run.env.ovn_neutron_url);
+    let lb_a = side(&run.env.lb_host, &run.env.neutron_url);
     let bin = std::path::Path::new(env!("CARGO_BIN_EXE_vireo-it-agent"));
-    for (name, form, conf) in [
+    for (name, backend, opts, a) in [
         (
             TWO_HOSTS_OVN[0],
-            DomainForm::LibvirtManaged,
-            OvsNativeForm::LibvirtManaged,
+            Backend::Ovn(DomainForm::LibvirtManaged),
+            ovn(OvsNativeForm::LibvirtManaged),
+            &ovn_a,
         ),
         (
             TWO_HOSTS_OVN[1],
-            DomainForm::PreCreated,
-            OvsNativeForm::PreCreated,
+            Backend::Ovn(DomainForm::PreCreated),
+            ovn(OvsNativeForm::PreCreated),
+            &ovn_a,
+        ),
+        (
+            TWO_HOSTS_LB,
+            Backend::LinuxBridge,
+            AgentOptions::lb(&env),
+            &lb_a,
         ),
     ] {
         if !runner.selected(name) {
             continue;
         }
-        let mut opts = AgentOptions::ovn(&env);
-        opts.ovs_bridge = Some(run.env.ovn_bridge.clone());
-        opts.ovs_native_form = conf;
-        let b = match HostBAgent::start(env.clone(), &opts, &secret, bin, &side).await {
+        let b = match HostBAgent::start(env.clone(), &opts, &secret, bin, a).await {
             Ok(b) => b,
             Err(e) => {
                 runner.fail(name, &e);
                 continue;
             }
         };
-        runner.run(name, || ovn_two_hosts(run, &b, form)).await;
+        runner.run(name, || two_host_cells(run, &b, backend)).await;
         if runner
             .results()
             .iter()
@@ -2971,6 +3038,7 @@ async fn run_all(runner: &mut Runner) {
             .iter()
             .chain(&TWO_HOSTS_SHARED)
             .chain(&TWO_HOSTS_OVN)
+            .chain(&[TWO_HOSTS_LB])
         {
             runner.run(n, || async { Ok(()) }).await;
         }
@@ -2980,7 +3048,7 @@ async fn run_all(runner: &mut Runner) {
             _ => None,
         };
         two_hosts(runner, &run, plan).await;
-        two_hosts_ovn(runner, &run, ovn).await;
+        two_hosts_backends(runner, &run, ovn).await;
     }
 
     if runner.any_selected(&NATIVE) && !runner.listing() {
