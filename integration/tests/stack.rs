@@ -1951,6 +1951,79 @@ async fn two_host_resize_source_killed(run: &Run, b: &mut HostBAgent) -> R {
     finish_two_hosts(s, b).await
 }
 
+/// A live migration B → A with host B's agent — the source — killed (SIGKILL) while
+/// libvirt migrates the guest, and started again at once. Wherever the guest ends (libvirt
+/// finishes or drops the job without the agent), it must end running on exactly one host,
+/// owned by that host's agent, its port bound and ACTIVE there only (no `migrating_to`, no
+/// inactive binding), and nothing of it left on the other host. B's recovery used to roll
+/// the migration back whenever its record said one was in flight: A then destroyed the guest
+/// that had just arrived, and the instance was gone from both hosts.
+async fn two_host_live_migration_source_killed(run: &Run, b: &mut HostBAgent) -> R {
+    let mut s = Scene::new(run, "two hosts: live migrate B>A, B (the source) killed");
+    s.peers.insert(b.peer()?);
+    let opts = s.system_host();
+    s.host(opts).await?;
+    let id = create_on_b(&mut s, run, b, 1).await?;
+    b_until(b, id, |v| {
+        v.state == InstanceState::Running.as_str() && v.operation.is_none()
+    })
+    .await;
+    let ports = book_ports_of(&mut s, run, id).await?;
+    let h = s.a();
+    let a_name = h.name.clone();
+    let lm = {
+        let (client, bname) = (b.client.clone(), b.env.name.clone());
+        let op = Operation::LiveMigrate(Box::new(LiveMigrateArgs::new(&a_name)));
+        tokio::spawn(async move { api_op(&client, &bname, id, op).await })
+    };
+    kill_b_at(b, id, "migrate", "the live migration through B", lm).await?;
+    let deadline = Instant::now() + Duration::from_secs(180);
+    let on = loop {
+        let on_a = h.driver.show(id).await.ok();
+        let on_b = b.client.show_instance(id).await.ok();
+        let a_settled = on_a
+            .as_ref()
+            .is_some_and(|v| v.state == InstanceState::Running && v.operation.is_none());
+        let b_settled = on_b
+            .as_ref()
+            .is_some_and(|v| v.state == InstanceState::Running.as_str() && v.operation.is_none());
+        match (a_settled, b_settled, on_a.is_none(), on_b.is_none()) {
+            (true, _, _, true) => break "A",
+            (_, true, true, _) => break "B",
+            _ => {}
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the live migration did not settle: A {:?}; B {:?}; B's domain {:?}",
+            on_a.map(|v| (v.state, v.operation.map(|o| o.phase))),
+            on_b.map(|v| (v.state, v.operation)),
+            hb_domain_state(&b.env, id)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    println!("the guest ended on host {on}");
+    if on == "A" {
+        assert_eq!(hb_domain_state(&b.env, id), None, "no domain left on B");
+        assert_ports_bound_active(&s, &ports, &a_name).await;
+        destroy(&s, h, id).await;
+        finish_two_hosts(s, b).await
+    } else {
+        assert_eq!(hb_domain_state(&b.env, id).as_deref(), Some("running"));
+        assert!(
+            !h.driver
+                .libvirt()
+                .list_all()
+                .await
+                .unwrap()
+                .iter()
+                .any(|d| d.uuid == id),
+            "host A's libvirt has no domain"
+        );
+        assert_ports_bound_active(&s, &ports, &b.env.name).await;
+        delete_on_b_and_finish(s, b, id).await
+    }
+}
+
 /// Kill host B's agent (SIGKILL) once instance `id`'s operation there is at `phase`, start it
 /// again at once, and print what became of `task`, the operation `what` whose caller the
 /// kill cut off.
@@ -2722,7 +2795,7 @@ const HYBRID: [&str; 5] = [
     "build fails",
     "live migration rollback",
 ];
-const TWO_HOSTS: [&str; 11] = [
+const TWO_HOSTS: [&str; 12] = [
     "two hosts: live migrate A>B",
     "two hosts: resize A>B+revert",
     "two hosts: resize A>B with disks",
@@ -2734,6 +2807,7 @@ const TWO_HOSTS: [&str; 11] = [
     "two hosts: resize A>B, B killed in its finish",
     "two hosts: resize A>B+revert, B killed in the revert",
     "two hosts: resize B>A, B (the source) killed",
+    "two hosts: live migrate B>A, B (the source) killed",
 ];
 /// Run with host B's agent restarted on an instances directory host A uses too.
 const TWO_HOSTS_SHARED: [&str; 2] = [
@@ -2864,6 +2938,11 @@ async fn two_hosts(runner: &mut Runner, run: &Run, plan: Option<HostBPlan>) {
         .await;
     runner
         .run(TWO_HOSTS[10], || two_host_resize_source_killed(run, &mut b))
+        .await;
+    runner
+        .run(TWO_HOSTS[11], || {
+            two_host_live_migration_source_killed(run, &mut b)
+        })
         .await;
     let failed = |runner: &Runner, names: &[&str]| {
         runner

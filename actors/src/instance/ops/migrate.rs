@@ -9,7 +9,7 @@
 
 use std::collections::BTreeSet;
 
-use tracing::warn;
+use tracing::{info, warn};
 
 use crate::events::WaitPolicy;
 use crate::lifecycle::{InstanceState, Request};
@@ -194,6 +194,80 @@ pub(crate) async fn live_migrate(
             }
         }
         Err(rolled_back) => rolled_back,
+    }
+}
+
+/// How long the recovery of a live migration's source lets a migration job that outlived its
+/// agent run on before it aborts it.
+const RECOVER_JOB_WAIT: std::time::Duration = std::time::Duration::from_secs(120);
+
+/// The source of a live migration whose agent stopped while libvirt migrated the guest (a
+/// kill, a crash): libvirt runs a peer-to-peer migration on to its end without its caller. So
+/// a migration still under way is let finish — a job running, or the domain paused when it
+/// was not before (libvirt pauses the source for the switch-over and keeps it so until the
+/// destination runs the guest and the source is removed; the job may already show none
+/// then) — polled, aborted after [`RECOVER_JOB_WAIT`]; then the domain decides. Still here: the guest never left — the migration is rolled back (the
+/// network from here, the destination removes what it prepared). Gone: libvirt undefines the
+/// source (`UNDEFINE_SOURCE`) only once the destination runs the guest, so the guest left:
+/// the destination takes it over and the source cleans up as a finished migration does.
+/// Rolling back then — what recovery did before — had the destination destroy the guest that
+/// had just arrived: the instance was lost on both hosts (the two-host scenario "live migrate
+/// B>A, B (the source) killed"). Returns whether the guest left.
+pub(crate) async fn recover_live_migration_source(
+    op: &mut OpCtx,
+    record: &InstanceRecord,
+    migration: &Migration,
+    was_paused: bool,
+    peer_wait: std::time::Duration,
+) -> Result<bool, String> {
+    op.phase("recover: the migration job");
+    let lv = op.deps.libvirt.clone();
+    let until = tokio::time::Instant::now() + RECOVER_JOB_WAIT;
+    let mut aborted = false;
+    while let Ok(p) = lv.job_progress(op.uuid).await {
+        let switching = !was_paused && matches!(op.power().await, Ok(PowerState::Paused));
+        if !p.active && (!switching || aborted) {
+            break;
+        }
+        if !aborted && tokio::time::Instant::now() >= until {
+            warn!(instance = %op.uuid, "a live migration job outlived its agent too long: aborting it");
+            aborted = true;
+            if let Err(e) = lv.abort_job(op.uuid).await {
+                warn!(instance = %op.uuid, error = %e, "aborting the migration job failed");
+            }
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    let probe = migration_probe(migration.id);
+    if !matches!(op.power().await, Ok(PowerState::NoDomain)) {
+        let h = handover(record, &record.flavor, true);
+        let r = rollback_live_migration(op, record, migration, h, true, true, peer_wait).await;
+        op.deps.storage.remove_probe(&probe).await;
+        return r.map(|()| false);
+    }
+    info!(instance = %op.uuid, dest = %migration.dest_host,
+        "the guest left during the interrupted live migration: the destination takes it over");
+    let post = hand_over(op, migration).await;
+    op.phase("clean up the source");
+    let _ = op.unplug_all(record).await;
+    let net = op.deps.network.clone();
+    let host = op.deps.host.clone();
+    for vif in &record.network_info.vifs {
+        let _ = op
+            .net("delete source binding", net.delete_binding(vif.id, &host))
+            .await;
+    }
+    // The disks were copied unless the destination shares this instances directory (then
+    // it wrote the probe this host sees).
+    let copied = !record.storage.disks.is_empty() && !op.deps.storage.sees_probe(&probe).await;
+    drop_departed(op, copied).await;
+    op.deps.storage.remove_probe(&probe).await;
+    match post {
+        Ok(_) => Ok(true),
+        Err(e) => Err(format!(
+            "the destination did not take the guest over: {}",
+            crate::instance::actor::error_chain(&e)
+        )),
     }
 }
 

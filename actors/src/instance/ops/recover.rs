@@ -17,11 +17,9 @@ use crate::instance::record::{InstanceRecord, ResizeRole};
 use crate::instance::types::{InstanceError, InvalidOperation};
 
 use super::interfaces::detach;
-use super::migrate::rollback_live_migration;
+use super::migrate::recover_live_migration_source;
 
-use super::{
-    boot_with_events, handover, running_or_stopped, settle_state, with_rollback, Finished,
-};
+use super::{boot_with_events, running_or_stopped, settle_state, with_rollback, Finished};
 
 /// How long the recovery of an interrupted live migration waits for the destination's agent
 /// to be known: hosts served by one process (`vireo::local`) start one after the other, and
@@ -57,23 +55,18 @@ pub(crate) async fn recover(
             }
         }
         Some(InFlight::LiveMigrate(step)) => {
-            let h = handover(&record, &record.flavor, true);
             // The destination's agent may be starting too: it is waited for, briefly.
-            if let Err(e) = rollback_live_migration(
+            if let Err(e) = recover_live_migration_source(
                 op,
                 &record,
                 &step.migration,
-                h,
-                true,
-                true,
+                from == InstanceState::Paused,
                 RECOVERY_PEER_WAIT,
             )
             .await
             {
                 failure = Some(e);
             }
-            let probe = crate::storage::migration_probe(step.migration.id);
-            op.deps.storage.remove_probe(&probe).await;
         }
         // Reconciled: the state is what libvirt says.
         Some(
