@@ -428,6 +428,23 @@ start_forwarder_rabbit() {
   echo $! >"$RUN/fwd-rabbit.pid"
 }
 
+# start_neutron_agent_b NAME PROGRAM INI WHAT HOST TYPE: Neutron's agent PROGRAM inside host
+# B (B's neutron.conf, then INI), its pid as NAME, until Neutron shows HOST's TYPE agent alive.
+start_neutron_agent_b() {
+  local name=$1 program=$2 ini=$3 what=$4 host=$5 type=$6 s
+  alive_b "$name" && return
+  s=$(now)
+  setsid nsenter --mount="$NS_DIR/mnt" --uts="$NS_DIR/uts" --net="/run/netns/$NETNS" -- \
+    "$SELF" __in-b "$program" --config-file "$NEU/neutron.conf" --config-file "$NEU/$ini" \
+    --log-file "$LOG/$program.log" >>"$LOG/$name.out" 2>&1 </dev/null &
+  echo $! >"$RUN/$name.pid"
+  wait_for 120 "host B's $what to report alive" agent_alive_b "${s%.*}" "$host" "$type" || {
+    tail -30 "$LOG/$program.log" >&2 || true
+    die "host B's $what did not report alive"
+  }
+  record "hostb-$name" "$s"
+}
+
 start_agent_b() {
   FIREWALL=$(cat "$STATE_DIR/firewall" 2>/dev/null || echo iptables_hybrid)
   render neutron.conf.in "$NEU/neutron.conf"
@@ -437,19 +454,8 @@ start_agent_b() {
     log "configuration changed: restarting host B's Open vSwitch agent"
     stop_pid neutron-ovs-agent 10 alive_b
   fi
-  alive_b neutron-ovs-agent && return
-  local s
-  s=$(now)
-  setsid nsenter --mount="$NS_DIR/mnt" --uts="$NS_DIR/uts" --net="/run/netns/$NETNS" -- \
-    "$SELF" __in-b neutron-openvswitch-agent --config-file "$NEU/neutron.conf" \
-    --config-file "$NEU/openvswitch_agent.ini" --log-file "$LOG/neutron-openvswitch-agent.log" \
-    >>"$LOG/neutron-ovs-agent.out" 2>&1 </dev/null &
-  echo $! >"$RUN/neutron-ovs-agent.pid"
-  wait_for 120 "host B's Open vSwitch agent to report alive" agent_alive_b "${s%.*}" || {
-    tail -30 "$LOG/neutron-openvswitch-agent.log" >&2 || true
-    die "host B's Open vSwitch agent did not report alive"
-  }
-  record hostb-neutron-agent "$s"
+  start_neutron_agent_b neutron-ovs-agent neutron-openvswitch-agent openvswitch_agent.ini \
+    "Open vSwitch agent" "$HB_NAME" "Open+vSwitch+agent"
   echo "$FIREWALL" >"$HB_DIR/firewall"
 }
 
@@ -511,20 +517,8 @@ start_lb_agent_b() {
   fi
   ip -n "$NETNS" link set "$LB_UPLINK_B" up
   ip -n "$NETNS" link set "$LB_UPLINK_B_PEER" up
-  alive_b neutron-lb-agent && return
-  local s
-  s=$(now)
-  setsid nsenter --mount="$NS_DIR/mnt" --uts="$NS_DIR/uts" --net="/run/netns/$NETNS" -- \
-    "$SELF" __in-b neutron-linuxbridge-agent --config-file "$NEU/neutron.conf" \
-    --config-file "$NEU/linuxbridge_agent.ini" --log-file "$LOG/neutron-linuxbridge-agent.log" \
-    >>"$LOG/neutron-lb-agent.out" 2>&1 </dev/null &
-  echo $! >"$RUN/neutron-lb-agent.pid"
-  wait_for 120 "host B's Linux bridge agent to report alive" \
-    agent_alive_b "${s%.*}" "$HB_LB_HOST" "Linux+bridge+agent" || {
-    tail -30 "$LOG/neutron-linuxbridge-agent.log" >&2 || true
-    die "host B's Linux bridge agent did not report alive"
-  }
-  record hostb-neutron-lb-agent "$s"
+  start_neutron_agent_b neutron-lb-agent neutron-linuxbridge-agent linuxbridge_agent.ini \
+    "Linux bridge agent" "$HB_LB_HOST" "Linux+bridge+agent"
 }
 
 # ---------------------------------------------------------------------------------------------

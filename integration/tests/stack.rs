@@ -1130,21 +1130,7 @@ async fn two_host_cells(run: &Run, b: &HostBAgent, backend: Backend) -> R {
     let all = ids(&vifs);
 
     // Resize A > B: B's finish waits at plug time (finish x: plug).
-    let r = s
-        .remote_ok(
-            "resize A>B",
-            id,
-            api_op(&a_api, &h.name, id, resize_to(&bname)),
-        )
-        .await;
-    assert!(
-        r.total(StepKind::Peer) > Duration::ZERO,
-        "host B was called"
-    );
-    assert_state(h, id, InstanceState::ResizeSource).await;
-    let view = b.client.show_instance(id).await.unwrap();
-    assert_eq!(view.state, "resize-target", "{view:?}");
-    assert_eq!(hb_domain_state(&b.env, id).as_deref(), Some("running"));
+    resize_a_to_b(&s, &a_api, h, b, id).await;
     for v in &vifs {
         on_b(v, true);
     }
@@ -1189,22 +1175,7 @@ async fn two_host_cells(run: &Run, b: &HostBAgent, backend: Backend) -> R {
             active.push(p);
         }
     }
-    let r = s
-        .remote_ok(
-            "live-migrate A>B",
-            id,
-            api_op(
-                &a_api,
-                &h.name,
-                id,
-                Operation::LiveMigrate(Box::new(LiveMigrateArgs::new(&bname))),
-            ),
-        )
-        .await;
-    assert!(
-        r.total(StepKind::Peer) > Duration::ZERO,
-        "host B was called"
-    );
+    let r = live_migrate_a_to_b(&s, &a_api, h, id, &bname).await;
     assert_cell("profile set, LM src (A)", &r, &active, &[]);
     assert!(
         h.driver.show(id).await.is_err(),
@@ -1601,22 +1572,7 @@ async fn two_host_live_migration(run: &Run, b: &HostBAgent) -> R {
     let h = s.a();
     let a_api = run.api_client()?;
     let bname = b.env.name.clone();
-    let r = s
-        .remote_ok(
-            "live-migrate A>B",
-            id,
-            api_op(
-                &a_api,
-                &h.name,
-                id,
-                Operation::LiveMigrate(Box::new(LiveMigrateArgs::new(&bname))),
-            ),
-        )
-        .await;
-    assert!(
-        r.total(StepKind::Peer) > Duration::ZERO,
-        "host B was called"
-    );
+    live_migrate_a_to_b(&s, &a_api, h, id, &bname).await;
     // Host A: nothing left of the instance.
     assert!(
         h.driver.show(id).await.is_err(),
@@ -2190,6 +2146,48 @@ async fn two_host_scene<'r>(
     Ok((s, id, vifs))
 }
 
+/// Live-migrate `id` from host A (`h`, through A's agent API `a_api`) to host B
+/// (`bname`); its report, once B was called.
+async fn live_migrate_a_to_b(
+    s: &Scene<'_>,
+    a_api: &AgentClient,
+    h: &Host,
+    id: Uuid,
+    bname: &str,
+) -> OpReport {
+    let op = Operation::LiveMigrate(Box::new(LiveMigrateArgs::new(bname)));
+    let r = s
+        .remote_ok("live-migrate A>B", id, api_op(a_api, &h.name, id, op))
+        .await;
+    assert!(
+        r.total(StepKind::Peer) > Duration::ZERO,
+        "host B was called"
+    );
+    r
+}
+
+/// Resize `id` from host A (`h`, through A's agent API `a_api`) to host B into m1.small:
+/// B was called, A holds the instance as the resize's source, B as its target, running
+/// there with the new flavor.
+async fn resize_a_to_b(s: &Scene<'_>, a_api: &AgentClient, h: &Host, b: &HostBAgent, id: Uuid) {
+    let r = s
+        .remote_ok(
+            "resize A>B",
+            id,
+            api_op(a_api, &h.name, id, resize_to(&b.env.name)),
+        )
+        .await;
+    assert!(
+        r.total(StepKind::Peer) > Duration::ZERO,
+        "host B was called"
+    );
+    assert_state(h, id, InstanceState::ResizeSource).await;
+    let view = b.client.show_instance(id).await.unwrap();
+    assert_eq!(view.state, "resize-target", "{view:?}");
+    assert_eq!(view.flavor.as_deref(), Some("m1.small"));
+    assert_eq!(hb_domain_state(&b.env, id).as_deref(), Some("running"));
+}
+
 /// A resize to host `dest` into m1.small (1 vCPU, 192 MiB; the instances start as m1.tiny).
 fn resize_to(dest: &str) -> Operation {
     let small = ModelFlavor {
@@ -2213,22 +2211,7 @@ async fn two_host_resize_revert(run: &Run, b: &HostBAgent) -> R {
     let h = s.a();
     let a_api = run.api_client()?;
     let bname = b.env.name.clone();
-    let r = s
-        .remote_ok(
-            "resize A>B",
-            id,
-            api_op(&a_api, &h.name, id, resize_to(&bname)),
-        )
-        .await;
-    assert!(
-        r.total(StepKind::Peer) > Duration::ZERO,
-        "host B was called"
-    );
-    assert_state(h, id, InstanceState::ResizeSource).await;
-    let view = b.client.show_instance(id).await.unwrap();
-    assert_eq!(view.state, "resize-target", "{view:?}");
-    assert_eq!(view.flavor.as_deref(), Some("m1.small"));
-    assert_eq!(hb_domain_state(&b.env, id).as_deref(), Some("running"));
+    resize_a_to_b(&s, &a_api, h, b, id).await;
     for v in &vifs {
         assert_devices_b(&b.env, v, true);
     }

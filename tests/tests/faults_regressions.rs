@@ -307,35 +307,12 @@ async fn a_stale_event_before_the_plug_does_not_release_the_plug_wait() {
 async fn a_stale_event_while_the_port_is_down_does_not_end_the_wait() {
     use std::sync::Arc;
     use std::time::{Duration, Instant};
-    use vireo_actors::external::{EventName, EventStatus, ExternalEvent};
     use vireo_actors::network::PortStatus;
     use vireo_actors::plug::VifPlugger;
     use vireo_actors::predict::Timing;
     let c = Arc::new(spec(&["h1"]).start().await);
     let h1 = c.host("h1");
-    let id = uuid();
-    h1.spawn_on(id, "vm-reg-stale-down", vec![on(NET_NATIVE)])
-        .await;
-    let native = ports(&h1.driver.show(id).await.unwrap())[0];
-    h1.driver.power_off(id, None).await.unwrap();
-    eventually(Duration::from_secs(10), "the port went DOWN", || async {
-        (c.network.port_status(native) == Some(PortStatus::Down)).then_some(())
-    })
-    .await;
-    // h1's L2 agent goes away: nobody wires the power-on's device until it is back.
-    assert!(c.network.detach_host("h1"));
-    h1.net.take_calls();
-    let task = {
-        let c = c.clone();
-        tokio::spawn(async move { c.host("h1").driver.power_on(id).await })
-    };
-    at_phase(&h1.driver, id, "wait for events").await;
-    c.sink.inject(ExternalEvent {
-        name: EventName::NetworkVifPlugged,
-        server_uuid: id,
-        tag: Some(native.to_string()),
-        status: EventStatus::Completed,
-    });
+    let (id, native, task) = power_on_with_the_agent_away(&c, "vm-reg-stale-down").await;
     // The port is read back and found DOWN, and still so a second later: a stale event.
     eventually(
         Duration::from_secs(10),
@@ -386,7 +363,6 @@ async fn a_stale_event_while_the_port_is_down_does_not_end_the_wait() {
 async fn a_plug_event_whose_port_stays_down_is_trusted_after_the_window() {
     use std::sync::Arc;
     use std::time::{Duration, Instant};
-    use vireo_actors::external::{EventName, EventStatus, ExternalEvent};
     use vireo_actors::network::PortStatus;
     use vireo_actors::plug::VifPlugger;
     use vireo_actors::predict::Timing;
@@ -394,29 +370,9 @@ async fn a_plug_event_whose_port_stays_down_is_trusted_after_the_window() {
     s.instances.confirm_window = Duration::from_secs(2);
     let c = Arc::new(s.start().await);
     let h1 = c.host("h1");
-    let id = uuid();
-    h1.spawn_on(id, "vm-reg-unconfirmed", vec![on(NET_NATIVE)])
-        .await;
-    let native = ports(&h1.driver.show(id).await.unwrap())[0];
-    h1.driver.power_off(id, None).await.unwrap();
-    eventually(Duration::from_secs(10), "the port went DOWN", || async {
-        (c.network.port_status(native) == Some(PortStatus::Down)).then_some(())
-    })
-    .await;
-    // The service's status never follows: its host's agent is away for good.
-    assert!(c.network.detach_host("h1"));
-    let task = {
-        let c = c.clone();
-        tokio::spawn(async move { c.host("h1").driver.power_on(id).await })
-    };
-    at_phase(&h1.driver, id, "wait for events").await;
+    // The service's status never follows: its host's agent stays away.
+    let (id, native, task) = power_on_with_the_agent_away(&c, "vm-reg-unconfirmed").await;
     let t0 = Instant::now();
-    c.sink.inject(ExternalEvent {
-        name: EventName::NetworkVifPlugged,
-        server_uuid: id,
-        tag: Some(native.to_string()),
-        status: EventStatus::Completed,
-    });
     let r = task.await.unwrap().unwrap_or_else(|e| {
         panic!(
             "the power-on failed on a status the service lost: {}",
@@ -440,4 +396,44 @@ async fn a_plug_event_whose_port_stays_down_is_trusted_after_the_window() {
         .await
         .unwrap();
     c.destroy_and_assert_clean(&[id], &[]).await;
+}
+
+/// An instance on h1's native network, powered off until its port is DOWN, then powered on
+/// while h1's L2 agent is away (nobody wires the device, the port stays DOWN): once the
+/// power-on waits for its events, a `network-vif-plugged` for the port is injected. Returns
+/// the instance, its port and the power-on.
+async fn power_on_with_the_agent_away(
+    c: &std::sync::Arc<TestCloud>,
+    name: &str,
+) -> (
+    uuid::Uuid,
+    vireo_actors::vif::PortId,
+    tokio::task::JoinHandle<Result<vireo_actors::instance::OpReport, InstanceError>>,
+) {
+    use std::time::Duration;
+    use vireo_actors::external::{EventName, EventStatus, ExternalEvent};
+    use vireo_actors::network::PortStatus;
+    let h1 = c.host("h1");
+    let id = uuid();
+    h1.spawn_on(id, name, vec![on(NET_NATIVE)]).await;
+    let native = ports(&h1.driver.show(id).await.unwrap())[0];
+    h1.driver.power_off(id, None).await.unwrap();
+    eventually(Duration::from_secs(10), "the port went DOWN", || async {
+        (c.network.port_status(native) == Some(PortStatus::Down)).then_some(())
+    })
+    .await;
+    assert!(c.network.detach_host("h1"));
+    h1.net.take_calls();
+    let task = {
+        let c = c.clone();
+        tokio::spawn(async move { c.host("h1").driver.power_on(id).await })
+    };
+    at_phase(&h1.driver, id, "wait for events").await;
+    c.sink.inject(ExternalEvent {
+        name: EventName::NetworkVifPlugged,
+        server_uuid: id,
+        tag: Some(native.to_string()),
+        status: EventStatus::Completed,
+    });
+    (id, native, task)
 }

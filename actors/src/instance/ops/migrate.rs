@@ -174,20 +174,10 @@ pub(crate) async fn live_migrate(
         Ok(()) => {
             // The guest runs on the destination now: there is nothing to roll back to.
             let post = hand_over(op, &migration).await;
-            op.phase("clean up the source");
-            let _ = op.unplug_all(&record).await;
-            let net = op.deps.network.clone();
-            let host = op.deps.host.clone();
-            for vif in &record.network_info.vifs {
-                let _ = op
-                    .net("delete source binding", net.delete_binding(vif.id, &host))
-                    .await;
-            }
             // The migration copied the disks unless the directory is shared: the
             // destination's are the guest's now.
             let copied = has_disks && !shared_path(&incoming);
-            drop_departed(op, copied).await;
-            op.deps.storage.remove_probe(&probe).await;
+            clean_up_departed(op, &record, copied, &probe).await;
             match post {
                 Ok(_) => Finished::ok(InstanceState::Gone, None),
                 Err(e) => Finished::err(InstanceState::Gone, None, e),
@@ -248,20 +238,10 @@ pub(crate) async fn recover_live_migration_source(
     info!(instance = %op.uuid, dest = %migration.dest_host,
         "the guest left during the interrupted live migration: the destination takes it over");
     let post = hand_over(op, migration).await;
-    op.phase("clean up the source");
-    let _ = op.unplug_all(record).await;
-    let net = op.deps.network.clone();
-    let host = op.deps.host.clone();
-    for vif in &record.network_info.vifs {
-        let _ = op
-            .net("delete source binding", net.delete_binding(vif.id, &host))
-            .await;
-    }
     // The disks were copied unless the destination shares this instances directory (then
     // it wrote the probe this host sees).
     let copied = !record.storage.disks.is_empty() && !op.deps.storage.sees_probe(&probe).await;
-    drop_departed(op, copied).await;
-    op.deps.storage.remove_probe(&probe).await;
+    clean_up_departed(op, record, copied, &probe).await;
     match post {
         Ok(_) => Ok(true),
         Err(e) => Err(format!(
@@ -320,6 +300,23 @@ async fn state_after_failed_migration(op: &mut OpCtx, from: InstanceState) -> In
     } else {
         InstanceState::Error
     }
+}
+
+/// The source after the guest left (best effort: the guest is the destination's now): its
+/// devices, its port bindings here, its domain definition, its disks when the migration
+/// copied them (`copied`), the migration's probe.
+async fn clean_up_departed(op: &mut OpCtx, record: &InstanceRecord, copied: bool, probe: &str) {
+    op.phase("clean up the source");
+    let _ = op.unplug_all(record).await;
+    let net = op.deps.network.clone();
+    let host = op.deps.host.clone();
+    for vif in &record.network_info.vifs {
+        let _ = op
+            .net("delete source binding", net.delete_binding(vif.id, &host))
+            .await;
+    }
+    drop_departed(op, copied).await;
+    op.deps.storage.remove_probe(probe).await;
 }
 
 /// The source after the guest left: the domain definition goes, and the disks when the
