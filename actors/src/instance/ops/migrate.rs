@@ -191,17 +191,23 @@ pub(crate) async fn live_migrate(
 /// agent run on before it aborts it.
 const RECOVER_JOB_WAIT: std::time::Duration = std::time::Duration::from_secs(120);
 
+/// How long the recovery of a live migration's source waits, with no job left, for a domain
+/// paused for the switch-over or shut off by it to settle (resumed, or undefined by libvirt).
+const RECOVER_SETTLE_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// The source of a live migration whose agent stopped while libvirt migrated the guest (a
-/// kill, a crash): libvirt runs a peer-to-peer migration on to its end without its caller. So
-/// a migration still under way is let finish — a job running, or the domain paused when it
-/// was not before (libvirt pauses the source for the switch-over and keeps it so until the
-/// destination runs the guest and the source is removed; the job may already show none
-/// then) — polled, aborted after [`RECOVER_JOB_WAIT`]; then the domain decides. Still here: the guest never left — the migration is rolled back (the
-/// network from here, the destination removes what it prepared). Gone: libvirt undefines the
-/// source (`UNDEFINE_SOURCE`) only once the destination runs the guest, so the guest left:
-/// the destination takes it over and the source cleans up as a finished migration does.
-/// Rolling back then — what recovery did before — had the destination destroy the guest that
-/// had just arrived: the instance was lost on both hosts (the two-host scenario "live migrate
+/// kill, a crash): libvirt runs a peer-to-peer migration on to its end without its caller.
+/// So the migration is let end first — a job running, or the domain paused (when it was not)
+/// or shut off: libvirt pauses the source for the switch-over, stops its QEMU once the
+/// destination runs the guest and then undefines it, and the job may show none in between —
+/// polled, the job aborted after [`RECOVER_JOB_WAIT`]. Then: the guest running (or paused)
+/// here, it never left — the migration is rolled back (the network from here, the
+/// destination removes what it prepared). No domain, or a shut-off one: the guest left, or
+/// is lost — the destination is asked to take it over; once it did, the source cleans up as
+/// a finished migration does; if it cannot, nothing is rolled back (the destination may run
+/// the guest) and the error says so. Rolling back whenever the record said a migration was
+/// in flight — what recovery did before — had the destination destroy the guest that had
+/// just arrived: the instance was lost on both hosts (the two-host scenario "live migrate
 /// B>A, B (the source) killed"). Returns whether the guest left.
 pub(crate) async fn recover_live_migration_source(
     op: &mut OpCtx,
@@ -212,32 +218,67 @@ pub(crate) async fn recover_live_migration_source(
 ) -> Result<bool, String> {
     op.phase("recover: the migration job");
     let lv = op.deps.libvirt.clone();
-    let until = tokio::time::Instant::now() + RECOVER_JOB_WAIT;
+    let start = tokio::time::Instant::now();
     let mut aborted = false;
-    while let Ok(p) = lv.job_progress(op.uuid).await {
-        let switching = !was_paused && matches!(op.power().await, Ok(PowerState::Paused));
-        if !p.active && (!switching || aborted) {
-            break;
-        }
-        if !aborted && tokio::time::Instant::now() >= until {
+    let state = loop {
+        // The job first: a state read after it cannot predate the job's end (seen here: the
+        // domain read as running, then its job refused with "domain is not running").
+        let progress = lv.job_progress(op.uuid).await;
+        let state = op.power().await;
+        let job = progress.as_ref().is_ok_and(|p| p.active);
+        let settling = match state {
+            Ok(PowerState::Paused) => !was_paused,
+            Ok(PowerState::Shutoff) => true,
+            // "domain is not running": it stopped between the two reads.
+            Ok(PowerState::Running) => matches!(
+                progress,
+                Err(crate::libvirt::LibvirtError::OperationInvalid { .. })
+            ),
+            _ => false,
+        };
+        let waited = start.elapsed();
+        let out_of_time = waited >= RECOVER_JOB_WAIT + RECOVER_SETTLE_WAIT;
+        if job && !aborted && waited >= RECOVER_JOB_WAIT {
             warn!(instance = %op.uuid, "a live migration job outlived its agent too long: aborting it");
             aborted = true;
             if let Err(e) = lv.abort_job(op.uuid).await {
                 warn!(instance = %op.uuid, error = %e, "aborting the migration job failed");
             }
+        } else if out_of_time || (!job && (!settling || waited >= RECOVER_SETTLE_WAIT)) {
+            break state;
         }
         tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-    }
+    };
     let probe = migration_probe(migration.id);
-    if !matches!(op.power().await, Ok(PowerState::NoDomain)) {
-        let h = handover(record, &record.flavor, true);
-        let r = rollback_live_migration(op, record, migration, h, true, true, peer_wait).await;
-        op.deps.storage.remove_probe(&probe).await;
-        return r.map(|()| false);
-    }
-    info!(instance = %op.uuid, dest = %migration.dest_host,
-        "the guest left during the interrupted live migration: the destination takes it over");
+    let gone = match state {
+        Ok(PowerState::NoDomain) => true,
+        Ok(PowerState::Shutoff) => false,
+        Ok(_) => {
+            let h = handover(record, &record.flavor, true);
+            let r = rollback_live_migration(op, record, migration, h, true, true, peer_wait).await;
+            op.deps.storage.remove_probe(&probe).await;
+            return r.map(|()| false);
+        }
+        Err(e) => {
+            return Err(format!(
+                "the domain could not be read; the migration is left as it is: {}",
+                crate::instance::actor::error_chain(&e)
+            ))
+        }
+    };
+    info!(instance = %op.uuid, dest = %migration.dest_host, domain_here = !gone,
+        "the guest's QEMU ended here during the interrupted live migration: the destination \
+         is asked to take the guest over");
     let post = hand_over(op, migration).await;
+    if let Err(e) = &post {
+        if !gone {
+            return Err(format!(
+                "the destination did not take the guest over; its shut-off domain here is \
+                 kept: {}",
+                crate::instance::actor::error_chain(e)
+            ));
+        }
+    }
     // The disks were copied unless the destination shares this instances directory (then
     // it wrote the probe this host sees).
     let copied = !record.storage.disks.is_empty() && !op.deps.storage.sees_probe(&probe).await;
