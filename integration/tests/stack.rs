@@ -1832,14 +1832,14 @@ async fn book_ports_of(
     Ok(out)
 }
 
-/// A cross-host resize B → A with host B's agent — the source — killed (SIGKILL) while host
-/// A finishes it, and started again at once. A finishes on its own (its answer is lost with
-/// B's connection); B's restarted agent finds its hand-over done (the resize in flight, the
-/// domain off) and keeps the instance as the resize's source, its copy untouched. Confirm on
-/// A then removes B's copy: the guest runs on A with its new flavor, its ports bound and
-/// active there, and B holds nothing.
-async fn two_host_resize_source_killed(run: &Run, b: &mut HostBAgent) -> R {
-    let mut s = Scene::new(run, "two hosts: resize B>A, B (the source) killed");
+/// A scene with host A (and host B as its peer) and an instance built on host B on one port,
+/// running there with no operation under way: the scene, the instance and its port.
+async fn running_on_b<'r>(
+    run: &'r Run,
+    b: &HostBAgent,
+    name: &str,
+) -> Result<(Scene<'r>, Uuid, Vec<PortId>), HarnessError> {
+    let mut s = Scene::new(run, name);
     s.peers.insert(b.peer()?);
     let opts = s.system_host();
     s.host(opts).await?;
@@ -1850,6 +1850,18 @@ async fn two_host_resize_source_killed(run: &Run, b: &mut HostBAgent) -> R {
     .await;
     let ports = book_ports_of(&mut s, run, id).await?;
     assert_eq!(ports.len(), 1, "{ports:?}");
+    Ok((s, id, ports))
+}
+
+/// A cross-host resize B → A with host B's agent — the source — killed (SIGKILL) while host
+/// A finishes it, and started again at once. A finishes on its own (its answer is lost with
+/// B's connection); B's restarted agent finds its hand-over done (the resize in flight, the
+/// domain off) and keeps the instance as the resize's source, its copy untouched. Confirm on
+/// A then removes B's copy: the guest runs on A with its new flavor, its ports bound and
+/// active there, and B holds nothing.
+async fn two_host_resize_source_killed(run: &Run, b: &mut HostBAgent) -> R {
+    let (s, id, ports) =
+        running_on_b(run, b, "two hosts: resize B>A, B (the source) killed").await?;
     let h = s.a();
     let a_name = h.name.clone();
     let resize = {
@@ -1915,16 +1927,8 @@ async fn two_host_resize_source_killed(run: &Run, b: &mut HostBAgent) -> R {
 /// the migration back whenever its record said one was in flight: A then destroyed the guest
 /// that had just arrived, and the instance was gone from both hosts.
 async fn two_host_live_migration_source_killed(run: &Run, b: &mut HostBAgent) -> R {
-    let mut s = Scene::new(run, "two hosts: live migrate B>A, B (the source) killed");
-    s.peers.insert(b.peer()?);
-    let opts = s.system_host();
-    s.host(opts).await?;
-    let id = create_on_b(&mut s, run, b, 1).await?;
-    b_until(b, id, |v| {
-        v.state == InstanceState::Running.as_str() && v.operation.is_none()
-    })
-    .await;
-    let ports = book_ports_of(&mut s, run, id).await?;
+    let (s, id, ports) =
+        running_on_b(run, b, "two hosts: live migrate B>A, B (the source) killed").await?;
     let h = s.a();
     let a_name = h.name.clone();
     let lm = {
