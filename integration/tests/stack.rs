@@ -204,6 +204,17 @@ async fn vifs_of(h: &Host, id: Uuid) -> Vec<Vif> {
     out
 }
 
+/// Host `h`'s libvirt has a domain of instance `id`.
+async fn has_domain(h: &Host, id: Uuid) -> bool {
+    h.driver
+        .libvirt()
+        .list_all()
+        .await
+        .unwrap()
+        .iter()
+        .any(|d| d.uuid == id)
+}
+
 fn ids(vifs: &[Vif]) -> Vec<PortId> {
     vifs.iter().map(|v| v.id).collect()
 }
@@ -1578,16 +1589,7 @@ async fn two_host_live_migration(run: &Run, b: &HostBAgent) -> R {
         h.driver.show(id).await.is_err(),
         "host A forgot the instance"
     );
-    assert!(
-        !h.driver
-            .libvirt()
-            .list_all()
-            .await
-            .unwrap()
-            .iter()
-            .any(|d| d.uuid == id),
-        "host A's libvirt has no domain"
-    );
+    assert!(!has_domain(h, id).await, "host A's libvirt has no domain");
     for v in &vifs {
         assert_devices(v, DomainForm::LibvirtManaged, false);
     }
@@ -1969,16 +1971,7 @@ async fn two_host_live_migration_source_killed(run: &Run, b: &mut HostBAgent) ->
         finish_two_hosts(s, b).await
     } else {
         assert_eq!(hb_domain_state(&b.env, id).as_deref(), Some("running"));
-        assert!(
-            !h.driver
-                .libvirt()
-                .list_all()
-                .await
-                .unwrap()
-                .iter()
-                .any(|d| d.uuid == id),
-            "host A's libvirt has no domain"
-        );
+        assert!(!has_domain(h, id).await, "host A's libvirt has no domain");
         assert_ports_bound_active(&s, &ports, &b.env.name).await;
         delete_on_b_and_finish(s, b, id).await
     }
