@@ -32,8 +32,8 @@ use crate::instance::actor::{
 };
 use crate::instance::admission::{AdmissionError, Ticket};
 use crate::instance::deps::{HostDeps, PeerHost};
-use crate::instance::in_flight::Interrupted;
-use crate::instance::journal::BuildJournal;
+use crate::instance::in_flight::{InFlight, Interrupted, Marker};
+use crate::instance::journal::{BuildJournal, LiveMigrationJournal};
 use crate::instance::op::power_of;
 use crate::instance::operation::Operation;
 use crate::instance::record::InstanceRecord;
@@ -338,6 +338,7 @@ impl Handler<Recover> for HostActor {
         let journal = (!self.journal_read).then(|| {
             (
                 self.deps.builds.clone(),
+                self.deps.migrations.clone(),
                 self.deps.network.clone(),
                 self.deps.storage.clone(),
             )
@@ -380,7 +381,7 @@ impl Handler<Recover> for HostActor {
                             None => others.push((d.uuid, owner)),
                         }
                     }
-                    Ok((m, r, _)) => found.push((d, m, r)),
+                    Ok((m, r, _)) => found.push((d.uuid, power_of(d.state), m, r)),
                     Err(e) => {
                         warn!(uuid = %d.uuid, error = %e, "domain with unreadable vireo metadata left alone");
                         foreign += 1;
@@ -407,9 +408,19 @@ impl Handler<Recover> for HostActor {
                 }
             }
             let released = match journal {
-                Some((builds, network, storage)) => {
-                    let domains: HashSet<Uuid> = found.iter().map(|(d, _, _)| d.uuid).collect();
-                    release_journaled_builds(&builds, &*network, &*storage, &domains).await
+                Some((builds, migrations, network, storage)) => {
+                    let domains: HashSet<Uuid> = found.iter().map(|f| f.0).collect();
+                    let released =
+                        release_journaled_builds(&builds, &*network, &*storage, &domains).await;
+                    // A live migration whose domain left while the agent was stopped is
+                    // recovered from its journal entry, as from its domain.
+                    let departed = journaled_migrations(&migrations, &found).await;
+                    found.extend(
+                        departed
+                            .into_iter()
+                            .map(|(m, r)| (r.uuid, PowerState::NoDomain, m, r)),
+                    );
+                    released
                 }
                 None => Vec::new(),
             };
@@ -431,16 +442,14 @@ impl Handler<Recover> for HostActor {
                 other_hosts: others,
                 released_builds,
             };
-            for (d, meta, record) in found {
-                let power = power_of(d.state);
+            for (uuid, power, meta, record) in found {
                 let state = recovered_state(record.state, power);
                 let ports = record.network_info.port_ids();
-                let addr = act.spawn_instance(d.uuid, state, Some(record), power, ctx);
-                act.deps.events.track(d.uuid);
-                act.deps.events.track_ports(d.uuid, ports);
+                let addr = act.spawn_instance(uuid, state, Some(record), power, ctx);
+                act.deps.events.track(uuid);
+                act.deps.events.track_ports(uuid, ports);
                 let interrupted = meta.operation.as_ref().map(|o| format!("{}/{}", o.kind, o.phase));
                 if let Some(op) = meta.operation {
-                    let uuid = d.uuid;
                     let op = Interrupted::from_stored(&op);
                     actix::spawn(async move {
                         match addr.send(RecoverInterrupted(op)).await {
@@ -451,7 +460,7 @@ impl Handler<Recover> for HostActor {
                     });
                 }
                 report.instances.push(RecoveredInstance {
-                    uuid: d.uuid,
+                    uuid,
                     state,
                     interrupted,
                 });
@@ -548,6 +557,69 @@ async fn release_journaled_builds(
         }
     }
     released
+}
+
+/// The live migrations the journal holds (see [`crate::instance::journal`]) at start-up, given
+/// the instances `found` in libvirt: an entry whose domain is here belongs to that domain's
+/// recovery when the domain still records the migration in flight (the recovery drops it),
+/// and is dropped now when it does not (the migration ended; only the entry's removal was
+/// lost). An entry without a domain here is a migration whose guest left while the agent was
+/// stopped: returned (its metadata and record) to be recovered as its domain would have been.
+/// An unreadable entry stays for an operator.
+async fn journaled_migrations(
+    journal: &LiveMigrationJournal,
+    found: &[(Uuid, PowerState, VireoMetadata, InstanceRecord)],
+) -> Vec<(VireoMetadata, InstanceRecord)> {
+    let entries = match journal.pending().await {
+        Ok(entries) => entries,
+        Err(error) => {
+            warn!(error = %error_chain(&error), "live-migration journal unreadable");
+            return Vec::new();
+        }
+    };
+    let mut departed = Vec::new();
+    for entry in entries {
+        let entry = match entry {
+            Ok(entry) => entry,
+            Err(error) => {
+                warn!(error = %error_chain(&error), "live-migration journal entry left for an operator");
+                continue;
+            }
+        };
+        let instance = entry.instance;
+        if let Some((_, _, meta, _)) = found.iter().find(|f| f.0 == instance) {
+            if !migrating(meta) {
+                if let Err(error) = journal.end(instance).await {
+                    warn!(%instance, error = %error_chain(&error), "live-migration journal entry not removed");
+                }
+            }
+            continue;
+        }
+        let parsed = VireoMetadata::from_xml(&entry.metadata)
+            .map_err(Into::into)
+            .and_then(|m| InstanceRecord::from_metadata(&entry.name, &m).map(|r| (m, r)));
+        match parsed {
+            Ok((m, r)) if r.uuid == instance && migrating(&m) => {
+                info!(%instance, "a live migration whose guest left while the agent was stopped: recovered from its journal entry");
+                departed.push((m, r));
+            }
+            Ok(_) => {
+                warn!(%instance, "live-migration journal entry names another instance or no migration; left for an operator");
+            }
+            Err(error) => {
+                warn!(%instance, error = %error_chain(&error), "live-migration journal entry unreadable; left for an operator");
+            }
+        }
+    }
+    departed
+}
+
+/// Whether `meta` records a live migration in flight.
+fn migrating(meta: &VireoMetadata) -> bool {
+    meta.operation
+        .as_ref()
+        .and_then(|o| Marker::from_stored(o).ok())
+        .is_some_and(|m| matches!(m.operation, InFlight::LiveMigrate(_)))
 }
 
 /// The state to rebuild an actor in, from the recorded state and what libvirt says now.

@@ -253,6 +253,10 @@ async fn idle_actor_memory(count: usize) -> (u64, usize) {
         builds: Arc::new(
             vireo_actors::instance::BuildJournal::open(dir.path().join("builds")).unwrap(),
         ),
+        migrations: Arc::new(
+            vireo_actors::instance::LiveMigrationJournal::open(dir.path().join("live-migrations"))
+                .unwrap(),
+        ),
         peers: driver.peers().clone(),
         config: InstanceConfig::default(),
     });

@@ -18,8 +18,8 @@ use vireo_actors::external::ExternalEvent;
 use vireo_actors::host::{HostHandle, RecoveryReport};
 use vireo_actors::instance::{
     AdmissionError, BuildJournal, DestroyArgs, HostDeps, InstanceConfig, InstanceError,
-    InstanceReply, InstanceView, JournalError, LiveMigrateArgs, OpReport, Operation, Peers,
-    RebootKind, ResizeArgs, SpawnArgs, Ticket,
+    InstanceReply, InstanceView, JournalError, LiveMigrateArgs, LiveMigrationJournal, OpReport,
+    Operation, Peers, RebootKind, ResizeArgs, SpawnArgs, Ticket,
 };
 use vireo_actors::libvirt::{Libvirt, LibvirtConfig, LibvirtError, LibvirtHandle};
 use vireo_actors::network::NetworkApi;
@@ -237,8 +237,8 @@ pub enum DriverError {
     /// The instance storage (its image cache directory) could not be set up.
     #[error("set up instance storage")]
     Storage(#[source] crate::storage::CacheError),
-    /// The build journal's directory could not be set up.
-    #[error("set up the build journal")]
+    /// A journal's directory (builds, live migrations) could not be set up.
+    #[error("set up a journal")]
     Journal(#[source] JournalError),
     /// Rebuilding the instances from libvirt failed.
     #[error("recover instances from libvirt")]
@@ -542,6 +542,10 @@ impl DriverBuilder {
         let builds = Arc::new(
             BuildJournal::open(&config.storage.journal_dir).map_err(DriverError::Journal)?,
         );
+        let migrations = Arc::new(
+            LiveMigrationJournal::open(&config.storage.migration_journal_dir)
+                .map_err(DriverError::Journal)?,
+        );
         let deps = Arc::new(HostDeps {
             host: config.host.clone(),
             libvirt: libvirt.clone(),
@@ -550,6 +554,7 @@ impl DriverBuilder {
             network: network.clone(),
             storage: storage.clone(),
             builds,
+            migrations,
             peers: peers.clone(),
             config: config.instances.clone(),
         });

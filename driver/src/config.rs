@@ -1174,6 +1174,7 @@ impl AgentConfig {
                 instances_dir: self.instances_dir(),
                 cache: self.instances.image_cache(),
                 journal_dir: self.instances.state_dir.join("builds"),
+                migration_journal_dir: self.instances.state_dir.join("live-migrations"),
             },
         }
     }

@@ -397,11 +397,23 @@ timeout = 600
     /// again on the same configuration and state; returns once it answers again (its
     /// recovery is done before it serves anything).
     pub async fn kill_and_restart(&mut self, down: Duration) -> Result<(), HarnessError> {
+        self.kill().await;
+        tokio::time::sleep(down).await;
+        self.restart().await
+    }
+
+    /// Kill the agent (SIGKILL: no shutdown runs, as in a crash); [`HostBAgent::restart`]
+    /// starts it again.
+    pub async fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
             let _ = tokio::task::spawn_blocking(move || child.wait()).await;
         }
-        tokio::time::sleep(down).await;
+    }
+
+    /// Start a killed agent again on the same configuration and state; returns once it
+    /// answers again (its recovery is done before it serves anything).
+    pub async fn restart(&mut self) -> Result<(), HarnessError> {
         self.child = Some(spawn_agent(&self.env, &self.bin, &self.cfg, &self.log)?);
         self.until_healthy().await
     }

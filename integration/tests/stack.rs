@@ -1921,9 +1921,19 @@ async fn two_host_resize_source_killed(run: &Run, b: &mut HostBAgent) -> R {
 /// inactive binding), and nothing of it left on the other host. B's recovery used to roll
 /// the migration back whenever its record said one was in flight: A then destroyed the guest
 /// that had just arrived, and the instance was gone from both hosts.
-async fn two_host_live_migration_source_killed(run: &Run, b: &mut HostBAgent) -> R {
-    let (s, id, ports) =
-        running_on_b(run, b, "two hosts: live migrate B>A, B (the source) killed").await?;
+///
+/// `kept_down`: B's agent stays down until libvirt has finished the migration without it
+/// (the domain gone from B's libvirt, running in A's). The restarted B used to find no
+/// domain and nothing else: A held the guest as incoming with nobody to hand it over, and
+/// B's devices and port binding stayed. B's live-migration journal now recovers it: the
+/// guest must end on A.
+async fn two_host_live_migration_source_killed(
+    run: &Run,
+    b: &mut HostBAgent,
+    kept_down: bool,
+) -> R {
+    let name = TWO_HOSTS[if kept_down { 12 } else { 11 }];
+    let (s, id, ports) = running_on_b(run, b, name).await?;
     let h = s.a();
     let a_name = h.name.clone();
     let lm = {
@@ -1931,7 +1941,29 @@ async fn two_host_live_migration_source_killed(run: &Run, b: &mut HostBAgent) ->
         let op = Operation::LiveMigrate(Box::new(LiveMigrateArgs::new(&a_name)));
         tokio::spawn(async move { api_op(&client, &bname, id, op).await })
     };
-    kill_b_at(b, id, "migrate", "the live migration through B", lm).await?;
+    if kept_down {
+        b_at_phase(b, id, "migrate").await;
+        b.kill().await;
+        let started = Instant::now();
+        let deadline = started + Duration::from_secs(120);
+        while hb_domain_state(&b.env, id).is_some() || !has_domain(h, id).await {
+            assert!(
+                Instant::now() < deadline,
+                "libvirt did not finish the migration without B's agent in 120 s: B's domain \
+                 {:?}",
+                hb_domain_state(&b.env, id)
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        println!(
+            "the guest left B {:.1} s after B's agent was killed",
+            started.elapsed().as_secs_f64()
+        );
+        let _ = lm.await;
+        b.restart().await?;
+    } else {
+        kill_b_at(b, id, "migrate", "the live migration through B", lm).await?;
+    }
     let deadline = Instant::now() + Duration::from_secs(180);
     let on = loop {
         let on_a = h.driver.show(id).await.ok();
@@ -1957,6 +1989,10 @@ async fn two_host_live_migration_source_killed(run: &Run, b: &mut HostBAgent) ->
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
     println!("the guest ended on host {on}");
+    assert!(
+        !kept_down || on == "A",
+        "the guest had left B: it must end on A"
+    );
     if on == "A" {
         assert_eq!(hb_domain_state(&b.env, id), None, "no domain left on B");
         assert_ports_bound_active(&s, &ports, &a_name).await;
@@ -2768,7 +2804,7 @@ const HYBRID: [&str; 5] = [
     "build fails",
     "live migration rollback",
 ];
-const TWO_HOSTS: [&str; 12] = [
+const TWO_HOSTS: [&str; 13] = [
     "two hosts: live migrate A>B",
     "two hosts: resize A>B+revert",
     "two hosts: resize A>B with disks",
@@ -2781,6 +2817,7 @@ const TWO_HOSTS: [&str; 12] = [
     "two hosts: resize A>B+revert, B killed in the revert",
     "two hosts: resize B>A, B (the source) killed",
     "two hosts: live migrate B>A, B (the source) killed",
+    "two hosts: live migrate B>A, B (the source) down until the guest left",
 ];
 /// Run with host B's agent restarted on an instances directory host A uses too.
 const TWO_HOSTS_SHARED: [&str; 2] = [
@@ -2914,7 +2951,12 @@ async fn two_hosts(runner: &mut Runner, run: &Run, plan: Option<HostBPlan>) {
         .await;
     runner
         .run(TWO_HOSTS[11], || {
-            two_host_live_migration_source_killed(run, &mut b)
+            two_host_live_migration_source_killed(run, &mut b, false)
+        })
+        .await;
+    runner
+        .run(TWO_HOSTS[12], || {
+            two_host_live_migration_source_killed(run, &mut b, true)
         })
         .await;
     let failed = |runner: &Runner, names: &[&str]| {

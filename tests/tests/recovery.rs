@@ -787,6 +787,17 @@ async fn a_guest_that_arrived_while_the_destination_was_down_is_handed_over() {
     domains.get_mut("h2").unwrap().push_str(&moved);
     op.abort();
     assert!(op.await.unwrap_err().is_cancelled());
+    // This test plays the source's part by hand (the hand-over below, as a source whose
+    // agent stayed up does): the source's live-migration journal entry goes, or its
+    // restart would hand the guest over itself (the next test).
+    std::fs::remove_file(
+        c.dir
+            .path()
+            .join("h1")
+            .join("live-migrations")
+            .join(format!("{id}.json")),
+    )
+    .unwrap();
     let c = TestCloud::restart(c.crash(), domains).await;
     let h2 = c.host("h2");
 
@@ -846,6 +857,78 @@ async fn a_guest_that_arrived_while_the_destination_was_down_is_handed_over() {
     let probe = vireo_actors::storage::migration_probe(migration.id);
     std::fs::remove_file(c.instances_dir("h1").join(probe)).unwrap();
     assert!(h1.driver.show(id).await.is_err());
+    c.destroy_everywhere(id).await;
+    c.assert_clean(&[]).await;
+}
+
+/// The source's agent is killed while libvirt migrates the guest, and stays down until the
+/// guest has left: libvirt ran the peer-to-peer migration on without it and undefined the
+/// domain here. The restarted source used to find no domain and nothing else: the
+/// destination held the guest as incoming with nobody to hand it over, and the source's
+/// devices, port bindings and probe stayed. The source journals the migration before it
+/// starts; its restart recovers the migration from the entry — the destination takes the
+/// guest over, the source cleans up — and drops the entry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_migration_whose_source_was_down_until_the_guest_left_is_handed_over() {
+    let c = spec(&["h1", "h2"]).start().await;
+    let id = uuid();
+    let h1 = c.host("h1");
+    h1.spawn_on(id, "vm-crash-left", vec![on(NET_HYBRID), on(NET_NATIVE)])
+        .await;
+    let ports = ports(&h1.driver.show(id).await.unwrap());
+    let prepared = Arc::new(tokio::sync::Notify::new());
+    let real = c.peers.get("h2").unwrap();
+    c.peers.insert(Arc::new(PreparedThenSilent {
+        real,
+        prepared: prepared.clone(),
+    }));
+    let args = lm("h2");
+    let migration = args.migration("h1");
+    let d = h1.driver.clone();
+    let op = tokio::spawn(async move { d.live_migrate(id, args).await });
+    prepared.notified().await;
+    let journal = c.dir.path().join("h1").join("live-migrations");
+    assert!(journal.join(format!("{id}.json")).exists());
+    // libvirt moved the domain to h2 (with the source's metadata) and undefined it on h1;
+    // the guest runs on h2, whose libvirt made its taps.
+    let mut domains = c.dump_domains().await;
+    let moved = domain_of(&domains["h1"], id);
+    let rest = domains["h1"].replace(&moved, "");
+    domains.insert("h1".into(), rest);
+    domains.get_mut("h2").unwrap().push_str(&moved);
+    c.host("h2").plugger.devices_attached(&ports).await;
+    op.abort();
+    assert!(op.await.unwrap_err().is_cancelled());
+    let c = TestCloud::restart(c.crash(), domains).await;
+    let (h1, h2) = (c.host("h1"), c.host("h2"));
+
+    let report = h1.driver.recovery().clone();
+    let found = report.instances.iter().find(|i| i.uuid == id);
+    assert_eq!(
+        found.map(|i| i.interrupted.clone()),
+        Some(Some("live-migrate/prepare".to_owned())),
+        "{report:?}"
+    );
+    eventually(Duration::from_secs(10), "the guest handed over", || async {
+        (h2.driver.show(id).await.ok()?.state == InstanceState::Running
+            && h1.driver.show(id).await.is_err())
+        .then_some(())
+    })
+    .await;
+    assert_eq!(
+        owner_of(h2.driver.libvirt(), id).await.as_deref(),
+        Some("h2")
+    );
+    for p in &ports {
+        let port = c.port(*p).await;
+        assert_eq!(port.host_id, "h2");
+        assert_eq!(port.migrating_to(), None, "{port:?}");
+        let bindings = c.network.show_bindings(*p).await.unwrap();
+        assert_eq!(bindings.len(), 1, "{bindings:?}");
+    }
+    assert!(!journal.join(format!("{id}.json")).exists());
+    let probe = vireo_actors::storage::migration_probe(migration.id);
+    assert!(!c.instances_dir("h1").join(probe).exists());
     c.destroy_everywhere(id).await;
     c.assert_clean(&[]).await;
 }

@@ -16,7 +16,7 @@ use crate::plug::{DomainForm, VifPlugger};
 use crate::predict::{DeviceForm, Wiring};
 use crate::storage::InstanceStorage;
 
-use super::journal::BuildJournal;
+use super::journal::{BuildJournal, LiveMigrationJournal};
 use super::operation::Operation;
 use super::record::DomainSettings;
 use super::types::{InstanceError, InstanceReply};
@@ -233,6 +233,8 @@ pub struct HostDeps {
     pub storage: Arc<dyn InstanceStorage>,
     /// The builds that allocate ports, until their domain exists.
     pub builds: Arc<BuildJournal>,
+    /// The outgoing live migrations, until they are finished or rolled back.
+    pub migrations: Arc<LiveMigrationJournal>,
     /// The other hosts.
     pub peers: Arc<Peers>,
     /// Settings.

@@ -1,7 +1,8 @@
-//! The build journal: what a restarted agent needs to release the networking and remove the
-//! disks of a build that died before its domain existed.
+//! The journals: what a restarted agent needs to finish an operation whose domain cannot
+//! tell it — a build that died before its domain existed, a live migration whose domain left
+//! with the guest.
 //!
-//! # Why
+//! # Builds: why
 //! An instance's record lives in its domain's metadata, and recovery rebuilds every instance
 //! from the domains libvirt has. A build that allocates ports creates them before it defines
 //! the domain (it needs their VIFs to write it), and fetching the image and making the disks
@@ -22,7 +23,20 @@
 //! ([`crate::storage::InstanceStorage::remove_build`]: fetching the image and making the disks
 //! is the longest step before the domain exists) and removes the entry.
 //!
-//! The directory is per host (under the agent's `state_dir`, never a shared instances path).
+//! # Live migrations
+//! A live migration's source records the migration in its domain's metadata, and recovery
+//! finishes it from there. But libvirt runs a peer-to-peer migration on without its client:
+//! an agent stopped long enough finds, at its next start, no domain at all (the guest runs on
+//! the destination, libvirt undefined it here), so nothing said the destination waits to be
+//! handed the guest, nor that this host still holds its devices, port bindings and disks. So
+//! the source also writes its domain's metadata (the record and the in-flight migration) to
+//! `<dir>/<uuid>.json` of the live-migration journal before it starts, and removes the entry
+//! when the migration is finished or rolled back. At start-up an entry whose instance has no
+//! domain here is recovered as the migration's domain would have been (the destination takes
+//! the guest over, the source cleans up); one whose domain is here is that domain's.
+//!
+//! Each journal is a directory per host (under the agent's `state_dir`, never a shared
+//! instances path): `builds` and `live-migrations`.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -30,11 +44,11 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-/// Why the journal could not be read or written.
+/// Why a journal could not be read or written.
 #[derive(Debug, thiserror::Error)]
 pub enum JournalError {
     /// The directory could not be made.
-    #[error("creating the build journal {path}")]
+    #[error("creating the journal {path}")]
     CreateDir {
         /// The directory.
         path: PathBuf,
@@ -43,7 +57,7 @@ pub enum JournalError {
         source: std::io::Error,
     },
     /// An entry could not be written (and synced).
-    #[error("writing build journal entry {path}")]
+    #[error("writing journal entry {path}")]
     Write {
         /// The entry.
         path: PathBuf,
@@ -52,7 +66,7 @@ pub enum JournalError {
         source: std::io::Error,
     },
     /// An entry could not be removed.
-    #[error("removing build journal entry {path}")]
+    #[error("removing journal entry {path}")]
     Remove {
         /// The entry.
         path: PathBuf,
@@ -61,7 +75,7 @@ pub enum JournalError {
         source: std::io::Error,
     },
     /// The directory or an entry could not be read.
-    #[error("reading the build journal {path}")]
+    #[error("reading the journal {path}")]
     Read {
         /// The directory or entry.
         path: PathBuf,
@@ -70,7 +84,7 @@ pub enum JournalError {
         source: std::io::Error,
     },
     /// An entry is not one this version wrote.
-    #[error("build journal entry {path} is unreadable")]
+    #[error("journal entry {path} is unreadable")]
     Parse {
         /// The entry.
         path: PathBuf,
@@ -79,7 +93,7 @@ pub enum JournalError {
         source: serde_json::Error,
     },
     /// The writer thread (or the task reading the journal) ended without an answer.
-    #[error("the build journal's writer ended without an answer")]
+    #[error("the journal's writer ended without an answer")]
     TaskLost,
 }
 
@@ -110,17 +124,55 @@ fn allocating() -> bool {
     true
 }
 
-/// The journal of one host's builds. Writes and removals go to one writer thread
-/// (`vireo-journal`) that commits what has queued up together: each entry written and synced,
-/// then the directory synced once for the batch (when it wrote an entry; removals need not
-/// be durable), then every caller answered. Builds that
-/// start together share one directory sync, and no build's file work runs on an actor thread
-/// or spawns a thread of its own.
+/// One live migration under way, as its source started it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LiveMigrationEntry {
+    /// The instance.
+    pub instance: Uuid,
+    /// Its domain's name.
+    pub name: String,
+    /// Its domain's vireo metadata as the migration saved it: the record, and the live
+    /// migration in flight.
+    pub metadata: String,
+}
+
+/// What one journal holds: an entry per instance.
+pub trait JournalEntry: Serialize + serde::de::DeserializeOwned + Send + 'static {
+    /// The instance the entry is for (its file's name).
+    fn instance(&self) -> Uuid;
+}
+
+impl JournalEntry for BuildEntry {
+    fn instance(&self) -> Uuid {
+        self.instance
+    }
+}
+
+impl JournalEntry for LiveMigrationEntry {
+    fn instance(&self) -> Uuid {
+        self.instance
+    }
+}
+
+/// The journal of one host's builds that allocate ports, until their domain exists.
+pub type BuildJournal = Journal<BuildEntry>;
+
+/// The journal of one host's outgoing live migrations, until they are finished or rolled
+/// back.
+pub type LiveMigrationJournal = Journal<LiveMigrationEntry>;
+
+/// One of a host's journals. Writes and removals go to one writer thread (`vireo-journal`)
+/// that commits what has queued up together: each entry written and synced, then the
+/// directory synced once for the batch (when it wrote an entry; removals need not be
+/// durable), then every caller answered. Operations that start together share one directory
+/// sync, and no operation's file work runs on an actor thread or spawns a thread of its own.
 #[derive(Debug)]
-pub struct BuildJournal {
+pub struct Journal<E> {
     dir: PathBuf,
     writer: Option<std::sync::mpsc::Sender<Job>>,
     thread: Option<std::thread::JoinHandle<()>>,
+    entry: std::marker::PhantomData<fn() -> E>,
 }
 
 /// One change for the writer thread, and where its answer goes.
@@ -139,7 +191,7 @@ enum Change {
 /// The most changes one directory sync covers.
 const BATCH: usize = 64;
 
-impl BuildJournal {
+impl<E: JournalEntry> Journal<E> {
     /// The journal in `dir`, created (mode 0700) when missing, with its writer thread.
     pub fn open(dir: impl Into<PathBuf>) -> Result<Self, JournalError> {
         let dir = dir.into();
@@ -166,10 +218,11 @@ impl BuildJournal {
                 path: dir.clone(),
                 source,
             })?;
-        Ok(BuildJournal {
+        Ok(Journal {
             dir,
             writer: Some(tx),
             thread: Some(thread),
+            entry: std::marker::PhantomData,
         })
     }
 
@@ -191,10 +244,11 @@ impl BuildJournal {
         answer.await.unwrap_or(Err(JournalError::TaskLost))
     }
 
-    /// Record a build before its first port exists: written to a temporary file, synced,
-    /// renamed into place, and the directory synced, so the entry survives a crash.
-    pub async fn begin(&self, entry: &BuildEntry) -> Result<(), JournalError> {
-        let path = self.path(entry.instance);
+    /// Record an operation before it makes what only the entry would remember (a build:
+    /// before its first port exists): written to a temporary file, synced, renamed into
+    /// place, and the directory synced, so the entry survives a crash.
+    pub async fn begin(&self, entry: &E) -> Result<(), JournalError> {
+        let path = self.path(entry.instance());
         let text = serde_json::to_vec(entry).map_err(|source| JournalError::Parse {
             path: path.clone(),
             source,
@@ -202,7 +256,7 @@ impl BuildJournal {
         self.commit(Change::Write { path, text }).await
     }
 
-    /// The build ended: drop its entry (none is fine).
+    /// The operation ended: drop its entry (none is fine).
     pub async fn end(&self, instance: Uuid) -> Result<(), JournalError> {
         self.commit(Change::Remove {
             path: self.path(instance),
@@ -212,7 +266,7 @@ impl BuildJournal {
 
     /// Every entry, by instance; an unreadable entry is returned as its error (and left in
     /// place for an operator), temporary files of an interrupted write are removed.
-    pub async fn pending(&self) -> Result<Vec<Result<BuildEntry, JournalError>>, JournalError> {
+    pub async fn pending(&self) -> Result<Vec<Result<E, JournalError>>, JournalError> {
         let dir = self.dir.clone();
         blocking(move || {
             let read_dir = std::fs::read_dir(&dir).map_err(|source| JournalError::Read {
@@ -225,7 +279,7 @@ impl BuildJournal {
             for path in paths {
                 let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
                 if name.ends_with(".json.tmp") {
-                    // Never renamed into place: the build had not started allocating.
+                    // Never renamed into place: the operation had not started.
                     let _ = std::fs::remove_file(&path);
                     continue;
                 }
@@ -252,7 +306,7 @@ impl BuildJournal {
     }
 }
 
-impl Drop for BuildJournal {
+impl<E> Drop for Journal<E> {
     fn drop(&mut self) {
         // The writer ends once its queue is closed and drained.
         drop(self.writer.take());

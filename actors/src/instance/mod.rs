@@ -30,7 +30,9 @@ pub use actor::{error_chain, InstanceActor};
 pub use admission::{AdmissionError, Admitted, Completion, Ticket};
 pub use deps::{DetachPolicy, HostDeps, InstanceConfig, MigrationPolicy, PeerHost, Peers};
 pub use in_flight::{InFlight, InFlightError, Interrupted, Marker};
-pub use journal::{BuildEntry, BuildJournal, JournalError};
+pub use journal::{
+    BuildEntry, BuildJournal, JournalError, LiveMigrationEntry, LiveMigrationJournal,
+};
 pub use op::ALIAS_PREFIX;
 pub use operation::{cleanup_flags, CallerTask, LiveMigrateArgs, Operation, ResizeArgs};
 pub use record::{BootSource, DomainSettings, InstanceRecord, RecordError, StorageRecord};

@@ -380,8 +380,8 @@ pub enum InstanceError {
         #[source]
         source: StorageError,
     },
-    /// The build journal could not be written.
-    #[error("build journal {step} failed")]
+    /// A journal (a build's, a live migration's) could not be written.
+    #[error("journal {step} failed")]
     Journal {
         /// The step.
         step: &'static str,

@@ -62,6 +62,8 @@ pub struct StorageConfig {
     pub cache: CacheConfig,
     /// The build journal (`<state_dir>/builds`): per host, never on a shared path.
     pub journal_dir: PathBuf,
+    /// The live-migration journal (`<state_dir>/live-migrations`): per host too.
+    pub migration_journal_dir: PathBuf,
 }
 
 impl StorageConfig {
@@ -71,6 +73,7 @@ impl StorageConfig {
             instances_dir: state_dir.join("instances"),
             cache: CacheConfig::in_state_dir(state_dir),
             journal_dir: state_dir.join("builds"),
+            migration_journal_dir: state_dir.join("live-migrations"),
         }
     }
 }

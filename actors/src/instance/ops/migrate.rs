@@ -4,8 +4,10 @@
 //! Why one module: the rollback runs from the source whatever the storage (network first,
 //! then the destination asked to remove what it prepared), and recovery reuses that same
 //! rollback for a migration the agent died in; the `binding:profile` updates
-//! (`migrating_to`) are only ever made here. Owns the [`InFlight::LiveMigrate`] marker; the
-//! destination writes none (it works from the source's hand-over).
+//! (`migrating_to`) are only ever made here. Owns the [`InFlight::LiveMigrate`] marker, and
+//! the source's live-migration journal entry (the same record, for a restart that finds no
+//! domain: see [`crate::instance::journal`]); the destination writes none (it works from the
+//! source's hand-over).
 
 use std::collections::BTreeSet;
 
@@ -18,6 +20,7 @@ use crate::predict::{EventOp, Timing};
 
 use crate::instance::admission::AdmissionError;
 use crate::instance::in_flight::{InFlight, MigrationStep};
+use crate::instance::journal::LiveMigrationEntry;
 use crate::instance::op::OpCtx;
 use crate::instance::operation::{cleanup_flags, CallerTask, LiveMigrateArgs, Operation};
 use crate::instance::record::InstanceRecord;
@@ -26,6 +29,7 @@ use crate::instance::types::{
 };
 use crate::storage::{disk_targets, migration_probe, CacheMode, DiskRole};
 use vireo_xml::live::{rewrite, Edit};
+use vireo_xml::metadata::InFlightOperation;
 
 use super::{handover, predicted, record_from_handover, settle_state, with_rollback, Finished};
 
@@ -75,7 +79,8 @@ pub(crate) async fn live_migrate(
     let migrated = with_rollback(
         op,
         async |op| {
-            op.save(&record, Some(in_flight)).await?;
+            op.save(&record, Some(in_flight.clone())).await?;
+            journal_migration(op, &record, in_flight).await?;
             let storage = op.deps.storage.clone();
             op.store(
                 "write the shared-directory probe",
@@ -160,6 +165,7 @@ pub(crate) async fn live_migrate(
             op.deps.storage.remove_probe(&probe).await;
             let state = state_after_failed_migration(op, from).await;
             let _ = op.save(&record, None).await;
+            end_journal(op).await;
             Finished::rolled_back(
                 Request::LiveMigrate,
                 state,
@@ -173,11 +179,16 @@ pub(crate) async fn live_migrate(
     match migrated {
         Ok(()) => {
             // The guest runs on the destination now: there is nothing to roll back to.
-            let post = hand_over(op, &migration).await;
+            let post = hand_over(op, &migration, std::time::Duration::ZERO).await;
             // The migration copied the disks unless the directory is shared: the
             // destination's are the guest's now.
             let copied = has_disks && !shared_path(&incoming);
             clean_up_departed(op, &record, copied, &probe).await;
+            // A destination that did not take the guest over is asked again by the next
+            // start's recovery: the entry is all that says so (the domain left).
+            if post.is_ok() {
+                end_journal(op).await;
+            }
             match post {
                 Ok(_) => Finished::ok(InstanceState::Gone, None),
                 Err(e) => Finished::err(InstanceState::Gone, None, e),
@@ -257,6 +268,9 @@ pub(crate) async fn recover_live_migration_source(
             let h = handover(record, &record.flavor, true);
             let r = rollback_live_migration(op, record, migration, h, true, true, peer_wait).await;
             op.deps.storage.remove_probe(&probe).await;
+            // Recovery clears the domain's marker whatever the rollback's outcome: the
+            // entry goes with it.
+            end_journal(op).await;
             return r.map(|()| false);
         }
         Err(e) => {
@@ -269,7 +283,7 @@ pub(crate) async fn recover_live_migration_source(
     info!(instance = %op.uuid, dest = %migration.dest_host, domain_here = !gone,
         "the guest's QEMU ended here during the interrupted live migration: the destination \
          is asked to take the guest over");
-    let post = hand_over(op, migration).await;
+    let post = hand_over(op, migration, peer_wait).await;
     if let Err(e) = &post {
         if !gone {
             return Err(format!(
@@ -284,7 +298,10 @@ pub(crate) async fn recover_live_migration_source(
     let copied = !record.storage.disks.is_empty() && !op.deps.storage.sees_probe(&probe).await;
     clean_up_departed(op, record, copied, &probe).await;
     match post {
-        Ok(_) => Ok(true),
+        Ok(_) => {
+            end_journal(op).await;
+            Ok(true)
+        }
         Err(e) => Err(format!(
             "the destination did not take the guest over: {}",
             crate::instance::actor::error_chain(&e)
@@ -292,13 +309,55 @@ pub(crate) async fn recover_live_migration_source(
     }
 }
 
+/// Journal the migration before anything of it is made: a source stopped until the guest
+/// has left finds no domain at its next start, only this entry (see
+/// [`crate::instance::journal`]).
+async fn journal_migration(
+    op: &mut OpCtx,
+    record: &InstanceRecord,
+    in_flight: InFlightOperation,
+) -> Result<(), InstanceError> {
+    let metadata = record
+        .metadata(&op.deps.host, Some(in_flight))
+        .and_then(|m| m.to_xml().map_err(Into::into))
+        .map_err(InstanceError::Record)?;
+    let entry = LiveMigrationEntry {
+        instance: op.uuid,
+        name: record.name.clone(),
+        metadata,
+    };
+    op.deps
+        .migrations
+        .begin(&entry)
+        .await
+        .map_err(|source| InstanceError::Journal {
+            step: "begin",
+            source,
+        })
+}
+
+/// Drop the migration's journal entry. A failure only leaves the entry behind: the next
+/// start finds the domain without a migration in flight (and drops it), or hands over a
+/// guest the destination already took (it says so) to no harm.
+async fn end_journal(op: &mut OpCtx) {
+    if let Err(error) = op.deps.migrations.end(op.uuid).await {
+        warn!(instance = %op.uuid, error = %crate::instance::actor::error_chain(&error), "live-migration journal entry not removed");
+    }
+}
+
 /// The destination takes over the guest that runs there now (its post-live-migration).
 /// Nothing can roll back any more, so a destination whose agent cannot be reached — it is
 /// restarting; its recovery adopts the arrived guest — is asked again every
-/// [`HANDOVER_RETRY_EVERY`] for up to the policy's `handover_retry`.
-async fn hand_over(op: &mut OpCtx, migration: &Migration) -> Result<InstanceReply, InstanceError> {
+/// [`HANDOVER_RETRY_EVERY`] for up to the policy's `handover_retry`; one not known yet (hosts
+/// served by one process start one after the other) is waited for up to `peer_wait`.
+async fn hand_over(
+    op: &mut OpCtx,
+    migration: &Migration,
+    peer_wait: std::time::Duration,
+) -> Result<InstanceReply, InstanceError> {
     op.phase("destination takes over");
-    let until = tokio::time::Instant::now() + op.deps.config.migration.handover_retry;
+    let start = tokio::time::Instant::now();
+    let until = start + op.deps.config.migration.handover_retry;
     loop {
         let post = op
             .peer(
@@ -311,6 +370,9 @@ async fn hand_over(op: &mut OpCtx, migration: &Migration) -> Result<InstanceRepl
             )
             .await;
         match post {
+            Err(e) if unknown_host(&e) && start.elapsed() < peer_wait => {
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
             Err(e) if unreachable(&e) && tokio::time::Instant::now() < until => {
                 warn!(instance = %op.uuid, host = %migration.dest_host, error = %crate::instance::actor::error_chain(&e), "the destination cannot take the guest over yet; asking again");
                 op.phase("destination takes over: its agent is unreachable, asking again");
@@ -329,6 +391,14 @@ fn unreachable(e: &InstanceError) -> bool {
     match e {
         InstanceError::Peer { source, .. } => unreachable(source),
         e => e.code() == "unavailable",
+    }
+}
+
+/// The other host is not known (yet) to this one.
+fn unknown_host(e: &InstanceError) -> bool {
+    match e {
+        InstanceError::Peer { source, .. } => unknown_host(source),
+        e => matches!(e, InstanceError::UnknownHost(_)),
     }
 }
 
