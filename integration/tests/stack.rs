@@ -537,7 +537,8 @@ async fn hybrid_attach_detach(run: &Run) -> R {
     s.host(opts).await?;
     let net_id = run.env.network_id.clone();
     let (id, vifs, _) = spawn_allocated(&mut s, 0, &net_id, 1).await;
-    let (p, vif) = attach_user_port(&s, id, &net_id, &run.env.host).await;
+    let (p, vif) =
+        attach_user_port(&s, id, &net_id, &run.env.host, DomainForm::LibvirtManaged).await;
     let net = s.a().network.clone();
     let h = s.a();
     let xml = h.driver.libvirt().xml_desc(id, false).await.unwrap();
@@ -583,7 +584,13 @@ async fn hybrid_attach_detach(run: &Run) -> R {
 /// attach-interface of a user's port on `network`, bound to `host` for instance `id` by the
 /// caller (as Nova does): the attach awaits that port's plug-time event, and its device is
 /// wired. Returns the port and its VIF.
-async fn attach_user_port(s: &Scene<'_>, id: Uuid, network: &str, host: &str) -> (PortId, Vif) {
+async fn attach_user_port(
+    s: &Scene<'_>,
+    id: Uuid,
+    network: &str,
+    host: &str,
+    form: DomainForm,
+) -> (PortId, Vif) {
     let net = s.a().network.clone();
     let p = s.user_port(&*net, network).await;
     let vif = s.bind_user_port(&*net, p, host, id).await;
@@ -597,7 +604,7 @@ async fn attach_user_port(s: &Scene<'_>, id: Uuid, network: &str, host: &str) ->
         )
         .await;
     assert_waits(s, "attach", &r, &[], &[p]);
-    assert_devices(&vif, DomainForm::LibvirtManaged, true);
+    assert_devices(&vif, form, true);
     (p, vif)
 }
 
@@ -850,7 +857,8 @@ async fn linuxbridge_spawn_lifecycle(run: &Run) -> R {
     resize_revert(&s, h, id, &vifs, &ids(&vifs)).await;
     profile_changes(&s, id, &vifs).await;
     // attach-interface: a user's port on the agent's network, bound here by the caller.
-    let (p, vif) = attach_user_port(&s, id, &net, &run.env.lb_host).await;
+    let (p, vif) =
+        attach_user_port(&s, id, &net, &run.env.lb_host, DomainForm::LibvirtManaged).await;
     destroy(&s, h, id).await;
     assert_devices(&vif, DomainForm::LibvirtManaged, false);
     unbind(&*s.a().network, p).await;
@@ -886,15 +894,11 @@ async fn ovn_spawn_lifecycle(run: &Run, form: DomainForm) -> R {
     let recreated = native_spawned_then_lifecycle(&s, id, &vifs, &report, form).await;
     let h = s.a();
     resize_revert(&s, h, id, &vifs, &recreated).await;
-    if form == DomainForm::LibvirtManaged {
-        profile_changes(&s, id, &vifs).await;
-        let (p, vif) = attach_user_port(&s, id, &net, &env.ovn_host).await;
-        destroy(&s, h, id).await;
-        assert_devices(&vif, DomainForm::LibvirtManaged, false);
-        unbind(&*s.a().network, p).await;
-    } else {
-        destroy(&s, h, id).await;
-    }
+    profile_changes(&s, id, &vifs).await;
+    let (p, vif) = attach_user_port(&s, id, &net, &env.ovn_host, form).await;
+    destroy(&s, h, id).await;
+    assert_devices(&vif, form, false);
+    unbind(&*s.a().network, p).await;
     s.finish().await
 }
 
