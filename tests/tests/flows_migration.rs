@@ -476,3 +476,98 @@ async fn assert_handed_over(
         assert_eq!(port.status, PortStatus::Active);
     }
 }
+
+/// A destination's agent whose libvirt, once the destination is prepared, receives the guest
+/// the way libvirt's peer-to-peer job delivers it (the test driver has no migration): the
+/// source's domain, with its metadata, defined and running on the destination, and gone from
+/// the source. The source's migrate call then fails (its domain is not there any more).
+#[derive(Debug)]
+struct GuestMovesBeforeTheCallFails {
+    real: Arc<dyn PeerHost>,
+    from: vireo_actors::libvirt::LibvirtHandle,
+    to: vireo_actors::libvirt::LibvirtHandle,
+    plugger: Arc<RecordingPlugger>,
+    ports: Vec<PortId>,
+}
+
+#[async_trait]
+impl PeerHost for GuestMovesBeforeTheCallFails {
+    fn name(&self) -> &str {
+        self.real.name()
+    }
+
+    fn migration_uri(&self) -> Option<String> {
+        self.real.migration_uri()
+    }
+
+    async fn request(
+        &self,
+        instance: uuid::Uuid,
+        request: Operation,
+    ) -> Result<InstanceReply, InstanceError> {
+        let moves = matches!(request, Operation::PreLiveMigration { .. });
+        let reply = self.real.request(instance, request).await?;
+        if moves {
+            let xml = self.from.xml_desc(instance, false).await.unwrap();
+            self.to.define_xml(xml, false).await.unwrap();
+            self.to.start(instance, false).await.unwrap();
+            // The guest runs on the destination: its libvirt made its taps there.
+            self.plugger.devices_attached(&self.ports).await;
+            self.from.destroy(instance).await.unwrap();
+            self.from.undefine(instance).await.unwrap();
+        }
+        Ok(reply)
+    }
+}
+
+/// The migrate call fails after libvirt moved the guest (a call that timed out while its job
+/// switched over, an error from the last phase): the source used to roll back because the
+/// call failed, and the destination destroyed the guest that had arrived — gone from both
+/// hosts. Now the source lets the job end and reads its domain: gone, so the destination
+/// takes the guest over and the source cleans up, as after a migration; the operation
+/// succeeds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guest_that_moved_although_the_migrate_call_failed_is_handed_over() {
+    let c = spec(&["h1", "h2"]).start().await;
+    let (h1, h2) = (c.host("h1"), c.host("h2"));
+    let (id, ports) = spawn3(&c, "vm-lm-moved").await;
+    c.peers.insert(Arc::new(GuestMovesBeforeTheCallFails {
+        real: c.peers.get("h2").unwrap(),
+        from: h1.driver.libvirt().clone(),
+        to: h2.driver.libvirt().clone(),
+        plugger: h2.plugger.clone(),
+        ports: ports.clone(),
+    }));
+    let report = h1
+        .driver
+        .live_migrate(id, lm("h2"))
+        .await
+        .unwrap_or_else(|e| panic!("{}", chain(&e)));
+    let failed: Vec<_> = report.steps.iter().filter(|s| s.failed).collect();
+    assert!(
+        failed.iter().any(|s| s.name == "migrate"),
+        "the call failed: {failed:?}"
+    );
+    assert!(
+        !step_names(&report)
+            .iter()
+            .any(|n| n.starts_with("rollback-live-migration-at-destination")),
+        "{report:#?}"
+    );
+    assert!(h1.driver.show(id).await.is_err(), "h1 holds nothing");
+    let on_h2 = h2.driver.show(id).await.unwrap();
+    assert_eq!(on_h2.state, InstanceState::Running);
+    assert_eq!(
+        owner_of(h2.driver.libvirt(), id).await.as_deref(),
+        Some("h2")
+    );
+    for p in &ports {
+        let port = c.port(*p).await;
+        assert_eq!(port.host_id, "h2", "{port:?}");
+        assert_eq!(port.migrating_to(), None, "{port:?}");
+        assert_eq!(c.network.show_bindings(*p).await.unwrap().len(), 1);
+    }
+    c.destroy_everywhere(id).await;
+    c.assert_clean(&ports).await;
+    c.delete_ports(&ports).await;
+}

@@ -65,6 +65,9 @@ pub(crate) async fn live_migrate(
     // What the destination prepared (its pre-live-migration's report): until it answered,
     // whether it shares the instances directory is unknown.
     let incoming: std::sync::Mutex<Option<IncomingDisks>> = std::sync::Mutex::new(None);
+    // The migration call was made: when it fails, libvirt may still run the job, or have
+    // moved the guest already.
+    let called = std::sync::atomic::AtomicBool::new(false);
     let shared_path = |i: &std::sync::Mutex<Option<IncomingDisks>>| {
         i.lock()
             .map(|g| g.as_ref().is_some_and(|i| i.shared_instance_path))
@@ -141,10 +144,49 @@ pub(crate) async fn live_migrate(
                 None
             };
             op.phase("migrate");
+            called.store(true, std::sync::atomic::Ordering::Relaxed);
             migrate_watched(op, uri, record.flavor.memory_mb, block).await?;
             Ok::<_, InstanceError>(())
         },
         async |op, cause| {
+            if called.load(std::sync::atomic::Ordering::Relaxed) {
+                // A failed call is not a failed migration: the job may run on (a call that
+                // timed out: its job was aborted) or have moved the guest before the call
+                // failed. Rolling back then had the destination destroy the guest that had
+                // arrived. Let the job end; the domain decides.
+                op.phase("the migration job after its call failed");
+                let state = let_migration_end(op, from == InstanceState::Paused).await;
+                if let Ok(s @ (PowerState::NoDomain | PowerState::Shutoff)) = state {
+                    warn!(instance = %op.uuid, error = %cause, dest = %dest,
+                        "the live migration's call failed, but the guest left: the destination \
+                         takes it over");
+                    let gone = s == PowerState::NoDomain;
+                    return match hand_over_departed(
+                        op,
+                        &record,
+                        &migration,
+                        gone,
+                        std::time::Duration::ZERO,
+                    )
+                    .await
+                    {
+                        Ok(()) => Finished::ok(InstanceState::Gone, None),
+                        Err(rollback) => Finished::err(
+                            if gone {
+                                InstanceState::Gone
+                            } else {
+                                InstanceState::Error
+                            },
+                            (!gone).then(|| record.clone()),
+                            InstanceError::RollbackFailed {
+                                request: Request::LiveMigrate,
+                                rollback,
+                                cause: Box::new(cause),
+                            },
+                        ),
+                    };
+                }
+            }
             // Logged once the operation's waits are cancelled (before, in the copy this
             // replaced): the order of a log line only.
             warn!(instance = %op.uuid, error = %cause, "live migration failed; rolling back");
@@ -228,43 +270,12 @@ pub(crate) async fn recover_live_migration_source(
     peer_wait: std::time::Duration,
 ) -> Result<bool, String> {
     op.phase("recover: the migration job");
-    let lv = op.deps.libvirt.clone();
-    let start = tokio::time::Instant::now();
-    let mut aborted = false;
-    let state = loop {
-        // The job first: a state read after it cannot predate the job's end (seen here: the
-        // domain read as running, then its job refused with "domain is not running").
-        let progress = lv.job_progress(op.uuid).await;
-        let state = op.power().await;
-        let job = progress.as_ref().is_ok_and(|p| p.active);
-        let settling = match state {
-            Ok(PowerState::Paused) => !was_paused,
-            Ok(PowerState::Shutoff) => true,
-            // "domain is not running": it stopped between the two reads.
-            Ok(PowerState::Running) => matches!(
-                progress,
-                Err(crate::libvirt::LibvirtError::OperationInvalid { .. })
-            ),
-            _ => false,
-        };
-        let waited = start.elapsed();
-        let out_of_time = waited >= RECOVER_JOB_WAIT + RECOVER_SETTLE_WAIT;
-        if job && !aborted && waited >= RECOVER_JOB_WAIT {
-            warn!(instance = %op.uuid, "a live migration job outlived its agent too long: aborting it");
-            aborted = true;
-            if let Err(e) = lv.abort_job(op.uuid).await {
-                warn!(instance = %op.uuid, error = %e, "aborting the migration job failed");
-            }
-        } else if out_of_time || (!job && (!settling || waited >= RECOVER_SETTLE_WAIT)) {
-            break state;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-    };
-    let probe = migration_probe(migration.id);
+    let state = let_migration_end(op, was_paused).await;
     let gone = match state {
         Ok(PowerState::NoDomain) => true,
         Ok(PowerState::Shutoff) => false,
         Ok(_) => {
+            let probe = migration_probe(migration.id);
             let h = handover(record, &record.flavor, true);
             let r = rollback_live_migration(op, record, migration, h, true, true, peer_wait).await;
             op.deps.storage.remove_probe(&probe).await;
@@ -283,6 +294,63 @@ pub(crate) async fn recover_live_migration_source(
     info!(instance = %op.uuid, dest = %migration.dest_host, domain_here = !gone,
         "the guest's QEMU ended here during the interrupted live migration: the destination \
          is asked to take the guest over");
+    hand_over_departed(op, record, migration, gone, peer_wait)
+        .await
+        .map(|()| true)
+}
+
+/// Let a migration job libvirt runs on end (see [`recover_live_migration_source`]), and read
+/// the domain's state after it: the job running, or the domain paused for the switch-over
+/// (when it was not: `was_paused`) or shut off by it, is waited for — polled, the job aborted
+/// after [`RECOVER_JOB_WAIT`].
+async fn let_migration_end(op: &mut OpCtx, was_paused: bool) -> Result<PowerState, InstanceError> {
+    let lv = op.deps.libvirt.clone();
+    let start = tokio::time::Instant::now();
+    let mut aborted = false;
+    loop {
+        // The job first: a state read after it cannot predate the job's end (seen here: the
+        // domain read as running, then its job refused with "domain is not running").
+        let progress = lv.job_progress(op.uuid).await;
+        let state = op.power().await;
+        let job = progress.as_ref().is_ok_and(|p| p.active);
+        let settling = match state {
+            Ok(PowerState::Paused) => !was_paused,
+            Ok(PowerState::Shutoff) => true,
+            // "domain is not running": it stopped between the two reads.
+            Ok(PowerState::Running) => matches!(
+                progress,
+                Err(crate::libvirt::LibvirtError::OperationInvalid { .. })
+            ),
+            _ => false,
+        };
+        let waited = start.elapsed();
+        let out_of_time = waited >= RECOVER_JOB_WAIT + RECOVER_SETTLE_WAIT;
+        if job && !aborted && waited >= RECOVER_JOB_WAIT {
+            warn!(instance = %op.uuid, "a live migration job outlived its call too long: aborting it");
+            aborted = true;
+            if let Err(e) = lv.abort_job(op.uuid).await {
+                warn!(instance = %op.uuid, error = %e, "aborting the migration job failed");
+            }
+        } else if out_of_time || (!job && (!settling || waited >= RECOVER_SETTLE_WAIT)) {
+            return state;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+}
+
+/// The guest left this host (`gone`: its domain too; otherwise the domain is shut off here)
+/// while nobody followed the migration: the destination is asked to take it over; once it
+/// did, this host cleans up as a finished migration does and the journal entry goes. If it
+/// cannot, nothing is rolled back (the destination may run the guest) and the error says so:
+/// a shut-off domain here is kept, and so is the entry (the next start asks again).
+async fn hand_over_departed(
+    op: &mut OpCtx,
+    record: &InstanceRecord,
+    migration: &Migration,
+    gone: bool,
+    peer_wait: std::time::Duration,
+) -> Result<(), String> {
+    let probe = migration_probe(migration.id);
     let post = hand_over(op, migration, peer_wait).await;
     if let Err(e) = &post {
         if !gone {
@@ -300,7 +368,7 @@ pub(crate) async fn recover_live_migration_source(
     match post {
         Ok(_) => {
             end_journal(op).await;
-            Ok(true)
+            Ok(())
         }
         Err(e) => Err(format!(
             "the destination did not take the guest over: {}",
@@ -511,6 +579,14 @@ async fn migrate_watched(
         start,
         result.is_err(),
     );
+    if let (Err(crate::libvirt::LibvirtError::Timeout { .. }), false) = (&result, aborted) {
+        // The call gave up; libvirt's job did not: it is aborted (the guest may have moved
+        // already, which the caller finds out).
+        warn!(instance = %uuid, "the migration call timed out: aborting its job");
+        if let Err(e) = lv.abort_job(uuid).await {
+            warn!(instance = %uuid, error = %e, "aborting the migration job failed");
+        }
+    }
     match result {
         Ok(()) => Ok(()),
         Err(source) if aborted => Err(InstanceError::MigrationAborted {
