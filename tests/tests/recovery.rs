@@ -933,6 +933,98 @@ async fn a_live_migration_whose_source_was_down_until_the_guest_left_is_handed_o
     c.assert_clean(&[]).await;
 }
 
+/// The guest arrived on the destination (libvirt switched it over) and a rollback is asked of
+/// the destination anyway — by a source whose migrate call failed after the switch-over, or
+/// by Nova after such a failure. The destination used to destroy the guest it ran, and the
+/// source's domain was gone: the instance was lost on both hosts. It refuses now (the guest
+/// runs: it arrived), keeps the guest as incoming, and the hand-over still takes it; the
+/// source's restart, from its journal entry, finds the hand-over done and cleans up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rollback_asked_of_a_destination_that_runs_the_guest_is_refused() {
+    let c = spec(&["h1", "h2"]).start().await;
+    let id = uuid();
+    let (h1, h2) = (c.host("h1"), c.host("h2"));
+    h1.spawn_on(id, "vm-arrived-rb", vec![on(NET_HYBRID), on(NET_NATIVE)])
+        .await;
+    let view = h1.driver.show(id).await.unwrap();
+    let ports = ports(&view);
+    let handover = view.handover.unwrap();
+    let prepared = Arc::new(tokio::sync::Notify::new());
+    c.peers.insert(Arc::new(PreparedThenSilent {
+        real: c.peers.get("h2").unwrap(),
+        prepared: prepared.clone(),
+    }));
+    let args = lm("h2");
+    let migration = args.migration("h1");
+    let d = h1.driver.clone();
+    let op = tokio::spawn(async move { d.live_migrate(id, args).await });
+    prepared.notified().await;
+    // libvirt's job delivers the guest: running on h2, gone from h1.
+    let (from, to) = (h1.driver.libvirt(), h2.driver.libvirt());
+    to.define_xml(from.xml_desc(id, false).await.unwrap(), false)
+        .await
+        .unwrap();
+    to.start(id, false).await.unwrap();
+    h2.plugger.devices_attached(&ports).await;
+    from.destroy(id).await.unwrap();
+    from.undefine(id).await.unwrap();
+
+    let refused = h2
+        .driver
+        .complete(
+            id,
+            Operation::RollbackLiveMigrationAtDestination {
+                handover: Box::new(handover),
+                do_cleanup: true,
+                destroy_disks: true,
+                migration_id: Some(migration.id),
+                caller: None,
+            },
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        chain(&refused).contains("runs on h2 already"),
+        "{}",
+        chain(&refused)
+    );
+    assert!(
+        to.is_active(id).await.unwrap(),
+        "the guest still runs on h2"
+    );
+    assert_eq!(
+        h2.driver.show(id).await.unwrap().state,
+        InstanceState::Incoming
+    );
+    hand_over(&*h2.driver, id, &migration)
+        .await
+        .unwrap_or_else(|e| panic!("{}", chain(&e)));
+    assert_eq!(
+        h2.driver.show(id).await.unwrap().state,
+        InstanceState::Running
+    );
+    // The source (hung in its flow) restarts: its journal entry finds the hand-over done.
+    let domains = c.dump_domains().await;
+    op.abort();
+    assert!(op.await.unwrap_err().is_cancelled());
+    let c = TestCloud::restart(c.crash(), domains).await;
+    let (h1, h2) = (c.host("h1"), c.host("h2"));
+    eventually(Duration::from_secs(10), "the source cleaned up", || async {
+        h1.driver.show(id).await.is_err().then_some(())
+    })
+    .await;
+    assert_eq!(
+        h2.driver.show(id).await.unwrap().state,
+        InstanceState::Running
+    );
+    for p in &ports {
+        assert_eq!(c.port(*p).await.host_id, "h2");
+        assert_eq!(c.network.show_bindings(*p).await.unwrap().len(), 1);
+    }
+    c.destroy_everywhere(id).await;
+    c.assert_clean(&[]).await;
+}
+
 /// The source's hand-over of a live-migrated guest to the destination `driver`.
 async fn hand_over(
     driver: &dyn ComputeDriver,

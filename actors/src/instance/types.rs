@@ -537,6 +537,14 @@ pub enum InvalidOperation {
         /// The host.
         host: String,
     },
+    /// A live migration's rollback at the destination found the guest running there: it
+    /// arrived (an incoming guest stays paused until the switch-over), so it is not
+    /// destroyed; the source's hand-over (post-live-migration) takes it.
+    #[error("the guest runs on {host} already (it arrived): not rolled back")]
+    GuestArrived {
+        /// This host.
+        host: String,
+    },
     /// The destination has no migration URI configured.
     #[error("host {host} takes no live migrations")]
     NoLiveMigrationTo {

@@ -1009,6 +1009,7 @@ pub(crate) async fn post_live_migration(
 /// Works from the source's handover even when this host lost its own record.
 pub(crate) async fn rollback_at_destination(
     op: &mut OpCtx,
+    from: InstanceState,
     h: Handover,
     do_cleanup: bool,
     destroy_disks: bool,
@@ -1037,6 +1038,26 @@ pub(crate) async fn rollback_at_destination(
             false
         }
     };
+    // An incoming guest stays paused until the switch-over: one running here arrived (the
+    // source's migrate call failed after it moved, say). Destroying it lost the guest on
+    // both hosts; it stays, for the source's hand-over.
+    if op.power().await.is_ok_and(|p| p == PowerState::Running) {
+        warn!(instance = %op.uuid, "rollback of a live migration whose guest runs here: refused");
+        // Held as the incoming guest (also when this host had lost its record).
+        let state = if from == InstanceState::Absent {
+            InstanceState::Incoming
+        } else {
+            from
+        };
+        return Finished::err(
+            state,
+            Some(record),
+            InvalidOperation::GuestArrived {
+                host: op.deps.host.clone(),
+            }
+            .into(),
+        );
+    }
     op.phase("remove prepared devices");
     let mut errors = Vec::new();
     if let Err(e) = op.destroy_domain().await {
@@ -1083,6 +1104,8 @@ async fn live_migrate_for_caller(
             migration: migration.clone(),
         }),
     );
+    // The migration call was made (see live_migrate).
+    let called = std::sync::atomic::AtomicBool::new(false);
     let migrated = with_rollback(
         op,
         async |op| {
@@ -1105,10 +1128,28 @@ async fn live_migrate_for_caller(
                 None
             };
             op.phase("migrate");
+            called.store(true, std::sync::atomic::Ordering::Relaxed);
             migrate_watched(op, uri, record.flavor.memory_mb, block).await?;
             Ok::<_, InstanceError>(())
         },
         async |op, cause| {
+            if called.load(std::sync::atomic::Ordering::Relaxed) {
+                // As in vireo's own flow: a failed call may have moved the guest. Then the
+                // migration succeeded (Nova's post-live-migration takes the guest at the
+                // destination) and this host cleans up; Nova's rollback would have had the
+                // destination destroy it. A domain left shut off here is not taken for a
+                // departure: nobody here can ask the destination (Nova rolls back as before).
+                op.phase("the migration job after its call failed");
+                let state = let_migration_end(op, from == InstanceState::Paused).await;
+                if let Ok(PowerState::NoDomain) = state {
+                    warn!(instance = %op.uuid, error = %cause,
+                        "the live migration's call failed, but the guest left");
+                    op.phase("clean up the source");
+                    let _ = op.unplug_all(&record).await;
+                    drop_departed(op, has_disks).await;
+                    return Finished::ok(InstanceState::Gone, None);
+                }
+            }
             warn!(instance = %op.uuid, error = %cause, "live migration failed; Nova rolls back the network and the destination");
             let state = state_after_failed_migration(op, from).await;
             let _ = op.save(&record, None).await;

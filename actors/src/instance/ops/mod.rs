@@ -336,6 +336,7 @@ pub(crate) async fn dispatch(
             let prepared_here = caller.is_none() || record.is_some();
             return migrate::rollback_at_destination(
                 op,
+                from,
                 *handover,
                 do_cleanup,
                 destroy_disks && prepared_here,
