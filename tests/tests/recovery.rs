@@ -757,22 +757,13 @@ impl PeerHost for PreparedThenSilent {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_guest_that_arrived_while_the_destination_was_down_is_handed_over() {
     let c = spec(&["h1", "h2"]).start().await;
-    let id = uuid();
-    let h1 = c.host("h1");
-    h1.spawn_on(id, "vm-crash-arrive", vec![on(NET_HYBRID), on(NET_NATIVE)])
-        .await;
-    let ports = ports(&h1.driver.show(id).await.unwrap());
-    let prepared = Arc::new(tokio::sync::Notify::new());
-    let real = c.peers.get("h2").unwrap();
-    c.peers.insert(Arc::new(PreparedThenSilent {
-        real,
-        prepared: prepared.clone(),
-    }));
-    let args = lm("h2");
-    let migration = args.migration("h1");
-    let d = h1.driver.clone();
-    let op = tokio::spawn(async move { d.live_migrate(id, args).await });
-    prepared.notified().await;
+    let Stalled {
+        id,
+        ports,
+        migration,
+        op,
+        ..
+    } = stalled_after_prepare(&c, "vm-crash-arrive").await;
     let h2 = c.host("h2");
     assert_eq!(
         h2.driver.show(id).await.unwrap().state,
@@ -780,11 +771,8 @@ async fn a_guest_that_arrived_while_the_destination_was_down_is_handed_over() {
     );
     // libvirt moved the domain (with the source's metadata, the migration in flight) to h2.
     let mut domains = c.dump_domains().await;
-    let moved = domain_of(&domains["h1"], id);
+    let moved = move_domain(&mut domains, id);
     assert!(moved.contains("<vireo:operation"), "{moved}");
-    let rest = domains["h1"].replace(&moved, "");
-    domains.insert("h1".into(), rest);
-    domains.get_mut("h2").unwrap().push_str(&moved);
     op.abort();
     assert!(op.await.unwrap_err().is_cancelled());
     // This test plays the source's part by hand (the hand-over below, as a source whose
@@ -871,31 +859,19 @@ async fn a_guest_that_arrived_while_the_destination_was_down_is_handed_over() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_live_migration_whose_source_was_down_until_the_guest_left_is_handed_over() {
     let c = spec(&["h1", "h2"]).start().await;
-    let id = uuid();
-    let h1 = c.host("h1");
-    h1.spawn_on(id, "vm-crash-left", vec![on(NET_HYBRID), on(NET_NATIVE)])
-        .await;
-    let ports = ports(&h1.driver.show(id).await.unwrap());
-    let prepared = Arc::new(tokio::sync::Notify::new());
-    let real = c.peers.get("h2").unwrap();
-    c.peers.insert(Arc::new(PreparedThenSilent {
-        real,
-        prepared: prepared.clone(),
-    }));
-    let args = lm("h2");
-    let migration = args.migration("h1");
-    let d = h1.driver.clone();
-    let op = tokio::spawn(async move { d.live_migrate(id, args).await });
-    prepared.notified().await;
+    let Stalled {
+        id,
+        ports,
+        migration,
+        op,
+        ..
+    } = stalled_after_prepare(&c, "vm-crash-left").await;
     let journal = c.dir.path().join("h1").join("live-migrations");
     assert!(journal.join(format!("{id}.json")).exists());
     // libvirt moved the domain to h2 (with the source's metadata) and undefined it on h1;
     // the guest runs on h2, whose libvirt made its taps.
     let mut domains = c.dump_domains().await;
-    let moved = domain_of(&domains["h1"], id);
-    let rest = domains["h1"].replace(&moved, "");
-    domains.insert("h1".into(), rest);
-    domains.get_mut("h2").unwrap().push_str(&moved);
+    move_domain(&mut domains, id);
     c.host("h2").plugger.devices_attached(&ports).await;
     op.abort();
     assert!(op.await.unwrap_err().is_cancelled());
@@ -942,23 +918,14 @@ async fn a_live_migration_whose_source_was_down_until_the_guest_left_is_handed_o
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rollback_asked_of_a_destination_that_runs_the_guest_is_refused() {
     let c = spec(&["h1", "h2"]).start().await;
-    let id = uuid();
+    let Stalled {
+        id,
+        ports,
+        migration,
+        op,
+        handover,
+    } = stalled_after_prepare(&c, "vm-arrived-rb").await;
     let (h1, h2) = (c.host("h1"), c.host("h2"));
-    h1.spawn_on(id, "vm-arrived-rb", vec![on(NET_HYBRID), on(NET_NATIVE)])
-        .await;
-    let view = h1.driver.show(id).await.unwrap();
-    let ports = ports(&view);
-    let handover = view.handover.unwrap();
-    let prepared = Arc::new(tokio::sync::Notify::new());
-    c.peers.insert(Arc::new(PreparedThenSilent {
-        real: c.peers.get("h2").unwrap(),
-        prepared: prepared.clone(),
-    }));
-    let args = lm("h2");
-    let migration = args.migration("h1");
-    let d = h1.driver.clone();
-    let op = tokio::spawn(async move { d.live_migrate(id, args).await });
-    prepared.notified().await;
     // libvirt's job delivers the guest: running on h2, gone from h1.
     let (from, to) = (h1.driver.libvirt(), h2.driver.libvirt());
     to.define_xml(from.xml_desc(id, false).await.unwrap(), false)
@@ -1023,6 +990,54 @@ async fn a_rollback_asked_of_a_destination_that_runs_the_guest_is_refused() {
     }
     c.destroy_everywhere(id).await;
     c.assert_clean(&[]).await;
+}
+
+/// A live migration h1 → h2 stalled once h2 is prepared (h2's agent never answers again).
+struct Stalled {
+    id: uuid::Uuid,
+    ports: Vec<vireo_actors::vif::PortId>,
+    migration: Migration,
+    /// The migration's caller (it never returns).
+    op: tokio::task::JoinHandle<Result<vireo_actors::instance::OpReport, InstanceError>>,
+    /// The instance's handover, as h1 had it before the migration.
+    handover: vireo_actors::instance::Handover,
+}
+
+/// Spawn `name` on h1 on two ports and start its live migration to h2 through
+/// [`PreparedThenSilent`]; returns once h2 is prepared (it holds the incoming instance).
+async fn stalled_after_prepare(c: &TestCloud, name: &str) -> Stalled {
+    let id = uuid();
+    let h1 = c.host("h1");
+    h1.spawn_on(id, name, vec![on(NET_HYBRID), on(NET_NATIVE)])
+        .await;
+    let view = h1.driver.show(id).await.unwrap();
+    let prepared = Arc::new(tokio::sync::Notify::new());
+    c.peers.insert(Arc::new(PreparedThenSilent {
+        real: c.peers.get("h2").unwrap(),
+        prepared: prepared.clone(),
+    }));
+    let args = lm("h2");
+    let migration = args.migration("h1");
+    let d = h1.driver.clone();
+    let op = tokio::spawn(async move { d.live_migrate(id, args).await });
+    prepared.notified().await;
+    Stalled {
+        id,
+        ports: ports(&view),
+        migration,
+        op,
+        handover: view.handover.unwrap(),
+    }
+}
+
+/// What libvirt's peer-to-peer job does to a dump of both hosts' domains: `id`'s domain
+/// (with the source's metadata) moves from h1 to h2. Returns it.
+fn move_domain(domains: &mut std::collections::BTreeMap<String, String>, id: uuid::Uuid) -> String {
+    let moved = domain_of(&domains["h1"], id);
+    let rest = domains["h1"].replace(&moved, "");
+    domains.insert("h1".into(), rest);
+    domains.get_mut("h2").unwrap().push_str(&moved);
+    moved
 }
 
 /// The source's hand-over of a live-migrated guest to the destination `driver`.
