@@ -351,6 +351,11 @@ impl Handler<Recover> for HostActor {
                     step: "list domains",
                     source,
                 })?;
+            // Every domain libvirt has, whatever vireo makes of it (and the instances this
+            // host already knows): a journaled migration is recovered from its entry only
+            // when none of them is its instance.
+            let mut present: HashSet<Uuid> = domains.iter().map(|d| d.uuid).collect();
+            present.extend(known.iter().copied());
             let mut found = Vec::new();
             let mut foreign = 0;
             let mut others = Vec::new();
@@ -414,7 +419,7 @@ impl Handler<Recover> for HostActor {
                         release_journaled_builds(&builds, &*network, &*storage, &domains).await;
                     // A live migration whose domain left while the agent was stopped is
                     // recovered from its journal entry, as from its domain.
-                    let departed = journaled_migrations(&migrations, &found).await;
+                    let departed = journaled_migrations(&migrations, &found, &present).await;
                     found.extend(
                         departed
                             .into_iter()
@@ -560,15 +565,19 @@ async fn release_journaled_builds(
 }
 
 /// The live migrations the journal holds (see [`crate::instance::journal`]) at start-up, given
-/// the instances `found` in libvirt: an entry whose domain is here belongs to that domain's
-/// recovery when the domain still records the migration in flight (the recovery drops it),
-/// and is dropped now when it does not (the migration ended; only the entry's removal was
-/// lost). An entry without a domain here is a migration whose guest left while the agent was
-/// stopped: returned (its metadata and record) to be recovered as its domain would have been.
-/// An unreadable entry stays for an operator.
+/// the instances `found` in libvirt (this host's, readable) and every domain `present` there
+/// (or known already): an entry whose domain was found belongs to that domain's recovery
+/// when the domain still records the migration in flight (the recovery drops it), and is
+/// dropped now when it does not (the migration ended; only the entry's removal was lost). An
+/// entry whose domain is present otherwise (its metadata unreadable now, say) is left alone:
+/// a guest that may run here is never handed over. An entry without any domain here is a
+/// migration whose guest left while the agent was stopped: returned (its metadata and
+/// record) to be recovered as its domain would have been. An unreadable entry stays for an
+/// operator.
 async fn journaled_migrations(
     journal: &LiveMigrationJournal,
     found: &[(Uuid, PowerState, VireoMetadata, InstanceRecord)],
+    present: &HashSet<Uuid>,
 ) -> Vec<(VireoMetadata, InstanceRecord)> {
     let entries = match journal.pending().await {
         Ok(entries) => entries,
@@ -593,6 +602,10 @@ async fn journaled_migrations(
                     warn!(%instance, error = %error_chain(&error), "live-migration journal entry not removed");
                 }
             }
+            continue;
+        }
+        if present.contains(&instance) {
+            warn!(%instance, "a journaled live migration whose domain is here but was not read: left for the next start");
             continue;
         }
         let parsed = VireoMetadata::from_xml(&entry.metadata)

@@ -708,3 +708,139 @@ async fn a_cross_host_resize_on_a_shared_instances_directory_resizes_in_place_an
     c.destroy_and_assert_clean(&[id], &[]).await;
     assert!(c.disks_left("h1").is_empty(), "{:?}", c.disks_left("h1"));
 }
+
+/// A destination agent whose libvirt receives the guest as libvirt's peer-to-peer job would
+/// deliver it once the destination is prepared (the source's domain, naming the
+/// destination's disk files, defined and running there; gone from the source), and that
+/// never answers the hand-over: the source's agent is then killed in it.
+#[derive(Debug)]
+struct MovesThenSilent {
+    real: std::sync::Arc<dyn vireo_actors::instance::PeerHost>,
+    from: vireo_actors::libvirt::LibvirtHandle,
+    to: vireo_actors::libvirt::LibvirtHandle,
+    /// The source's and the destination's instances directories (the same when shared).
+    dirs: (PathBuf, PathBuf),
+    handing_over: std::sync::Arc<tokio::sync::Notify>,
+}
+
+#[async_trait::async_trait]
+impl vireo_actors::instance::PeerHost for MovesThenSilent {
+    fn name(&self) -> &str {
+        self.real.name()
+    }
+
+    fn migration_uri(&self) -> Option<String> {
+        self.real.migration_uri()
+    }
+
+    async fn request(
+        &self,
+        instance: uuid::Uuid,
+        request: vireo_actors::instance::Operation,
+    ) -> Result<vireo_actors::instance::InstanceReply, InstanceError> {
+        use vireo_actors::instance::Operation as O;
+        match request {
+            O::PostLiveMigrationAtDestination { .. } => {
+                self.handing_over.notify_one();
+                futures::future::pending().await
+            }
+            O::PreLiveMigration { .. } => {
+                let reply = self.real.request(instance, request).await?;
+                let xml = self.from.xml_desc(instance, false).await.unwrap();
+                let (src, dst) = (
+                    self.dirs.0.display().to_string(),
+                    self.dirs.1.display().to_string(),
+                );
+                self.to
+                    .define_xml(xml.replace(&src, &dst), false)
+                    .await
+                    .unwrap();
+                self.to.start(instance, false).await.unwrap();
+                self.from.destroy(instance).await.unwrap();
+                self.from.undefine(instance).await.unwrap();
+                Ok(reply)
+            }
+            other => self.real.request(instance, other).await,
+        }
+    }
+}
+
+/// A live migration with disks on a shared instances directory whose guest moved (here: its
+/// migrate call failed after the guest moved, the flow let the job end and began the
+/// hand-over), and whose source's agent was killed before the destination took it over: the
+/// restarted source recovers it from its journal entry, which says whether the migration
+/// copied the disks (the destination's pre-live-migration answered before the migration
+/// began): shared, so the source removes nothing — the files are the ones the guest runs on,
+/// on the destination. (The source's probe file could not tell: the source wrote it in its
+/// own directory; once a first clean-up removed it, a second start took the directory for a
+/// copy and removed the guest's disks.) Not shared cannot be played on the test driver: a
+/// block migration reads the source's domain after the destination answered, so the guest
+/// cannot have moved yet; the source's copy then goes as after any migration.
+async fn departed_live_migration_with_disks(shared: bool) {
+    let c = spec(&["h1", "h2"]).shared_instances(shared).start().await;
+    let (h1, h2) = (c.host("h1"), c.host("h2"));
+    let image = make_image(&c, "img.raw");
+    let id = uuid();
+    h1.driver
+        .spawn(
+            id,
+            image_args("vm-st-lm", &image, Checksum::Sha256(sha256(&image)), 1),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{}", chain(&e)));
+    let handing_over = std::sync::Arc::new(tokio::sync::Notify::new());
+    c.peers.insert(std::sync::Arc::new(MovesThenSilent {
+        real: c.peers.get("h2").unwrap(),
+        from: h1.driver.libvirt().clone(),
+        to: h2.driver.libvirt().clone(),
+        dirs: (c.instances_dir("h1"), c.instances_dir("h2")),
+        handing_over: handing_over.clone(),
+    }));
+    let d = h1.driver.clone();
+    let mut op = tokio::spawn(async move { d.live_migrate(id, lm("h2")).await });
+    tokio::select! {
+        _ = handing_over.notified() => {}
+        r = &mut op => panic!(
+            "the migration ended before its hand-over: {:?}",
+            r.unwrap().map_err(|e| chain(&e))
+        ),
+    }
+    let domains = c.dump_domains().await;
+    op.abort();
+    assert!(op.await.unwrap_err().is_cancelled());
+    let c = TestCloud::restart(c.crash(), domains).await;
+    let (h1, h2) = (c.host("h1"), c.host("h2"));
+    eventually(
+        std::time::Duration::from_secs(10),
+        "the guest handed over",
+        || async {
+            (h2.driver.show(id).await.ok()?.state
+                == vireo_actors::lifecycle::InstanceState::Running
+                && h1.driver.show(id).await.is_err())
+            .then_some(())
+        },
+    )
+    .await;
+    let on_h2 = h2.driver.show(id).await.unwrap();
+    assert!(!on_h2.disks.is_empty());
+    for disk in &on_h2.disks {
+        assert!(disk.path.exists(), "{disk:?} is gone");
+    }
+    let dir = id.to_string();
+    if shared {
+        assert_eq!(c.disks_left("h1"), vec![c.instances_dir("h1").join(&dir)]);
+    } else {
+        assert!(c.disks_left("h1").is_empty(), "{:?}", c.disks_left("h1"));
+        assert_eq!(c.disks_left("h2"), vec![c.instances_dir("h2").join(&dir)]);
+    }
+    c.destroy_everywhere(id).await;
+    c.assert_clean(&[]).await;
+    assert!(c.disks_left("h1").is_empty());
+    assert!(c.disks_left("h2").is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_departed_live_migration_on_a_shared_directory_recovered_from_the_journal_keeps_the_disks(
+) {
+    departed_live_migration_with_disks(true).await;
+}

@@ -135,6 +135,13 @@ pub struct LiveMigrationEntry {
     /// Its domain's vireo metadata as the migration saved it: the record, and the live
     /// migration in flight.
     pub metadata: String,
+    /// Whether the migration copies the instance's disks (it has disks and the
+    /// destination, once its pre-live-migration answered, does not share the instances
+    /// directory); None until the destination answered — the migration had not started.
+    /// Only what this says lets a recovered source remove its disks: a probe file cannot
+    /// tell (the source wrote it in its own directory).
+    #[serde(default)]
+    pub copied_disks: Option<bool>,
 }
 
 /// What one journal holds: an entry per instance.
@@ -260,6 +267,19 @@ impl<E: JournalEntry> Journal<E> {
     pub async fn end(&self, instance: Uuid) -> Result<(), JournalError> {
         self.commit(Change::Remove {
             path: self.path(instance),
+        })
+        .await
+    }
+
+    /// The entry of `instance`, if there is one.
+    pub async fn read(&self, instance: Uuid) -> Result<Option<E>, JournalError> {
+        let path = self.path(instance);
+        blocking(move || match std::fs::read(&path) {
+            Ok(bytes) => serde_json::from_slice(&bytes)
+                .map(Some)
+                .map_err(|source| JournalError::Parse { path, source }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(source) => Err(JournalError::Read { path, source }),
         })
         .await
     }
@@ -445,6 +465,32 @@ mod tests {
         let left: Vec<_> = again.pending().await.unwrap();
         assert_eq!(left.len(), 1);
         assert_eq!(left[0].as_ref().unwrap(), &entry(2));
+    }
+
+    #[tokio::test]
+    async fn a_live_migration_entry_is_read_back_and_rewritten_in_place() {
+        let d = tempfile::tempdir().unwrap();
+        let j = LiveMigrationJournal::open(d.path().join("live-migrations")).unwrap();
+        let id = Uuid::from_u128(7);
+        assert_eq!(j.read(id).await.unwrap(), None);
+        let mut e = LiveMigrationEntry {
+            instance: id,
+            name: "vm".into(),
+            metadata: "<vireo:instance/>".into(),
+            copied_disks: None,
+        };
+        j.begin(&e).await.unwrap();
+        e.copied_disks = Some(true);
+        j.begin(&e).await.unwrap();
+        assert_eq!(j.read(id).await.unwrap(), Some(e.clone()));
+        assert_eq!(j.pending().await.unwrap().len(), 1);
+        // An entry from before the field existed: the copy is unknown.
+        let old =
+            r#"{"instance":"00000000-0000-0000-0000-000000000007","name":"vm","metadata":""}"#;
+        let parsed: LiveMigrationEntry = serde_json::from_str(old).unwrap();
+        assert_eq!(parsed.copied_disks, None);
+        j.end(id).await.unwrap();
+        assert_eq!(j.read(id).await.unwrap(), None);
     }
 
     #[tokio::test]

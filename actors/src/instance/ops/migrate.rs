@@ -79,145 +79,156 @@ pub(crate) async fn live_migrate(
             migration: migration.clone(),
         }),
     );
-    let migrated = with_rollback(
-        op,
-        async |op| {
-            op.save(&record, Some(in_flight.clone())).await?;
-            journal_migration(op, &record, in_flight).await?;
-            let storage = op.deps.storage.clone();
-            op.store(
-                "write the shared-directory probe",
-                storage.write_probe(&probe),
-            )
-            .await?;
-            let peer = op.deps.peers.get(&dest)?;
-            let uri = peer.migration_uri().ok_or_else(|| {
-                InstanceError::from(InvalidOperation::NoLiveMigrationTo { host: dest.clone() })
-            })?;
-            op.phase("destination bindings");
-            let net = op.deps.network.clone();
-            for vif in &record.network_info.vifs {
-                let binding = NewBinding {
-                    host: dest.clone(),
-                    vnic_type: Some(vif.vnic_type),
-                    profile: None,
-                };
-                match op
-                    .net("create binding", net.create_binding(vif.id, &binding))
-                    .await
-                {
-                    Ok(_) => {}
-                    Err(InstanceError::Network {
-                        source: NetworkError::BindingExists { .. },
-                        ..
-                    }) => {}
-                    Err(e) => return Err(e),
-                }
-            }
-            if op.deps.config.set_migrating_to {
-                op.phase("set migrating_to");
-                update_profiles(op, &record, Some(&dest)).await?;
-            }
-            op.phase("pre-wire the destination");
-            let InstanceReply::Done { report, .. } = op
-                .peer(
-                    &dest,
-                    "pre-live-migration",
-                    Operation::PreLiveMigration {
-                        migration: migration.clone(),
-                        handover: Box::new(h.clone()),
-                        caller: None,
-                    },
+    let migrated =
+        with_rollback(
+            op,
+            async |op| {
+                op.save(&record, Some(in_flight.clone())).await?;
+                let mut entry = journal_migration(op, &record, in_flight).await?;
+                let storage = op.deps.storage.clone();
+                op.store(
+                    "write the shared-directory probe",
+                    storage.write_probe(&probe),
                 )
                 .await?;
-            let prepared = report.incoming.unwrap_or(IncomingDisks {
-                // A destination that says nothing of disks prepared none.
-                shared_instance_path: false,
-                disks: Vec::new(),
-            });
-            if let Ok(mut i) = incoming.lock() {
-                *i = Some(prepared.clone());
-            }
-            let block = if has_disks {
-                Some(block_migration(op, &dest, &record, &prepared).await?)
-            } else {
-                None
-            };
-            op.phase("migrate");
-            called.store(true, std::sync::atomic::Ordering::Relaxed);
-            migrate_watched(op, uri, record.flavor.memory_mb, block).await?;
-            Ok::<_, InstanceError>(())
-        },
-        async |op, cause| {
-            if called.load(std::sync::atomic::Ordering::Relaxed) {
-                // A failed call is not a failed migration: the job may run on (a call that
-                // timed out: its job was aborted) or have moved the guest before the call
-                // failed. Rolling back then had the destination destroy the guest that had
-                // arrived. Let the job end; the domain decides.
-                op.phase("the migration job after its call failed");
-                let state = let_migration_end(op, from == InstanceState::Paused).await;
-                if let Ok(s @ (PowerState::NoDomain | PowerState::Shutoff)) = state {
-                    warn!(instance = %op.uuid, error = %cause, dest = %dest,
+                let peer = op.deps.peers.get(&dest)?;
+                let uri = peer.migration_uri().ok_or_else(|| {
+                    InstanceError::from(InvalidOperation::NoLiveMigrationTo { host: dest.clone() })
+                })?;
+                op.phase("destination bindings");
+                let net = op.deps.network.clone();
+                for vif in &record.network_info.vifs {
+                    let binding = NewBinding {
+                        host: dest.clone(),
+                        vnic_type: Some(vif.vnic_type),
+                        profile: None,
+                    };
+                    match op
+                        .net("create binding", net.create_binding(vif.id, &binding))
+                        .await
+                    {
+                        Ok(_) => {}
+                        Err(InstanceError::Network {
+                            source: NetworkError::BindingExists { .. },
+                            ..
+                        }) => {}
+                        Err(e) => return Err(e),
+                    }
+                }
+                if op.deps.config.set_migrating_to {
+                    op.phase("set migrating_to");
+                    update_profiles(op, &record, Some(&dest)).await?;
+                }
+                op.phase("pre-wire the destination");
+                let InstanceReply::Done { report, .. } = op
+                    .peer(
+                        &dest,
+                        "pre-live-migration",
+                        Operation::PreLiveMigration {
+                            migration: migration.clone(),
+                            handover: Box::new(h.clone()),
+                            caller: None,
+                        },
+                    )
+                    .await?;
+                let prepared = report.incoming.unwrap_or(IncomingDisks {
+                    // A destination that says nothing of disks prepared none.
+                    shared_instance_path: false,
+                    disks: Vec::new(),
+                });
+                if let Ok(mut i) = incoming.lock() {
+                    *i = Some(prepared.clone());
+                }
+                // What a recovery of this source needs to know of its disks, before they move.
+                entry.copied_disks = Some(has_disks && !prepared.shared_instance_path);
+                op.deps.migrations.begin(&entry).await.map_err(|source| {
+                    InstanceError::Journal {
+                        step: "record the disk copy",
+                        source,
+                    }
+                })?;
+                let block = if has_disks {
+                    Some(block_migration(op, &dest, &record, &prepared).await?)
+                } else {
+                    None
+                };
+                op.phase("migrate");
+                called.store(true, std::sync::atomic::Ordering::Relaxed);
+                migrate_watched(op, uri, record.flavor.memory_mb, block).await?;
+                Ok::<_, InstanceError>(())
+            },
+            async |op, cause| {
+                if called.load(std::sync::atomic::Ordering::Relaxed) {
+                    // A failed call is not a failed migration: the job may run on (a call that
+                    // timed out: its job was aborted) or have moved the guest before the call
+                    // failed. Rolling back then had the destination destroy the guest that had
+                    // arrived. Let the job end; the domain decides.
+                    op.phase("the migration job after its call failed");
+                    let state = let_migration_end(op, from == InstanceState::Paused).await;
+                    if let Ok(s @ (PowerState::NoDomain | PowerState::Shutoff)) = state {
+                        warn!(instance = %op.uuid, error = %cause, dest = %dest,
                         "the live migration's call failed, but the guest left: the destination \
                          takes it over");
-                    let gone = s == PowerState::NoDomain;
-                    return match hand_over_departed(
-                        op,
-                        &record,
-                        &migration,
-                        gone,
-                        std::time::Duration::ZERO,
-                    )
-                    .await
-                    {
-                        Ok(()) => Finished::ok(InstanceState::Gone, None),
-                        Err(rollback) => Finished::err(
-                            if gone {
-                                InstanceState::Gone
-                            } else {
-                                InstanceState::Error
-                            },
-                            (!gone).then(|| record.clone()),
-                            InstanceError::RollbackFailed {
-                                request: Request::LiveMigrate,
-                                rollback,
-                                cause: Box::new(cause),
-                            },
-                        ),
-                    };
+                        let gone = s == PowerState::NoDomain;
+                        let copied = has_disks && !shared_path(&incoming);
+                        return match hand_over_departed(
+                            op,
+                            &record,
+                            &migration,
+                            gone,
+                            copied,
+                            std::time::Duration::ZERO,
+                        )
+                        .await
+                        {
+                            Ok(()) => Finished::ok(InstanceState::Gone, None),
+                            Err(rollback) => Finished::err(
+                                if gone {
+                                    InstanceState::Gone
+                                } else {
+                                    InstanceState::Error
+                                },
+                                (!gone).then(|| record.clone()),
+                                InstanceError::RollbackFailed {
+                                    request: Request::LiveMigrate,
+                                    rollback,
+                                    cause: Box::new(cause),
+                                },
+                            ),
+                        };
+                    }
                 }
-            }
-            // Logged once the operation's waits are cancelled (before, in the copy this
-            // replaced): the order of a log line only.
-            warn!(instance = %op.uuid, error = %cause, "live migration failed; rolling back");
-            // Not knowing whether the directory is shared (no answer), the destination is
-            // asked to remove its disks: it looks for the probe first and keeps a directory
-            // that is the source's.
-            let (do_cleanup, destroy_disks) = cleanup_flags(!has_disks, shared_path(&incoming));
-            let rollback = rollback_live_migration(
-                op,
-                &record,
-                &migration,
-                h.clone(),
-                do_cleanup,
-                destroy_disks,
-                std::time::Duration::ZERO,
-            )
-            .await;
-            op.deps.storage.remove_probe(&probe).await;
-            let state = state_after_failed_migration(op, from).await;
-            let _ = op.save(&record, None).await;
-            end_journal(op).await;
-            Finished::rolled_back(
-                Request::LiveMigrate,
-                state,
-                Some(record.clone()),
-                cause,
-                rollback,
-            )
-        },
-    )
-    .await;
+                // Logged once the operation's waits are cancelled (before, in the copy this
+                // replaced): the order of a log line only.
+                warn!(instance = %op.uuid, error = %cause, "live migration failed; rolling back");
+                // Not knowing whether the directory is shared (no answer), the destination is
+                // asked to remove its disks: it looks for the probe first and keeps a directory
+                // that is the source's.
+                let (do_cleanup, destroy_disks) = cleanup_flags(!has_disks, shared_path(&incoming));
+                let rollback = rollback_live_migration(
+                    op,
+                    &record,
+                    &migration,
+                    h.clone(),
+                    do_cleanup,
+                    destroy_disks,
+                    std::time::Duration::ZERO,
+                )
+                .await;
+                op.deps.storage.remove_probe(&probe).await;
+                let state = state_after_failed_migration(op, from).await;
+                let _ = op.save(&record, None).await;
+                end_journal(op).await;
+                Finished::rolled_back(
+                    Request::LiveMigrate,
+                    state,
+                    Some(record.clone()),
+                    cause,
+                    rollback,
+                )
+            },
+        )
+        .await;
     match migrated {
         Ok(()) => {
             // The guest runs on the destination now: there is nothing to roll back to.
@@ -294,7 +305,17 @@ pub(crate) async fn recover_live_migration_source(
     info!(instance = %op.uuid, dest = %migration.dest_host, domain_here = !gone,
         "the guest's QEMU ended here during the interrupted live migration: the destination \
          is asked to take the guest over");
-    hand_over_departed(op, record, migration, gone, peer_wait)
+    // Whether the disks were copied is what the journal entry recorded once the destination
+    // answered; not knowing (no entry, or a version that wrote none), they are kept.
+    let copied = match op.deps.migrations.read(op.uuid).await {
+        Ok(Some(entry)) => entry.copied_disks.unwrap_or(false),
+        Ok(None) => false,
+        Err(error) => {
+            warn!(instance = %op.uuid, error = %crate::instance::actor::error_chain(&error), "live-migration journal entry unreadable: the source's disks are kept");
+            false
+        }
+    };
+    hand_over_departed(op, record, migration, gone, copied, peer_wait)
         .await
         .map(|()| true)
 }
@@ -340,7 +361,8 @@ async fn let_migration_end(op: &mut OpCtx, was_paused: bool) -> Result<PowerStat
 
 /// The guest left this host (`gone`: its domain too; otherwise the domain is shut off here)
 /// while nobody followed the migration: the destination is asked to take it over; once it
-/// did, this host cleans up as a finished migration does and the journal entry goes. If it
+/// did, this host cleans up as a finished migration does (its disks only when the migration
+/// `copied` them) and the journal entry goes. If it
 /// cannot, nothing is rolled back (the destination may run the guest) and the error says so:
 /// a shut-off domain here is kept, and so is the entry (the next start asks again).
 async fn hand_over_departed(
@@ -348,6 +370,7 @@ async fn hand_over_departed(
     record: &InstanceRecord,
     migration: &Migration,
     gone: bool,
+    copied: bool,
     peer_wait: std::time::Duration,
 ) -> Result<(), String> {
     let probe = migration_probe(migration.id);
@@ -361,9 +384,6 @@ async fn hand_over_departed(
             ));
         }
     }
-    // The disks were copied unless the destination shares this instances directory (then
-    // it wrote the probe this host sees).
-    let copied = !record.storage.disks.is_empty() && !op.deps.storage.sees_probe(&probe).await;
     clean_up_departed(op, record, copied, &probe).await;
     match post {
         Ok(_) => {
@@ -384,7 +404,7 @@ async fn journal_migration(
     op: &mut OpCtx,
     record: &InstanceRecord,
     in_flight: InFlightOperation,
-) -> Result<(), InstanceError> {
+) -> Result<LiveMigrationEntry, InstanceError> {
     let metadata = record
         .metadata(&op.deps.host, Some(in_flight))
         .and_then(|m| m.to_xml().map_err(Into::into))
@@ -393,6 +413,7 @@ async fn journal_migration(
         instance: op.uuid,
         name: record.name.clone(),
         metadata,
+        copied_disks: None,
     };
     op.deps
         .migrations
@@ -401,12 +422,14 @@ async fn journal_migration(
         .map_err(|source| InstanceError::Journal {
             step: "begin",
             source,
-        })
+        })?;
+    Ok(entry)
 }
 
 /// Drop the migration's journal entry. A failure only leaves the entry behind: the next
 /// start finds the domain without a migration in flight (and drops it), or hands over a
-/// guest the destination already took (it says so) to no harm.
+/// guest the destination already took (it says so) and cleans up again — the disks only as
+/// the entry says the migration copied them.
 async fn end_journal(op: &mut OpCtx) {
     if let Err(error) = op.deps.migrations.end(op.uuid).await {
         warn!(instance = %op.uuid, error = %crate::instance::actor::error_chain(&error), "live-migration journal entry not removed");
@@ -1041,7 +1064,12 @@ pub(crate) async fn rollback_at_destination(
     // An incoming guest stays paused until the switch-over: one running here arrived (the
     // source's migrate call failed after it moved, say). Destroying it lost the guest on
     // both hosts; it stays, for the source's hand-over.
-    if op.power().await.is_ok_and(|p| p == PowerState::Running) {
+    let power = op.power().await;
+    if let Err(e) = power {
+        // Not knowing whether the guest runs here, nothing is destroyed.
+        return Finished::err(from, Some(record), e);
+    }
+    if power.is_ok_and(|p| p == PowerState::Running) {
         warn!(instance = %op.uuid, "rollback of a live migration whose guest runs here: refused");
         // Held as the incoming guest (also when this host had lost its record).
         let state = if from == InstanceState::Absent {
