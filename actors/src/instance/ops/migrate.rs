@@ -79,156 +79,127 @@ pub(crate) async fn live_migrate(
             migration: migration.clone(),
         }),
     );
-    let migrated =
-        with_rollback(
-            op,
-            async |op| {
-                op.save(&record, Some(in_flight.clone())).await?;
-                let mut entry = journal_migration(op, &record, in_flight).await?;
-                let storage = op.deps.storage.clone();
-                op.store(
-                    "write the shared-directory probe",
-                    storage.write_probe(&probe),
+    let migrated = with_rollback(
+        op,
+        async |op| {
+            op.save(&record, Some(in_flight.clone())).await?;
+            let mut entry = journal_migration(op, &record, in_flight).await?;
+            let storage = op.deps.storage.clone();
+            op.store(
+                "write the shared-directory probe",
+                storage.write_probe(&probe),
+            )
+            .await?;
+            let peer = op.deps.peers.get(&dest)?;
+            let uri = peer.migration_uri().ok_or_else(|| {
+                InstanceError::from(InvalidOperation::NoLiveMigrationTo { host: dest.clone() })
+            })?;
+            op.phase("destination bindings");
+            let net = op.deps.network.clone();
+            for vif in &record.network_info.vifs {
+                let binding = NewBinding {
+                    host: dest.clone(),
+                    vnic_type: Some(vif.vnic_type),
+                    profile: None,
+                };
+                match op
+                    .net("create binding", net.create_binding(vif.id, &binding))
+                    .await
+                {
+                    Ok(_) => {}
+                    Err(InstanceError::Network {
+                        source: NetworkError::BindingExists { .. },
+                        ..
+                    }) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            if op.deps.config.set_migrating_to {
+                op.phase("set migrating_to");
+                update_profiles(op, &record, Some(&dest)).await?;
+            }
+            op.phase("pre-wire the destination");
+            let InstanceReply::Done { report, .. } = op
+                .peer(
+                    &dest,
+                    "pre-live-migration",
+                    Operation::PreLiveMigration {
+                        migration: migration.clone(),
+                        handover: Box::new(h.clone()),
+                        caller: None,
+                    },
                 )
                 .await?;
-                let peer = op.deps.peers.get(&dest)?;
-                let uri = peer.migration_uri().ok_or_else(|| {
-                    InstanceError::from(InvalidOperation::NoLiveMigrationTo { host: dest.clone() })
+            let prepared = report.incoming.unwrap_or(IncomingDisks {
+                // A destination that says nothing of disks prepared none.
+                shared_instance_path: false,
+                disks: Vec::new(),
+            });
+            if let Ok(mut i) = incoming.lock() {
+                *i = Some(prepared.clone());
+            }
+            // What a recovery of this source needs to know of its disks, before they move.
+            entry.copied_disks = Some(has_disks && !prepared.shared_instance_path);
+            op.deps
+                .migrations
+                .begin(&entry)
+                .await
+                .map_err(|source| InstanceError::Journal {
+                    step: "record the disk copy",
+                    source,
                 })?;
-                op.phase("destination bindings");
-                let net = op.deps.network.clone();
-                for vif in &record.network_info.vifs {
-                    let binding = NewBinding {
-                        host: dest.clone(),
-                        vnic_type: Some(vif.vnic_type),
-                        profile: None,
-                    };
-                    match op
-                        .net("create binding", net.create_binding(vif.id, &binding))
-                        .await
-                    {
-                        Ok(_) => {}
-                        Err(InstanceError::Network {
-                            source: NetworkError::BindingExists { .. },
-                            ..
-                        }) => {}
-                        Err(e) => return Err(e),
-                    }
+            let block = if has_disks {
+                Some(block_migration(op, &dest, &record, &prepared).await?)
+            } else {
+                None
+            };
+            op.phase("migrate");
+            called.store(true, std::sync::atomic::Ordering::Relaxed);
+            migrate_watched(op, uri, record.flavor.memory_mb, block).await?;
+            Ok::<_, InstanceError>(())
+        },
+        async |op, cause| {
+            let cause = if called.load(std::sync::atomic::Ordering::Relaxed) {
+                let copied = has_disks && !shared_path(&incoming);
+                match departed_despite_the_call(op, &record, &migration, from, copied, cause).await
+                {
+                    Ok(done) => return done,
+                    Err(cause) => cause,
                 }
-                if op.deps.config.set_migrating_to {
-                    op.phase("set migrating_to");
-                    update_profiles(op, &record, Some(&dest)).await?;
-                }
-                op.phase("pre-wire the destination");
-                let InstanceReply::Done { report, .. } = op
-                    .peer(
-                        &dest,
-                        "pre-live-migration",
-                        Operation::PreLiveMigration {
-                            migration: migration.clone(),
-                            handover: Box::new(h.clone()),
-                            caller: None,
-                        },
-                    )
-                    .await?;
-                let prepared = report.incoming.unwrap_or(IncomingDisks {
-                    // A destination that says nothing of disks prepared none.
-                    shared_instance_path: false,
-                    disks: Vec::new(),
-                });
-                if let Ok(mut i) = incoming.lock() {
-                    *i = Some(prepared.clone());
-                }
-                // What a recovery of this source needs to know of its disks, before they move.
-                entry.copied_disks = Some(has_disks && !prepared.shared_instance_path);
-                op.deps.migrations.begin(&entry).await.map_err(|source| {
-                    InstanceError::Journal {
-                        step: "record the disk copy",
-                        source,
-                    }
-                })?;
-                let block = if has_disks {
-                    Some(block_migration(op, &dest, &record, &prepared).await?)
-                } else {
-                    None
-                };
-                op.phase("migrate");
-                called.store(true, std::sync::atomic::Ordering::Relaxed);
-                migrate_watched(op, uri, record.flavor.memory_mb, block).await?;
-                Ok::<_, InstanceError>(())
-            },
-            async |op, cause| {
-                if called.load(std::sync::atomic::Ordering::Relaxed) {
-                    // A failed call is not a failed migration: the job may run on (a call that
-                    // timed out: its job was aborted) or have moved the guest before the call
-                    // failed. Rolling back then had the destination destroy the guest that had
-                    // arrived. Let the job end; the domain decides.
-                    op.phase("the migration job after its call failed");
-                    let state = let_migration_end(op, from == InstanceState::Paused).await;
-                    if let Ok(s @ (PowerState::NoDomain | PowerState::Shutoff)) = state {
-                        warn!(instance = %op.uuid, error = %cause, dest = %dest,
-                        "the live migration's call failed, but the guest left: the destination \
-                         takes it over");
-                        let gone = s == PowerState::NoDomain;
-                        let copied = has_disks && !shared_path(&incoming);
-                        return match hand_over_departed(
-                            op,
-                            &record,
-                            &migration,
-                            gone,
-                            copied,
-                            std::time::Duration::ZERO,
-                        )
-                        .await
-                        {
-                            Ok(()) => Finished::ok(InstanceState::Gone, None),
-                            Err(rollback) => Finished::err(
-                                if gone {
-                                    InstanceState::Gone
-                                } else {
-                                    InstanceState::Error
-                                },
-                                (!gone).then(|| record.clone()),
-                                InstanceError::RollbackFailed {
-                                    request: Request::LiveMigrate,
-                                    rollback,
-                                    cause: Box::new(cause),
-                                },
-                            ),
-                        };
-                    }
-                }
-                // Logged once the operation's waits are cancelled (before, in the copy this
-                // replaced): the order of a log line only.
-                warn!(instance = %op.uuid, error = %cause, "live migration failed; rolling back");
-                // Not knowing whether the directory is shared (no answer), the destination is
-                // asked to remove its disks: it looks for the probe first and keeps a directory
-                // that is the source's.
-                let (do_cleanup, destroy_disks) = cleanup_flags(!has_disks, shared_path(&incoming));
-                let rollback = rollback_live_migration(
-                    op,
-                    &record,
-                    &migration,
-                    h.clone(),
-                    do_cleanup,
-                    destroy_disks,
-                    std::time::Duration::ZERO,
-                )
-                .await;
-                op.deps.storage.remove_probe(&probe).await;
-                let state = state_after_failed_migration(op, from).await;
-                let _ = op.save(&record, None).await;
-                end_journal(op).await;
-                Finished::rolled_back(
-                    Request::LiveMigrate,
-                    state,
-                    Some(record.clone()),
-                    cause,
-                    rollback,
-                )
-            },
-        )
-        .await;
+            } else {
+                cause
+            };
+            // Logged once the operation's waits are cancelled (before, in the copy this
+            // replaced): the order of a log line only.
+            warn!(instance = %op.uuid, error = %cause, "live migration failed; rolling back");
+            // Not knowing whether the directory is shared (no answer), the destination is
+            // asked to remove its disks: it looks for the probe first and keeps a directory
+            // that is the source's.
+            let (do_cleanup, destroy_disks) = cleanup_flags(!has_disks, shared_path(&incoming));
+            let rollback = rollback_live_migration(
+                op,
+                &record,
+                &migration,
+                h.clone(),
+                do_cleanup,
+                destroy_disks,
+                std::time::Duration::ZERO,
+            )
+            .await;
+            op.deps.storage.remove_probe(&probe).await;
+            let state = state_after_failed_migration(op, from).await;
+            let _ = op.save(&record, None).await;
+            end_journal(op).await;
+            Finished::rolled_back(
+                Request::LiveMigrate,
+                state,
+                Some(record.clone()),
+                cause,
+                rollback,
+            )
+        },
+    )
+    .await;
     match migrated {
         Ok(()) => {
             // The guest runs on the destination now: there is nothing to roll back to.
@@ -249,6 +220,49 @@ pub(crate) async fn live_migrate(
         }
         Err(rolled_back) => rolled_back,
     }
+}
+
+/// The migrate call failed, which is not a failed migration: the job may run on (a call that
+/// timed out: its job was aborted) or have moved the guest before the call failed. Rolling
+/// back then had the destination destroy the guest that had arrived. So the job is let end
+/// and the domain decides: gone or shut off, the guest left — the destination takes it over
+/// and this host cleans up (its disks when the migration `copied` them), which ends the
+/// operation (`Ok`); still here, `Err(cause)`: the caller rolls back.
+async fn departed_despite_the_call(
+    op: &mut OpCtx,
+    record: &InstanceRecord,
+    migration: &Migration,
+    from: InstanceState,
+    copied: bool,
+    cause: InstanceError,
+) -> Result<Finished, InstanceError> {
+    op.phase("the migration job after its call failed");
+    let gone = match let_migration_end(op, from == InstanceState::Paused).await {
+        Ok(PowerState::NoDomain) => true,
+        Ok(PowerState::Shutoff) => false,
+        _ => return Err(cause),
+    };
+    warn!(instance = %op.uuid, error = %cause, dest = %migration.dest_host,
+        "the live migration's call failed, but the guest left: the destination takes it over");
+    let zero = std::time::Duration::ZERO;
+    Ok(
+        match hand_over_departed(op, record, migration, gone, copied, zero).await {
+            Ok(()) => Finished::ok(InstanceState::Gone, None),
+            Err(rollback) => {
+                let (state, kept) = if gone {
+                    (InstanceState::Gone, None)
+                } else {
+                    (InstanceState::Error, Some(record.clone()))
+                };
+                let error = InstanceError::RollbackFailed {
+                    request: Request::LiveMigrate,
+                    rollback,
+                    cause: Box::new(cause),
+                };
+                Finished::err(state, kept, error)
+            }
+        },
+    )
 }
 
 /// How long the recovery of a live migration's source lets a migration job that outlived its
@@ -315,7 +329,12 @@ pub(crate) async fn recover_live_migration_source(
             false
         }
     };
-    hand_over_departed(op, record, migration, gone, copied, peer_wait)
+    // The guest may run on the destination: a destination not known yet (hosts served by one
+    // process start one after the other, and a loaded machine takes its time) is waited for
+    // as long as an unreachable one, not just the rollback's `peer_wait` (a test that ran
+    // beside others missed it that way).
+    let wait = peer_wait.max(op.deps.config.migration.handover_retry);
+    hand_over_departed(op, record, migration, gone, copied, wait)
         .await
         .map(|()| true)
 }
