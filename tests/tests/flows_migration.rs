@@ -477,49 +477,6 @@ async fn assert_handed_over(
     }
 }
 
-/// A destination's agent whose libvirt, once the destination is prepared, receives the guest
-/// the way libvirt's peer-to-peer job delivers it (the test driver has no migration): the
-/// source's domain, with its metadata, defined and running on the destination, and gone from
-/// the source. The source's migrate call then fails (its domain is not there any more).
-#[derive(Debug)]
-struct GuestMovesBeforeTheCallFails {
-    real: Arc<dyn PeerHost>,
-    from: vireo_actors::libvirt::LibvirtHandle,
-    to: vireo_actors::libvirt::LibvirtHandle,
-    plugger: Arc<RecordingPlugger>,
-    ports: Vec<PortId>,
-}
-
-#[async_trait]
-impl PeerHost for GuestMovesBeforeTheCallFails {
-    fn name(&self) -> &str {
-        self.real.name()
-    }
-
-    fn migration_uri(&self) -> Option<String> {
-        self.real.migration_uri()
-    }
-
-    async fn request(
-        &self,
-        instance: uuid::Uuid,
-        request: Operation,
-    ) -> Result<InstanceReply, InstanceError> {
-        let moves = matches!(request, Operation::PreLiveMigration { .. });
-        let reply = self.real.request(instance, request).await?;
-        if moves {
-            let xml = self.from.xml_desc(instance, false).await.unwrap();
-            self.to.define_xml(xml, false).await.unwrap();
-            self.to.start(instance, false).await.unwrap();
-            // The guest runs on the destination: its libvirt made its taps there.
-            self.plugger.devices_attached(&self.ports).await;
-            self.from.destroy(instance).await.unwrap();
-            self.from.undefine(instance).await.unwrap();
-        }
-        Ok(reply)
-    }
-}
-
 /// The migrate call fails after libvirt moved the guest (a call that timed out while its job
 /// switched over, an error from the last phase): the source used to roll back because the
 /// call failed, and the destination destroyed the guest that had arrived — gone from both
@@ -531,13 +488,28 @@ async fn a_guest_that_moved_although_the_migrate_call_failed_is_handed_over() {
     let c = spec(&["h1", "h2"]).start().await;
     let (h1, h2) = (c.host("h1"), c.host("h2"));
     let (id, ports) = spawn3(&c, "vm-lm-moved").await;
-    c.peers.insert(Arc::new(GuestMovesBeforeTheCallFails {
-        real: c.peers.get("h2").unwrap(),
-        from: h1.driver.libvirt().clone(),
-        to: h2.driver.libvirt().clone(),
-        plugger: h2.plugger.clone(),
-        ports: ports.clone(),
-    }));
+    // h2's agent, once prepared, receives the guest the way libvirt's job delivers it (the
+    // test driver has no migration), with its taps; the source's migrate call then fails
+    // (its domain is not there any more).
+    let (from, to) = (h1.driver.libvirt().clone(), h2.driver.libvirt().clone());
+    let (plugger, moved) = (h2.plugger.clone(), ports.clone());
+    c.peers.insert(StagedPeer::over(
+        &c.peers,
+        "h2",
+        Box::new(move |real, instance, request| {
+            let (from, to) = (from.clone(), to.clone());
+            let (plugger, moved) = (plugger.clone(), moved.clone());
+            Box::pin(async move {
+                let moves = matches!(request, Operation::PreLiveMigration { .. });
+                let reply = real.request(instance, request).await?;
+                if moves {
+                    deliver_guest(&from, &to, instance, |xml| xml).await;
+                    plugger.devices_attached(&moved).await;
+                }
+                Ok(reply)
+            })
+        }),
+    ));
     let report = h1
         .driver
         .live_migrate(id, lm("h2"))

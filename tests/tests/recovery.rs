@@ -716,36 +716,24 @@ async fn domains_of_this_host_and_of_no_recorded_host_are_adopted() {
     c.assert_clean(&[]).await;
 }
 
-/// Runs pre-live-migration on the real destination and then holds the source there: the
-/// destination is prepared, the source has not migrated (the test driver cannot) nor
-/// rolled back.
-#[derive(Debug)]
-struct PreparedThenSilent {
-    real: Arc<dyn PeerHost>,
-    prepared: Arc<tokio::sync::Notify>,
-}
-
-#[async_trait]
-impl PeerHost for PreparedThenSilent {
-    fn name(&self) -> &str {
-        self.real.name()
-    }
-
-    fn migration_uri(&self) -> Option<String> {
-        self.real.migration_uri()
-    }
-
-    async fn request(
-        &self,
-        instance: uuid::Uuid,
-        request: Operation,
-    ) -> Result<InstanceReply, InstanceError> {
-        if matches!(request, Operation::PreLiveMigration { .. }) {
-            self.real.request(instance, request).await?;
-            self.prepared.notify_one();
-        }
-        futures::future::pending().await
-    }
+/// h2's agent as [`stalled_after_prepare`] stages it: it runs pre-live-migration for real,
+/// then holds the source there (it never answers again): the destination is prepared, the
+/// source has not migrated (the test driver cannot) nor rolled back.
+fn prepared_then_silent(c: &TestCloud, prepared: Arc<tokio::sync::Notify>) -> Arc<StagedPeer> {
+    StagedPeer::over(
+        &c.peers,
+        "h2",
+        Box::new(move |real, instance, request| {
+            let prepared = prepared.clone();
+            Box::pin(async move {
+                if matches!(request, Operation::PreLiveMigration { .. }) {
+                    real.request(instance, request).await?;
+                    prepared.notify_one();
+                }
+                futures::future::pending().await
+            })
+        }),
+    )
 }
 
 /// The destination's agent dies while the guest migrates to it (libvirt moves the domain
@@ -927,14 +915,9 @@ async fn a_rollback_asked_of_a_destination_that_runs_the_guest_is_refused() {
     } = stalled_after_prepare(&c, "vm-arrived-rb").await;
     let (h1, h2) = (c.host("h1"), c.host("h2"));
     // libvirt's job delivers the guest: running on h2, gone from h1.
-    let (from, to) = (h1.driver.libvirt(), h2.driver.libvirt());
-    to.define_xml(from.xml_desc(id, false).await.unwrap(), false)
-        .await
-        .unwrap();
-    to.start(id, false).await.unwrap();
+    let to = h2.driver.libvirt();
+    deliver_guest(h1.driver.libvirt(), to, id, |xml| xml).await;
     h2.plugger.devices_attached(&ports).await;
-    from.destroy(id).await.unwrap();
-    from.undefine(id).await.unwrap();
 
     let refused = h2
         .driver
@@ -1004,7 +987,7 @@ struct Stalled {
 }
 
 /// Spawn `name` on h1 on two ports and start its live migration to h2 through
-/// [`PreparedThenSilent`]; returns once h2 is prepared (it holds the incoming instance).
+/// [`prepared_then_silent`]; returns once h2 is prepared (it holds the incoming instance).
 async fn stalled_after_prepare(c: &TestCloud, name: &str) -> Stalled {
     let id = uuid();
     let h1 = c.host("h1");
@@ -1012,10 +995,7 @@ async fn stalled_after_prepare(c: &TestCloud, name: &str) -> Stalled {
         .await;
     let view = h1.driver.show(id).await.unwrap();
     let prepared = Arc::new(tokio::sync::Notify::new());
-    c.peers.insert(Arc::new(PreparedThenSilent {
-        real: c.peers.get("h2").unwrap(),
-        prepared: prepared.clone(),
-    }));
+    c.peers.insert(prepared_then_silent(c, prepared.clone()));
     let args = lm("h2");
     let migration = args.migration("h1");
     let d = h1.driver.clone();

@@ -709,62 +709,6 @@ async fn a_cross_host_resize_on_a_shared_instances_directory_resizes_in_place_an
     assert!(c.disks_left("h1").is_empty(), "{:?}", c.disks_left("h1"));
 }
 
-/// A destination agent whose libvirt receives the guest as libvirt's peer-to-peer job would
-/// deliver it once the destination is prepared (the source's domain, naming the
-/// destination's disk files, defined and running there; gone from the source), and that
-/// never answers the hand-over: the source's agent is then killed in it.
-#[derive(Debug)]
-struct MovesThenSilent {
-    real: std::sync::Arc<dyn vireo_actors::instance::PeerHost>,
-    from: vireo_actors::libvirt::LibvirtHandle,
-    to: vireo_actors::libvirt::LibvirtHandle,
-    /// The source's and the destination's instances directories (the same when shared).
-    dirs: (PathBuf, PathBuf),
-    handing_over: std::sync::Arc<tokio::sync::Notify>,
-}
-
-#[async_trait::async_trait]
-impl vireo_actors::instance::PeerHost for MovesThenSilent {
-    fn name(&self) -> &str {
-        self.real.name()
-    }
-
-    fn migration_uri(&self) -> Option<String> {
-        self.real.migration_uri()
-    }
-
-    async fn request(
-        &self,
-        instance: uuid::Uuid,
-        request: vireo_actors::instance::Operation,
-    ) -> Result<vireo_actors::instance::InstanceReply, InstanceError> {
-        use vireo_actors::instance::Operation as O;
-        match request {
-            O::PostLiveMigrationAtDestination { .. } => {
-                self.handing_over.notify_one();
-                futures::future::pending().await
-            }
-            O::PreLiveMigration { .. } => {
-                let reply = self.real.request(instance, request).await?;
-                let xml = self.from.xml_desc(instance, false).await.unwrap();
-                let (src, dst) = (
-                    self.dirs.0.display().to_string(),
-                    self.dirs.1.display().to_string(),
-                );
-                self.to
-                    .define_xml(xml.replace(&src, &dst), false)
-                    .await
-                    .unwrap();
-                self.to.start(instance, false).await.unwrap();
-                self.from.destroy(instance).await.unwrap();
-                self.from.undefine(instance).await.unwrap();
-                Ok(reply)
-            }
-            other => self.real.request(instance, other).await,
-        }
-    }
-}
-
 /// A live migration with disks on a shared instances directory whose guest moved (here: its
 /// migrate call failed after the guest moved, the flow let the job end and began the
 /// hand-over), and whose source's agent was killed before the destination took it over: the
@@ -789,13 +733,37 @@ async fn departed_live_migration_with_disks(shared: bool) {
         .await
         .unwrap_or_else(|e| panic!("{}", chain(&e)));
     let handing_over = std::sync::Arc::new(tokio::sync::Notify::new());
-    c.peers.insert(std::sync::Arc::new(MovesThenSilent {
-        real: c.peers.get("h2").unwrap(),
-        from: h1.driver.libvirt().clone(),
-        to: h2.driver.libvirt().clone(),
-        dirs: (c.instances_dir("h1"), c.instances_dir("h2")),
-        handing_over: handing_over.clone(),
-    }));
+    // h2's agent, once prepared, receives the guest as libvirt's job would deliver it (naming
+    // h2's disk files), and never answers the hand-over: h1's agent is killed in it.
+    let (from, to) = (h1.driver.libvirt().clone(), h2.driver.libvirt().clone());
+    let dirs = (
+        c.instances_dir("h1").display().to_string(),
+        c.instances_dir("h2").display().to_string(),
+    );
+    let notify = handing_over.clone();
+    c.peers.insert(StagedPeer::over(
+        &c.peers,
+        "h2",
+        Box::new(move |real, instance, request| {
+            let (from, to, dirs, notify) = (from.clone(), to.clone(), dirs.clone(), notify.clone());
+            Box::pin(async move {
+                use vireo_actors::instance::Operation as O;
+                match request {
+                    O::PostLiveMigrationAtDestination { .. } => {
+                        notify.notify_one();
+                        futures::future::pending().await
+                    }
+                    O::PreLiveMigration { .. } => {
+                        let reply = real.request(instance, request).await?;
+                        deliver_guest(&from, &to, instance, |xml| xml.replace(&dirs.0, &dirs.1))
+                            .await;
+                        Ok(reply)
+                    }
+                    other => real.request(instance, other).await,
+                }
+            })
+        }),
+    ));
     let d = h1.driver.clone();
     let mut op = tokio::spawn(async move { d.live_migrate(id, lm("h2")).await });
     tokio::select! {

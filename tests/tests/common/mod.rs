@@ -20,8 +20,8 @@ use vireo::network::embedded::{EmbeddedConfig, EmbeddedNetwork, EmbeddedNetworkD
 use vireo_actors::events::{EventConfig, EventStats, EventsHandle, WaitPolicy};
 use vireo_actors::external::EventSink;
 use vireo_actors::instance::{
-    BootSource, InstanceConfig, InstanceError, InstanceView, LiveMigrateArgs, Migration,
-    NetworkRequest, OpReport, Peers, SpawnArgs, WaitReport,
+    BootSource, InstanceConfig, InstanceError, InstanceReply, InstanceView, LiveMigrateArgs,
+    Migration, NetworkRequest, OpReport, Peers, SpawnArgs, WaitReport,
 };
 use vireo_actors::libvirt::LibvirtConfig;
 use vireo_actors::network::{NetworkApi, Port, PortRequest, PortUpdate, PCI_PROFILE_KEYS};
@@ -867,4 +867,74 @@ pub async fn owner_of(lv: &vireo_actors::libvirt::LibvirtHandle, id: Uuid) -> Op
         .expect("no vireo metadata");
     let meta = vireo_xml::metadata::VireoMetadata::from_xml(&xml).unwrap();
     vireo_actors::instance::InstanceRecord::owner(&meta).unwrap()
+}
+
+/// What a [`StagedPeer`] does with one request, given the real agent.
+pub type PeerHook = Box<
+    dyn Fn(
+            Arc<dyn vireo_actors::instance::PeerHost>,
+            Uuid,
+            vireo_actors::instance::Operation,
+        ) -> futures::future::BoxFuture<'static, Result<InstanceReply, InstanceError>>
+        + Send
+        + Sync,
+>;
+
+/// Another host's agent as a test stages it: every request goes through the hook, which may
+/// pass it to the real agent, act around it (move a guest as libvirt would), or never
+/// answer (an agent that hangs).
+pub struct StagedPeer {
+    real: Arc<dyn vireo_actors::instance::PeerHost>,
+    hook: PeerHook,
+}
+
+impl StagedPeer {
+    /// Host `name`'s real agent in `peers`, behind `hook`.
+    pub fn over(peers: &Peers, name: &str, hook: PeerHook) -> Arc<StagedPeer> {
+        Arc::new(StagedPeer {
+            real: peers.get(name).unwrap(),
+            hook,
+        })
+    }
+}
+
+impl std::fmt::Debug for StagedPeer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "StagedPeer({})", self.real.name())
+    }
+}
+
+#[async_trait::async_trait]
+impl vireo_actors::instance::PeerHost for StagedPeer {
+    fn name(&self) -> &str {
+        self.real.name()
+    }
+
+    fn migration_uri(&self) -> Option<String> {
+        self.real.migration_uri()
+    }
+
+    async fn request(
+        &self,
+        instance: Uuid,
+        request: vireo_actors::instance::Operation,
+    ) -> Result<InstanceReply, InstanceError> {
+        (self.hook)(self.real.clone(), instance, request).await
+    }
+}
+
+/// What libvirt's peer-to-peer job does with a guest, done by hand (the test driver has no
+/// migration): the source's domain — its live XML, with the source's metadata, `rewrite`
+/// applied — defined and running on the destination, and gone from the source.
+pub async fn deliver_guest(
+    from: &vireo_actors::libvirt::LibvirtHandle,
+    to: &vireo_actors::libvirt::LibvirtHandle,
+    id: Uuid,
+    rewrite: impl FnOnce(String) -> String,
+) {
+    let xml = from.xml_desc(id, false).await.unwrap();
+    to.define_xml(rewrite(xml), false).await.unwrap();
+    to.start(id, false).await.unwrap();
+    from.destroy(id).await.unwrap();
+    from.undefine(id).await.unwrap();
 }
