@@ -527,13 +527,10 @@ async fn a_guest_that_moved_although_the_migrate_call_failed_is_handed_over() {
         "{report:#?}"
     );
     assert!(h1.driver.show(id).await.is_err(), "h1 holds nothing");
-    let entry = c
-        .dir
-        .path()
-        .join("h1")
-        .join("live-migrations")
-        .join(format!("{id}.json"));
-    assert!(!entry.exists(), "the journal entry is gone");
+    assert!(
+        !c.migration_entry("h1", id).exists(),
+        "the journal entry is gone"
+    );
     let on_h2 = h2.driver.show(id).await.unwrap();
     assert_eq!(on_h2.state, InstanceState::Running);
     assert_eq!(

@@ -766,14 +766,7 @@ async fn a_guest_that_arrived_while_the_destination_was_down_is_handed_over() {
     // This test plays the source's part by hand (the hand-over below, as a source whose
     // agent stayed up does): the source's live-migration journal entry goes, or its
     // restart would hand the guest over itself (the next test).
-    std::fs::remove_file(
-        c.dir
-            .path()
-            .join("h1")
-            .join("live-migrations")
-            .join(format!("{id}.json")),
-    )
-    .unwrap();
+    std::fs::remove_file(c.migration_entry("h1", id)).unwrap();
     let c = TestCloud::restart(c.crash(), domains).await;
     let h2 = c.host("h2");
 
@@ -854,8 +847,7 @@ async fn a_live_migration_whose_source_was_down_until_the_guest_left_is_handed_o
         op,
         ..
     } = stalled_after_prepare(&c, "vm-crash-left").await;
-    let journal = c.dir.path().join("h1").join("live-migrations");
-    assert!(journal.join(format!("{id}.json")).exists());
+    assert!(c.migration_entry("h1", id).exists());
     // libvirt moved the domain to h2 (with the source's metadata) and undefined it on h1;
     // the guest runs on h2, whose libvirt made its taps.
     let mut domains = c.dump_domains().await;
@@ -890,7 +882,7 @@ async fn a_live_migration_whose_source_was_down_until_the_guest_left_is_handed_o
         let bindings = c.network.show_bindings(*p).await.unwrap();
         assert_eq!(bindings.len(), 1, "{bindings:?}");
     }
-    assert!(!journal.join(format!("{id}.json")).exists());
+    assert!(!c.migration_entry("h1", id).exists());
     let probe = vireo_actors::storage::migration_probe(migration.id);
     assert!(!c.instances_dir("h1").join(probe).exists());
     c.destroy_everywhere(id).await;

@@ -602,6 +602,16 @@ impl TestCloud {
         self.dir.path().join(name).join("builds")
     }
 
+    /// Host `name`'s live-migration journal entry of instance `id`
+    /// (`<state_dir>/live-migrations/<id>.json`).
+    pub fn migration_entry(&self, name: &str, id: Uuid) -> PathBuf {
+        self.dir
+            .path()
+            .join(name)
+            .join("live-migrations")
+            .join(format!("{id}.json"))
+    }
+
     pub fn cache_dir(&self, name: &str) -> PathBuf {
         self.dir.path().join(name).join("_base")
     }

@@ -140,14 +140,7 @@ pub(crate) async fn live_migrate(
             }
             // What a recovery of this source needs to know of its disks, before they move.
             entry.copied_disks = Some(has_disks && !prepared.shared_instance_path);
-            op.deps
-                .migrations
-                .begin(&entry)
-                .await
-                .map_err(|source| InstanceError::Journal {
-                    step: "record the disk copy",
-                    source,
-                })?;
+            write_journal(op, &entry, "record the disk copy").await?;
             let block = if has_disks {
                 Some(block_migration(op, &dest, &record, &prepared).await?)
             } else {
@@ -434,15 +427,21 @@ async fn journal_migration(
         metadata,
         copied_disks: None,
     };
+    write_journal(op, &entry, "begin").await?;
+    Ok(entry)
+}
+
+/// Write (or rewrite) the migration's journal entry, synced, as its `step`.
+async fn write_journal(
+    op: &mut OpCtx,
+    entry: &LiveMigrationEntry,
+    step: &'static str,
+) -> Result<(), InstanceError> {
     op.deps
         .migrations
-        .begin(&entry)
+        .begin(entry)
         .await
-        .map_err(|source| InstanceError::Journal {
-            step: "begin",
-            source,
-        })?;
-    Ok(entry)
+        .map_err(|source| InstanceError::Journal { step, source })
 }
 
 /// Drop the migration's journal entry. A failure only leaves the entry behind: the next
