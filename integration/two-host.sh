@@ -567,6 +567,8 @@ api_token_file = "$A_ETC/vireo-agent-token"
 accept_noauth_events = false
 [libvirt]
 uri = "$HB_UNIX_URI"
+# As host A's (setup/vireo-agent.toml.in): 20 s for the tier's small guests.
+live_migration_completion_timeout = 10
 [instances]
 state_dir = "$AGENT_B_DIR"
 instances_path = "$INSTANCES_PATH"

@@ -133,6 +133,15 @@ class Cloud(object):
         r.raise_for_status()
         return r.json()['ports']
 
+    def hybrid_plug(self, host):
+        """Whether `host`'s Neutron OVS agent asks for hybrid plug (its firewall driver)."""
+        r = requests.get(NEUTRON_URL + '/v2.0/agents', timeout=10,
+                         params={'binary': 'neutron-openvswitch-agent', 'host': host},
+                         headers={'X-Project-Id': 'vireo', 'X-Roles': 'admin'})
+        r.raise_for_status()
+        [agent] = r.json()['agents']
+        return agent['configurations'].get('ovs_hybrid_plug', False)
+
 
 class Host(object):
     """One compute host of the tier: its nova-compute, vireo agent, libvirtd and devices."""

@@ -244,6 +244,13 @@ pub struct CallerTask {
     /// the destination fetches the base image into its own cache. Never stored.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image_token: Option<String>,
+    /// A live migration's ports as bound to the destination (Nova-format `network_info`;
+    /// Nova's migrate data, with a port binding per host): where a VIF's type or details
+    /// differ from this host's binding (another firewall driver there: hybrid plug on one
+    /// host, native OVS on the other), the domain the destination defines gets the
+    /// interface its own binding calls for, as the destination plugged it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dest_network_info: Option<serde_json::Value>,
 }
 
 impl ResizeArgs {

@@ -601,6 +601,10 @@ pub enum InvalidOperation {
     /// The other host's `network_info` in a handover does not parse.
     #[error("the handover's network_info")]
     HandoverNetworkInfo(#[source] crate::vif::VifError),
+    /// The caller's `dest_network_info` (a live migration's destination bindings) does not
+    /// parse.
+    #[error("the caller's dest_network_info")]
+    DestinationNetworkInfo(#[source] crate::vif::VifError),
     /// A request sent to another host that is not one host sends another.
     #[error("{request} is not a request one host sends another")]
     NotPeerRequest {

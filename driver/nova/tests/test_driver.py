@@ -540,3 +540,51 @@ def test_a_live_migration_that_copies_no_disk_is_refused_before_anything_moves(d
     data = objects.LibvirtLiveMigrateData(block_migration=False)
     with pytest.raises(exception.MigrationPreCheckError):
         driver.check_can_live_migrate_source(None, instance, data)
+
+
+def test_a_live_migrations_destination_plugs_by_its_own_binding(driver_b, monkeypatch):
+    # Nova hands the destination the network_info bound to the source (hybrid plug there);
+    # the port's binding to the destination, in the migrate data, says native OVS: the
+    # destination's agent prepares, and rolls back, what its own binding says.
+    from nova.network import model as network_model
+    instance = make_instance()
+    port = str(uuid.uuid4())
+    source_vif = network_model.VIF(
+        id=port, address='fa:16:3e:00:00:01', type='ovs', vnic_type='normal',
+        details={'ovs_hybrid_plug': True, 'port_filter': True},
+        network=network_model.Network(id=str(uuid.uuid4()), bridge='br-int'))
+    network_info = network_model.NetworkInfo([source_vif])
+    data = objects.LibvirtLiveMigrateData(block_migration=True)
+    dest = objects.VIFMigrateData(port_id=port, source_vif=source_vif, vif_type='ovs',
+                                  vnic_type='normal', host=OTHER)
+    dest.vif_details = {'ovs_hybrid_plug': False, 'port_filter': True}
+    dest.profile = {}
+    data.vifs = [dest]
+    sent = []
+    monkeypatch.setattr(driver_b.agent, 'host_half',
+                        lambda uuid_, body: sent.append(body) or {})
+    disk_info = json.dumps({'handover': {'name': instance.name, 'boot': {'type': 'none'}},
+                            'source_uri': 'test:///default'})
+    driver_b.pre_live_migration(None, instance, None, network_info, disk_info, data)
+    driver_b.rollback_live_migration_at_destination(None, instance, network_info, None,
+                                                    migrate_data=data)
+    assert [b['action'] for b in sent] == ['pre-live-migration',
+                                           'rollback-live-migration-at-destination']
+    for body in sent:
+        [vif] = body['handover']['network_info']
+        assert (vif['id'], vif['details']['ovs_hybrid_plug']) == (port, False), body
+    # The source's live_migration sends them to its agent for the destination's domain.
+    actions = []
+    monkeypatch.setattr(driver_b.agent, 'action',
+                        lambda uuid_, body: actions.append(body) or {})
+    data.target_connect_addr = 'qemu+tcp://192.0.2.11/system'
+    driver_b.live_migration(None, instance, OTHER, post_method=lambda *a, **k: None,
+                            recover_method=lambda *a, **k: None, migrate_data=data)
+    [vif] = actions[0]['caller']['dest_network_info']
+    assert (vif['id'], vif['details']['ovs_hybrid_plug']) == (port, False), actions
+    # Without a binding per host in the migrate data, Nova's network_info is all there is.
+    del sent[:]
+    data = objects.LibvirtLiveMigrateData(block_migration=True)
+    driver_b.pre_live_migration(None, instance, None, network_info, disk_info, data)
+    [vif] = sent[0]['handover']['network_info']
+    assert vif['details']['ovs_hybrid_plug'] is True

@@ -28,7 +28,9 @@ use crate::instance::types::{
     Handover, IncomingDisks, InstanceError, InstanceReply, InvalidOperation, Migration, PowerState,
 };
 use crate::storage::{disk_targets, migration_probe, CacheMode, DiskRole};
-use vireo_xml::live::{rewrite, Edit};
+use crate::vif::{NetworkInfo, Vif};
+use crate::vif_config::DeviceConfig;
+use vireo_xml::live::{rewrite, Edit, Selector};
 use vireo_xml::metadata::InFlightOperation;
 
 use super::{handover, predicted, record_from_handover, settle_state, with_rollback, Finished};
@@ -655,6 +657,42 @@ struct BlockMigration {
     proven_shared: bool,
 }
 
+impl BlockMigration {
+    /// Nothing copied, the domain as it is here.
+    fn none() -> BlockMigration {
+        BlockMigration {
+            copy: Vec::new(),
+            dest_xml: None,
+            proven_shared: false,
+        }
+    }
+}
+
+/// The interfaces of a live migration's destination XML that differ from this host's:
+/// each VIF of `dest` (the ports as bound to the destination) whose device (`device`)
+/// is not the one its binding here gives replaces that interface (found by MAC). VIFs
+/// unknown here, and devices that are not interfaces on both sides, are left as they are.
+fn dest_interface_edits(
+    here: &NetworkInfo,
+    dest: &NetworkInfo,
+    device: impl Fn(&Vif) -> Result<DeviceConfig, InstanceError>,
+) -> Result<Vec<Edit>, InstanceError> {
+    let mut edits = Vec::new();
+    for there in &dest.vifs {
+        let Some(mine) = here.vifs.iter().find(|v| v.id == there.id) else {
+            continue;
+        };
+        if let (DeviceConfig::Interface(a), DeviceConfig::Interface(b)) =
+            (device(mine)?, device(there)?)
+        {
+            if a != b {
+                edits.push(Edit::ReplaceInterface(Selector::Mac(mine.address), b));
+            }
+        }
+    }
+    Ok(edits)
+}
+
 /// The block part of a live migration from what the destination `prepared`: without a
 /// shared directory every disk but the read-only config drive (the destination copied that
 /// one already) is copied — the root disk's overlay only, the destination has the base —
@@ -1168,11 +1206,32 @@ async fn live_migrate_for_caller(
                 shared_instance_path: false,
                 disks: record.storage.disks.clone(),
             };
-            let block = if has_disks {
+            let mut block = if has_disks {
                 Some(block_migration(op, &migration.dest_host, &record, &prepared).await?)
             } else {
                 None
             };
+            if let Some(dest) = &caller.dest_network_info {
+                let dest = NetworkInfo::from_value(dest)
+                    .map_err(InvalidOperation::DestinationNetworkInfo)?;
+                let edits = dest_interface_edits(&record.network_info, &dest, |v| {
+                    op.device(v, op.form(v))
+                })?;
+                if !edits.is_empty() {
+                    let block = block.get_or_insert_with(BlockMigration::none);
+                    let xml = match block.dest_xml.take() {
+                        Some(xml) => xml,
+                        None => {
+                            let lv = op.deps.libvirt.clone();
+                            op.lv("migratable xml", lv.migratable_xml(op.uuid)).await?
+                        }
+                    };
+                    block.dest_xml = Some(
+                        rewrite(&xml, &edits)
+                            .map_err(|source| InstanceError::DestinationXml { source })?,
+                    );
+                }
+            }
             op.phase("migrate");
             called.store(true, std::sync::atomic::Ordering::Relaxed);
             migrate_watched(op, uri, record.flavor.memory_mb, block).await?;
@@ -1231,5 +1290,73 @@ async fn post_live_migration_for_caller(op: &mut OpCtx, record: InstanceRecord) 
     match op.save(&done, None).await {
         Ok(()) => Finished::ok(state, Some(done)),
         Err(e) => Finished::err(InstanceState::Error, Some(done), e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plug::DomainForm;
+    use crate::vif_config::{interface_for, InterfaceOptions};
+
+    fn vif(port: &str, hybrid: bool) -> serde_json::Value {
+        serde_json::json!({
+            "id": port, "address": "fa:16:3e:00:00:01", "type": "ovs", "vnic_type": "normal",
+            "details": {"ovs_hybrid_plug": hybrid, "port_filter": true},
+            "devname": format!("tap{}", &port[..11]),
+            "network": {"id": "be4c0000-0000-4000-8000-000000000001", "bridge": "br-int",
+                        "subnets": [], "meta": {"mtu": 1450}},
+        })
+    }
+
+    fn info(vifs: Vec<serde_json::Value>) -> NetworkInfo {
+        NetworkInfo::from_value(&serde_json::Value::Array(vifs)).unwrap()
+    }
+
+    fn device(v: &Vif) -> Result<DeviceConfig, InstanceError> {
+        interface_for(v, DomainForm::LibvirtManaged, &InterfaceOptions::default())
+            .map_err(InstanceError::VifConfig)
+    }
+
+    const PORT: &str = "5c0b9f2e-1111-4222-8333-944455556666";
+    const OTHER: &str = "5c0b9f2e-1111-4222-8333-944455557777";
+
+    #[test]
+    fn a_destination_bound_otherwise_gets_the_interface_its_binding_calls_for() {
+        // Hybrid plug here, native OVS there: the interface on the qbr bridge becomes one on
+        // br-int with an Open vSwitch virtual port, found by its MAC.
+        let here = info(vec![vif(PORT, true)]);
+        let edits = dest_interface_edits(&here, &info(vec![vif(PORT, false)]), device).unwrap();
+        let [Edit::ReplaceInterface(Selector::Mac(mac), iface)] = edits.as_slice() else {
+            panic!("{edits:?}");
+        };
+        assert_eq!(*mac, here.vifs[0].address);
+        let xml = iface.to_xml().unwrap();
+        assert!(
+            xml.contains("openvswitch") && xml.contains("br-int"),
+            "{xml}"
+        );
+        assert!(!xml.contains("qbr"), "{xml}");
+        let domain = format!(
+            "<domain type='kvm'><name>x</name><devices>{}</devices></domain>",
+            match device(&here.vifs[0]).unwrap() {
+                DeviceConfig::Interface(i) => i.to_xml().unwrap(),
+                DeviceConfig::Hostdev(_) => unreachable!(),
+            }
+        );
+        let moved = rewrite(&domain, &edits).unwrap();
+        assert!(
+            moved.contains("openvswitch") && !moved.contains("qbr"),
+            "{moved}"
+        );
+    }
+
+    #[test]
+    fn a_destination_bound_alike_or_to_other_ports_changes_nothing() {
+        let here = info(vec![vif(PORT, true)]);
+        let same = dest_interface_edits(&here, &info(vec![vif(PORT, true)]), device).unwrap();
+        assert!(same.is_empty(), "{same:?}");
+        let unknown = dest_interface_edits(&here, &info(vec![vif(OTHER, false)]), device).unwrap();
+        assert!(unknown.is_empty(), "{unknown:?}");
     }
 }

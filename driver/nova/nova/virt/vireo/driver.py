@@ -35,6 +35,7 @@ from nova.objects import fields
 from nova import exception
 from nova import objects
 from nova.image import glance
+from nova.network import model as network_model
 from nova import utils
 from nova.virt import configdrive
 from nova.virt import driver
@@ -580,6 +581,20 @@ class VireoDriver(driver.ComputeDriver):
         """Nova's network_info as the agent reads it (a list of VIF dicts)."""
         return jsonutils.loads(network_info.json()) if network_info else []
 
+    @staticmethod
+    def _bound_here(network_info, migrate_data):
+        """The VIFs of a live migration's destination as bound to it (``network_info``
+        when the migrate data has none). Nova hands the destination the instance's
+        network_info as bound to the source; with a port binding per host (which the
+        conductor makes before the migration) the migrate data carries the destination's
+        binding, whose VIF type and details may differ (another firewall driver: hybrid plug
+        on one host, native OVS on the other; another mechanism). The destination plugs and
+        unplugs by it, and the source sends it the domain with the interfaces it calls for."""
+        if migrate_data is None or 'vifs' not in migrate_data or not migrate_data.vifs:
+            return network_info
+        return network_model.NetworkInfo(
+            [vif.get_dest_vif() for vif in migrate_data.vifs])
+
     def confirm_migration(self, context, migration, instance, network_info):
         if self._same_host(migration):
             self._act(instance, 'confirm-resize')
@@ -670,8 +685,9 @@ class VireoDriver(driver.ComputeDriver):
 
     def pre_live_migration(self, context, instance, block_device_info, network_info,
                            disk_info, migrate_data):
-        handover, caller = self._take_over(context, instance, disk_info, network_info, None,
-                                           block_device_info, exception.MigrationError)
+        handover, caller = self._take_over(context, instance, disk_info,
+                                           self._bound_here(network_info, migrate_data),
+                                           None, block_device_info, exception.MigrationError)
         migration = self._live_migration_of(instance, migrate_data)
         self._incoming[instance.uuid] = (migration, handover)
         self._host_half(instance, 'pre-live-migration', migration=migration,
@@ -697,6 +713,10 @@ class VireoDriver(driver.ComputeDriver):
         moving = self._migration_in(migrate_data)
         args = {'action': 'live-migrate', 'dest_host': dest,
                 'caller': {'dest_uri': migrate_data.target_connect_addr}}
+        bound_there = self._bound_here(None, migrate_data)
+        if bound_there is not None:
+            # The destination plugged its ports by its own bindings: its domain follows.
+            args['caller']['dest_network_info'] = self._network_info(bound_there)
         if moving is not None:
             args['migration_id'] = moving.uuid
         try:
@@ -733,7 +753,8 @@ class VireoDriver(driver.ComputeDriver):
             handover = {'name': instance.name, 'flavor': self._flavor(instance.flavor),
                         'old_flavor': self._flavor(instance.flavor), 'boot': {'type': 'none'},
                         'power_on': True}
-        handover['network_info'] = self._network_info(network_info)
+        handover['network_info'] = self._network_info(
+            self._bound_here(network_info, migrate_data))
         if migration is None:
             migration = self._live_migration_of(instance, migrate_data)
         try:
