@@ -668,6 +668,25 @@ impl BlockMigration {
     }
 }
 
+/// `edits` (interfaces replaced) with each new interface at the guest address (PCI slot)
+/// the one it replaces has in `xml`: the guest keeps its devices where they were, which
+/// libvirt's check of the destination's domain against the running one requires.
+fn keeping_guest_addresses(xml: &str, edits: Vec<Edit>) -> Result<Vec<Edit>, vireo_xml::XmlError> {
+    let domain = vireo_xml::Domain::from_xml(xml)?;
+    Ok(edits
+        .into_iter()
+        .map(|edit| match edit {
+            Edit::ReplaceInterface(Selector::Mac(mac), mut iface) => {
+                if iface.address.is_none() {
+                    iface.address = domain.interface_by_mac(&mac).and_then(|old| old.address);
+                }
+                Edit::ReplaceInterface(Selector::Mac(mac), iface)
+            }
+            other => other,
+        })
+        .collect())
+}
+
 /// The interfaces of a live migration's destination XML that differ from this host's:
 /// each VIF of `dest` (the ports as bound to the destination) whose device (`device`)
 /// is not the one its binding here gives replaces that interface (found by MAC). VIFs
@@ -1227,7 +1246,8 @@ async fn live_migrate_for_caller(
                         }
                     };
                     block.dest_xml = Some(
-                        rewrite(&xml, &edits)
+                        keeping_guest_addresses(&xml, edits)
+                            .and_then(|edits| rewrite(&xml, &edits))
                             .map_err(|source| InstanceError::DestinationXml { source })?,
                     );
                 }
@@ -1337,16 +1357,34 @@ mod tests {
             "{xml}"
         );
         assert!(!xml.contains("qbr"), "{xml}");
+        // The running domain's interface, at the PCI slot libvirt gave it.
+        let slot = "<address type='pci' domain='0x0000' bus='0x00' slot='0x07' function='0x0'/>";
         let domain = format!(
-            "<domain type='kvm'><name>x</name><devices>{}</devices></domain>",
+            "<domain type='kvm'><name>x</name><memory unit='KiB'>131072</memory><vcpu>1</vcpu>\
+             <os><type arch='x86_64'>hvm</type></os><devices>{}</devices></domain>",
             match device(&here.vifs[0]).unwrap() {
-                DeviceConfig::Interface(i) => i.to_xml().unwrap(),
+                DeviceConfig::Interface(i) => i
+                    .to_xml()
+                    .unwrap()
+                    .replace("</interface>", &format!("{slot}</interface>")),
                 DeviceConfig::Hostdev(_) => unreachable!(),
             }
         );
+        let edits = keeping_guest_addresses(&domain, edits).unwrap();
         let moved = rewrite(&domain, &edits).unwrap();
         assert!(
             moved.contains("openvswitch") && !moved.contains("qbr"),
+            "{moved}"
+        );
+        // The guest keeps the device where it was.
+        let mac = &here.vifs[0].address;
+        let before = vireo_xml::Domain::from_xml(&domain).unwrap();
+        let after = vireo_xml::Domain::from_xml(&moved).unwrap();
+        let old = before.interface_by_mac(mac).unwrap();
+        assert!(old.address.is_some(), "{domain}");
+        assert_eq!(
+            after.interface_by_mac(mac).unwrap().address,
+            old.address,
             "{moved}"
         );
     }
