@@ -1209,10 +1209,14 @@ compute_reported_since() { # compute_reported_since UTC-TIME
 
 start_vireo_agent() {
   [[ -x $VIREO_BIN ]] || die "no vireo binary at $VIREO_BIN (cargo build -p vireo, or set VIREO_BIN)"
-  if alive vireo-agent && stale vireo-agent vireo-agent.toml; then stop_bg vireo-agent 30; fi
+  # A new configuration or a rebuilt binary restarts a running agent (as two-host.sh does
+  # for host B's).
+  local bin
+  bin=$(realpath "$VIREO_BIN")
+  if alive vireo-agent && stale vireo-agent vireo-agent.toml "$bin"; then stop_bg vireo-agent 30; fi
   alive vireo-agent && vireo_agent_answers >/dev/null 2>&1 && return
   start_bg vireo-agent "$VIREO_BIN" agent --config "$ETC_DIR/vireo-agent.toml"
-  stamp vireo-agent vireo-agent.toml
+  stamp vireo-agent vireo-agent.toml "$bin"
   wait_alive vireo-agent 60 "the vireo agent" vireo_agent_answers || {
     tail -20 "$LOG_DIR/vireo-agent.log" >&2
     die "the vireo agent did not answer"
