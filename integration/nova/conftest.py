@@ -120,26 +120,26 @@ class Cloud(object):
         requests.delete(NEUTRON_URL + '/v2.0/ports/' + port_id, timeout=10,
                         headers={'X-Project-Id': 'admin', 'X-Roles': 'admin'})
 
+    @staticmethod
+    def _neutron_get(path, **query):
+        """Neutron's answer to an admin's GET of `path` (noauth: the headers are the
+        caller)."""
+        r = requests.get(NEUTRON_URL + path, params=query, timeout=10,
+                         headers={'X-Project-Id': 'vireo', 'X-Roles': 'admin'})
+        r.raise_for_status()
+        return r.json()
+
     def neutron_bindings(self, port_id):
         """A port's bindings (Neutron's binding-extended API): one per host it is bound to."""
-        r = requests.get(NEUTRON_URL + '/v2.0/ports/%s/bindings' % port_id, timeout=10,
-                         headers={'X-Project-Id': 'vireo', 'X-Roles': 'admin'})
-        r.raise_for_status()
-        return r.json()['bindings']
+        return self._neutron_get('/v2.0/ports/%s/bindings' % port_id)['bindings']
 
     def neutron_ports(self, **query):
-        r = requests.get(NEUTRON_URL + '/v2.0/ports', params=query, timeout=10,
-                         headers={'X-Project-Id': 'vireo', 'X-Roles': 'admin'})
-        r.raise_for_status()
-        return r.json()['ports']
+        return self._neutron_get('/v2.0/ports', **query)['ports']
 
     def hybrid_plug(self, host):
         """Whether `host`'s Neutron OVS agent asks for hybrid plug (its firewall driver)."""
-        r = requests.get(NEUTRON_URL + '/v2.0/agents', timeout=10,
-                         params={'binary': 'neutron-openvswitch-agent', 'host': host},
-                         headers={'X-Project-Id': 'vireo', 'X-Roles': 'admin'})
-        r.raise_for_status()
-        [agent] = r.json()['agents']
+        [agent] = self._neutron_get('/v2.0/agents', binary='neutron-openvswitch-agent',
+                                    host=host)['agents']
         return agent['configurations'].get('ovs_hybrid_plug', False)
 
 
