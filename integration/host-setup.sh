@@ -15,6 +15,8 @@
 #   host-setup.sh nova-compute-driver vireo|libvirt (after nova-up: host A's nova-compute on
 #                            vireo.VireoDriver or on Nova's own libvirt.LibvirtDriver, for the
 #                            side-by-side in integration/nova/side_by_side.py)
+#   host-setup.sh vireo-agent-up (after nova-up: host A's vireo agent started again if it does
+#                            not answer; the Nova tier's agent-kill scenarios)
 #
 # Runs as root on Debian 12 (bookworm) without systemd as PID 1. Idempotent: `up` on a host where
 # everything already runs only checks it. See integration/README.md.
@@ -1532,6 +1534,10 @@ nova-compute-driver)
   cmd_nova_compute_driver "${POS[0]}"
   ;;
 status) cmd_status ;;
+vireo-agent-up)
+  [[ -s $ETC_DIR/vireo-agent.toml ]] || die "no vireo agent configured here: host-setup.sh nova-up first"
+  start_vireo_agent
+  ;;
 neutron-firewall)
   [[ ${#POS[@]} == 1 ]] || die "usage: host-setup.sh neutron-firewall iptables_hybrid|openvswitch"
   cmd_neutron_firewall "${POS[0]}"

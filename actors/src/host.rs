@@ -397,6 +397,16 @@ impl Handler<Recover> for HostActor {
             // source's, with this host's disk files (the source waits to hand it over).
             let mut incoming = Vec::new();
             for (d, record, migration) in arrived {
+                if d.state == crate::libvirt::DomainState::Paused
+                    && lv.migrating_in(d.uuid).await.unwrap_or(false)
+                {
+                    // Still arriving: adopted now (its migration's end, Nova's
+                    // post-live-migration or rollback, find it), its disks read once it
+                    // arrived (post-live-migration does).
+                    info!(instance = %d.uuid, source = %migration.source_host, "a live migration still arriving: its guest adopted");
+                    incoming.push((d, record.arriving(), migration));
+                    continue;
+                }
                 let live =
                     lv.xml_desc(d.uuid, false)
                         .await

@@ -9,6 +9,7 @@ vireo's leak check on this host and a Neutron check.
 import json
 import os
 import pathlib
+import signal
 import subprocess
 import time
 import uuid
@@ -24,6 +25,7 @@ NEUTRON_URL = 'http://127.0.0.1:9696'
 NOVA_URL = 'http://127.0.0.1:%s/v2.1' % os.environ.get('VIREO_NOVA_API_PORT', '18774')
 HOSTB_ADDR = os.environ.get('VIREO_HOSTB_ADDR', '198.51.100.2')
 TWO_HOST = pathlib.Path(__file__).resolve().parents[1] / 'two-host.sh'
+HOST_SETUP = pathlib.Path(__file__).resolve().parents[1] / 'host-setup.sh'
 
 
 def _env_file():
@@ -49,7 +51,9 @@ class Cloud(object):
         self.agent = requests.Session()
         self.agent.headers['X-Auth-Token'] = token
         self.host_a = Host(self.host, AGENT_URL, token, 'qemu:///system',
-                           STATE_DIR / 'vireo-agent', LOG / 'nova-compute.log')
+                           STATE_DIR / 'vireo-agent', LOG / 'nova-compute.log',
+                           agent_pid=STATE_DIR / 'run' / 'vireo-agent.pid',
+                           agent_up=['bash', str(HOST_SETUP), 'vireo-agent-up'])
         self.host_b = None
         hb_dir = pathlib.Path(os.environ.get('VIREO_HB_DIR', STATE_DIR / 'hostb'))
         if (hb_dir / 'nova' / 'nova.conf').is_file():
@@ -57,7 +61,9 @@ class Cloud(object):
                 os.environ.get('VIREO_HOSTB_NAME', 'vireo-hb'),
                 'http://%s:8775' % HOSTB_ADDR, token, 'qemu+tcp://%s/system' % HOSTB_ADDR,
                 hb_dir / 'vireo-agent', hb_dir / 'log' / 'nova-compute.log',
-                wrap=['bash', str(TWO_HOST), 'exec'])
+                wrap=['bash', str(TWO_HOST), 'exec'],
+                agent_pid=hb_dir / 'run' / 'vireo-agent.pid',
+                agent_up=['bash', str(TWO_HOST), 'nova-up'])
 
     def cli(self, *args, check=True):
         """`openstack ARGS -f json`'s answer (or None for commands that print nothing)."""
@@ -146,8 +152,11 @@ class Cloud(object):
 class Host(object):
     """One compute host of the tier: its nova-compute, vireo agent, libvirtd and devices."""
 
-    def __init__(self, name, agent_url, token, libvirt_uri, state_dir, log, wrap=()):
+    def __init__(self, name, agent_url, token, libvirt_uri, state_dir, log, wrap=(),
+                 agent_pid=None, agent_up=None):
         self.name = name
+        self._agent_pid = agent_pid  # the agent's pid file (its process group's leader)
+        self._agent_up = agent_up  # the set-up command that starts it again
         self.agent_url = agent_url
         self.libvirt_uri = libvirt_uri
         self.state_dir = state_dir
@@ -159,6 +168,25 @@ class Host(object):
     def run(self, *args):
         return subprocess.run([*self._wrap, *args], capture_output=True, text=True,
                               check=True).stdout
+
+    def kill_agent(self):
+        """SIGKILL this host's vireo agent (its process group) and wait until its API is
+        gone."""
+        os.killpg(int(self._agent_pid.read_text()), signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                self.agent.get(self.agent_url + '/healthz', timeout=1)
+            except requests.RequestException:
+                return
+            assert time.monotonic() < deadline, '%s\'s agent still answers' % self.name
+            time.sleep(0.1)
+
+    def start_agent(self):
+        """Start this host's vireo agent again as the set-up did (a running one is kept);
+        returns once it answers."""
+        run = subprocess.run(self._agent_up, capture_output=True, text=True, timeout=180)
+        assert run.returncode == 0, run.stderr[-2000:]
 
     def agent_instances(self):
         r = self.agent.get(self.agent_url + '/v1/instances', timeout=10)

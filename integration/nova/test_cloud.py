@@ -529,3 +529,95 @@ def test_a_live_migration_past_its_completion_timeout_is_aborted_and_rolled_back
     assert 'was aborted after' in log, log[-4000:]
     # Not a failure that came at once: the job ran until its timeout.
     assert took >= 20, took
+
+
+# B lets the first 64 KiB of each incoming migration connection through and drops the rest
+# (see the completion-timeout scenario): a migration to B stalls in its memory stream.
+_STALL = ['INPUT', '-p', 'tcp', '--dport', '49152:49215', '-m', 'connbytes', '--connbytes',
+          '65536:', '--connbytes-dir', 'original', '--connbytes-mode', 'bytes']
+
+
+def _settled(cloud, name, timeout=300):
+    """The server once Nova's task on it ended (no task state)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        server = cloud.server(name)
+        if server.get('OS-EXT-STS:task_state') is None:
+            return server
+        assert time.monotonic() < deadline, 'server %s still %s after %d s' % (
+            name, server.get('OS-EXT-STS:task_state'), timeout)
+        time.sleep(1)
+
+
+@pytest.mark.parametrize('kill', ['kept-down', 'restarted-then-left',
+                                  'restarted-then-failed'])
+@pytest.mark.parametrize('victim', ['source', 'destination'])
+def test_an_agent_killed_during_a_live_migration(cloud, flavor, image, host_b, victim, kill):
+    """The vireo agent of the migration's source (A) or destination (B) is SIGKILLed while
+    libvirt migrates a server from A to B (held in its memory stream by B's iptables) and
+    started again: `kept-down` once libvirt moved the guest without it, the others at once,
+    the migration then let through (`left`) or reset (`failed`). The source's driver neither
+    posts nor rolls back while its agent is away: the agent's recovery (its live-migration
+    journal, the domain's marker) lets the job end and cleans up after a guest that left;
+    then the driver has Nova post the migration (the server on B) or roll it back (on A).
+    The destination's driver waits for its agent to take the guest over, or to roll back
+    what it prepared. Nothing is left on the host the guest is not on."""
+    host_a = cloud.host_a
+    killed = host_a if victim == 'source' else host_b
+    offsets = {h.name: h.log_offset() for h in (host_a, host_b)}
+    name = 'vireo-%s' % uuid.uuid4().hex[:8]
+    sid = _boot(cloud, flavor, image, name)['id']
+    ports = _ports(cloud, sid)
+    stall = _STALL + ['-j', 'DROP']
+    reset = _STALL + ['-j', 'REJECT', '--reject-with', 'tcp-reset']
+    try:
+        host_b.run('iptables', '-I', *stall)
+        cloud.cli('--os-compute-api-version', '2.30', 'server', 'migrate', '--live-migration',
+                  '--host', host_b.name, name)
+        deadline = time.monotonic() + 120
+        while not (host_a.agent_instance(sid).get('operation') or {}).get(
+                'phase', '').startswith('migrate'):
+            assert time.monotonic() < deadline, host_a.agent_instance(sid)
+            time.sleep(0.2)
+        killed.kill_agent()
+        if kill == 'kept-down':
+            host_b.run('iptables', '-D', *stall)
+            deadline = time.monotonic() + 120
+            while sid in host_a.domains():
+                assert time.monotonic() < deadline, 'the guest did not leave A'
+                time.sleep(0.2)
+            if killed is host_b:
+                # Nova's post-live-migration reaches B's driver while its agent is down.
+                log = host_b.log_since(offsets[host_b.name])
+                while 'waiting for it to come back' not in log:
+                    assert time.monotonic() < deadline, log[-4000:]
+                    time.sleep(0.5)
+                    log = host_b.log_since(offsets[host_b.name])
+            killed.start_agent()
+        else:
+            killed.start_agent()
+            if kill == 'restarted-then-failed':
+                host_b.run('iptables', '-I', *reset)
+            host_b.run('iptables', '-D', *stall)
+        server = _settled(cloud, name)
+        there, away = (host_a, host_b) if kill.endswith('failed') else (host_b, host_a)
+        assert server['status'] == 'ACTIVE', server.get('fault')
+        assert server['OS-EXT-SRV-ATTR:host'] == there.name, server
+        migrations = cloud.nova('GET', '/os-migrations?instance_uuid=%s' % sid,
+                                version='2.59')['migrations']
+        live = [m for m in migrations if m['migration_type'] == 'live-migration']
+        assert live[0]['status'] in (('error', 'failed') if there is host_a
+                                     else ('completed',)), live[0]
+        held = there.agent_instance(sid)
+        assert (held['state'], held['power_state']) == ('running', 'running'), held
+        if killed is host_a:
+            log = host_a.log_since(offsets[host_a.name])
+            assert 'went away during the live migration' in log, log[-4000:]
+        _moved_cleanly(cloud, sid, there, [away])
+    finally:
+        for rule in (stall, reset):
+            subprocess.run(['bash', str(TWO_HOST), 'exec', 'iptables', '-D', *rule],
+                           capture_output=True)
+        killed.start_agent()
+        cloud.cli('server', 'delete', '--wait', name, check=False)
+    _nothing_left_after_live_migration(cloud, sid, ports, offsets, [host_a, host_b])

@@ -24,6 +24,20 @@ use super::types::Migration;
 pub struct MigrationStep {
     /// The migration.
     pub migration: Migration,
+    /// A caller (Nova) runs the migration across the hosts and rolls back the other host's
+    /// part itself: recovery here asks no other host's agent.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub by_caller: bool,
+}
+
+impl MigrationStep {
+    /// The step of `migration`, run by this host's agent with its peer.
+    pub fn of(migration: Migration) -> MigrationStep {
+        MigrationStep {
+            migration,
+            by_caller: false,
+        }
+    }
 }
 
 /// A revert in flight.
@@ -89,7 +103,7 @@ impl InFlight {
     /// The record of bringing a resized-away instance back on the source: a revert's, or a
     /// failed resize's own roll back.
     pub(crate) fn bring_back(running: Request, migration: Migration) -> InFlight {
-        let step = MigrationStep { migration };
+        let step = MigrationStep::of(migration);
         if running == Request::Resize {
             InFlight::Resize(step)
         } else {
@@ -267,9 +281,7 @@ mod tests {
     }
 
     fn every() -> Vec<InFlight> {
-        let step = || MigrationStep {
-            migration: migration(),
-        };
+        let step = || MigrationStep::of(migration());
         let iface = || InterfaceStep {
             vif: serde_json::json!({"id": "p1"}),
             index: 2,
@@ -291,6 +303,11 @@ mod tests {
             }),
             InFlight::FinishRevertResize(step()),
             InFlight::LiveMigrate(step()),
+            // Nova's: its recovery asks no other host.
+            InFlight::LiveMigrate(MigrationStep {
+                by_caller: true,
+                ..step()
+            }),
             InFlight::AttachInterface(iface()),
             InFlight::DetachInterface(iface()),
         ]
@@ -321,9 +338,7 @@ mod tests {
             (
                 "resize",
                 serde_json::json!({ "migration": m }),
-                InFlight::Resize(MigrationStep {
-                    migration: migration(),
-                }),
+                InFlight::Resize(MigrationStep::of(migration())),
             ),
             (
                 "revert-resize",

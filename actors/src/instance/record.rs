@@ -274,7 +274,23 @@ impl InstanceRecord {
     /// the domain's live XML here: in state [`InstanceState::Incoming`], with each disk at
     /// the file this host's domain uses (the source's XML named the destination's files for
     /// a migration that copied them; on a shared directory they are the same).
-    pub fn arrived(mut self, live_xml: &str) -> Result<InstanceRecord, RecordError> {
+    pub fn arrived(self, live_xml: &str) -> Result<InstanceRecord, RecordError> {
+        let mut this = self.arriving();
+        this.disks_from(live_xml)?;
+        Ok(this)
+    }
+
+    /// The record of a guest still arriving by live migration (libvirt does not show its
+    /// XML until the migration ended), from the source's record: in state
+    /// [`InstanceState::Incoming`], its disks as the source named them until
+    /// [`Self::disks_from`] reads them from the arrived domain.
+    pub fn arriving(mut self) -> InstanceRecord {
+        self.state = InstanceState::Incoming;
+        self
+    }
+
+    /// Each disk at the file the domain whose live XML is `live_xml` uses for it.
+    pub fn disks_from(&mut self, live_xml: &str) -> Result<(), RecordError> {
         let domain = Domain::from_xml(live_xml)?;
         let targets = crate::storage::disk_targets(&self.storage.disks);
         for (disk, target) in self.storage.disks.iter_mut().zip(targets) {
@@ -288,8 +304,7 @@ impl InstanceRecord {
                 disk.path = std::path::PathBuf::from(path);
             }
         }
-        self.state = InstanceState::Incoming;
-        Ok(self)
+        Ok(())
     }
 
     /// The directory of its serial console log (`<console_dir>/<uuid>`), when the settings
@@ -483,13 +498,11 @@ mod tests {
             id: "op-1".into(),
             phase: "migrate".into(),
             started_at: 0,
-            operation: InFlight::LiveMigrate(MigrationStep {
-                migration: Migration {
-                    id: Uuid::new_v4(),
-                    source_host: "h1".into(),
-                    dest_host: dest.into(),
-                },
-            }),
+            operation: InFlight::LiveMigrate(MigrationStep::of(Migration {
+                id: Uuid::new_v4(),
+                source_host: "h1".into(),
+                dest_host: dest.into(),
+            })),
         };
         let meta = r
             .metadata("h1", Some(marker("h2").to_stored().unwrap()))

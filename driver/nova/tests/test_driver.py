@@ -535,6 +535,73 @@ def test_a_live_migration_that_fails_in_libvirt_is_recovered_by_the_driver(
     driver.destroy(None, instance, [])
 
 
+@pytest.mark.parametrize('left', [False, True])
+def test_a_live_migration_whose_agent_went_away_ends_as_the_agents_recovery_found_it(
+        driver, agent, monkeypatch, left):
+    """The agent died while libvirt ran the migration: the driver neither posts nor rolls
+    back until the agent is back and its recovery ended; then the guest's whereabouts
+    decide (left: Nova posts the migration; stayed: Nova rolls it back)."""
+    instance = make_instance(uuid_=agent.create())
+    data = objects.LibvirtLiveMigrateData(target_connect_addr='test:///default')
+    data.migration = objects.Migration(uuid=str(uuid.uuid4()))
+
+    def lost(uuid_, body):
+        assert body['action'] == 'live-migrate'
+        if left:
+            # As the agent's recovery does once the guest left: nothing of it here.
+            driver.agent.delete(uuid_)
+        raise vclient.AgentLost('agent-lost', 'connection refused')
+
+    real = driver.agent.instance
+    answers = []
+
+    def restarting(uuid_):
+        # Down twice, then recovering once, then the real answer.
+        answers.append(uuid_)
+        if len(answers) <= 2:
+            raise vclient.AgentUnavailable('unavailable', 'connection refused')
+        view = real(uuid_)
+        if len(answers) == 3:
+            view['operation'] = {'phase': 'recover: the migration job'}
+        return view
+
+    monkeypatch.setattr(driver.agent, 'action', lost)
+    monkeypatch.setattr(driver.agent, 'instance', restarting)
+    calls = []
+    driver.live_migration(None, instance, OTHER,
+                          post_method=lambda *a, **k: calls.append('post'),
+                          recover_method=lambda *a, **k: calls.append('recover'),
+                          block_migration=True, migrate_data=data)
+    assert calls == ['post' if left else 'recover']
+    assert len(answers) == (3 if left else 4)
+    monkeypatch.undo()
+    if not left:
+        assert _held(agent, instance)[2] == 'running'
+        driver.destroy(None, instance, [])
+
+
+def test_a_live_migration_whose_agent_stays_away_is_neither_posted_nor_rolled_back(
+        driver, monkeypatch):
+    instance = make_instance()
+    data = objects.LibvirtLiveMigrateData(target_connect_addr='test:///default')
+
+    def away(*args):
+        raise vclient.AgentLost('agent-lost', 'connection refused')
+
+    monkeypatch.setattr(driver.agent, 'action', away)
+    monkeypatch.setattr(driver.agent, 'instance', lambda u: (_ for _ in ()).throw(
+        vclient.AgentUnavailable('unavailable', 'connection refused')))
+    vdriver.CONF.set_override('agent_restart_timeout', 2, group='vireo')
+    calls = []
+    with pytest.raises(vclient.AgentUnavailable, match='not recovered within 2 s'):
+        driver.live_migration(None, instance, OTHER,
+                              post_method=lambda *a, **k: calls.append('post'),
+                              recover_method=lambda *a, **k: calls.append('recover'),
+                              block_migration=True, migrate_data=data)
+    vdriver.CONF.clear_override('agent_restart_timeout', group='vireo')
+    assert calls == []
+
+
 def test_a_live_migration_that_copies_no_disk_is_refused_before_anything_moves(driver):
     instance = make_instance()
     data = objects.LibvirtLiveMigrateData(block_migration=False)

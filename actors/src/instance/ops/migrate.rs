@@ -77,9 +77,7 @@ pub(crate) async fn live_migrate(
     };
     let in_flight = op.in_flight(
         "prepare",
-        InFlight::LiveMigrate(MigrationStep {
-            migration: migration.clone(),
-        }),
+        InFlight::LiveMigrate(MigrationStep::of(migration.clone())),
     );
     let migrated = with_rollback(
         op,
@@ -1021,6 +1019,25 @@ pub(crate) async fn post_live_migration(
     // with its agent) is told the hand-over is done (see the actor's admission).
     let mut record = record;
     record.arrived_by = Some(migration.id);
+    if !record.storage.disks.is_empty() {
+        // The disks as the arrived domain uses them (a guest adopted while it was still
+        // arriving has the source's names for them until now).
+        let lv = op.deps.libvirt.clone();
+        let xml = match op
+            .lv("read the arrived domain", lv.xml_desc(op.uuid, false))
+            .await
+        {
+            Ok(xml) => xml,
+            Err(e) => return Finished::err(InstanceState::Incoming, Some(record), e),
+        };
+        if let Err(e) = record.disks_from(&xml) {
+            return Finished::err(
+                InstanceState::Incoming,
+                Some(record),
+                InstanceError::Record(e),
+            );
+        }
+    }
     let source = migration.source_host;
     if caller.is_some() {
         return post_live_migration_for_caller(op, record).await;
@@ -1205,6 +1222,7 @@ async fn live_migrate_for_caller(
         "migrate",
         InFlight::LiveMigrate(MigrationStep {
             migration: migration.clone(),
+            by_caller: true,
         }),
     );
     // The migration call was made (see live_migrate).
@@ -1212,7 +1230,13 @@ async fn live_migrate_for_caller(
     let migrated = with_rollback(
         op,
         async |op| {
-            op.save(&record, Some(in_flight)).await?;
+            op.save(&record, Some(in_flight.clone())).await?;
+            // Journaled as vireo's own flow does: a source stopped until the guest has left
+            // finds no domain at its next start, only this entry, and cleans up after it.
+            // Every disk is copied (see below).
+            let mut entry = journal_migration(op, &record, in_flight).await?;
+            entry.copied_disks = Some(has_disks);
+            write_journal(op, &entry, "disks").await?;
             let uri = caller.dest_uri.clone().ok_or_else(|| {
                 InstanceError::from(InvalidOperation::NoLiveMigrationTo {
                     host: migration.dest_host.clone(),
@@ -1269,15 +1293,13 @@ async fn live_migrate_for_caller(
                 if let Ok(PowerState::NoDomain) = state {
                     warn!(instance = %op.uuid, error = %cause,
                         "the live migration's call failed, but the guest left");
-                    op.phase("clean up the source");
-                    let _ = op.unplug_all(&record).await;
-                    drop_departed(op, has_disks).await;
-                    return Finished::ok(InstanceState::Gone, None);
+                    return departed_for_caller(op, &record, has_disks).await;
                 }
             }
             warn!(instance = %op.uuid, error = %cause, "live migration failed; Nova rolls back the network and the destination");
             let state = state_after_failed_migration(op, from).await;
             let _ = op.save(&record, None).await;
+            end_journal(op).await;
             Finished::rolled_back(Request::LiveMigrate, state, Some(record.clone()), cause, Ok(()))
         },
     )
@@ -1286,12 +1308,60 @@ async fn live_migrate_for_caller(
         Ok(()) => {
             // The guest runs on the destination: this host's devices and disks go (libvirt
             // undefined the domain); Nova deletes the source's bindings.
-            op.phase("clean up the source");
-            let _ = op.unplug_all(&record).await;
-            drop_departed(op, has_disks).await;
-            Finished::ok(InstanceState::Gone, None)
+            departed_for_caller(op, &record, has_disks).await
         }
         Err(rolled_back) => rolled_back,
+    }
+}
+
+/// The source of a live migration Nova runs, after the guest left: this host's devices, its
+/// domain definition and its disks (`copied`: the migration copied them) go, and the
+/// journal entry (best effort: the guest is the destination's now). Nova deletes the
+/// source's bindings.
+async fn departed_for_caller(op: &mut OpCtx, record: &InstanceRecord, copied: bool) -> Finished {
+    op.phase("clean up the source");
+    let _ = op.unplug_all(record).await;
+    drop_departed(op, copied).await;
+    end_journal(op).await;
+    Finished::ok(InstanceState::Gone, None)
+}
+
+/// Recovery of a live migration Nova ran from here, interrupted by an agent stop: the
+/// migration job libvirt may still run is let end (see [`let_migration_end`]); a guest that
+/// left is cleaned up after as a finished migration's source ([`departed_for_caller`]), one
+/// that stayed keeps running here. No other host is asked anything: Nova's driver, which
+/// waited for this agent to come back, reads the outcome and has Nova post or roll back
+/// the migration (the destination's part included). Returns whether the guest left.
+pub(crate) async fn recover_live_migration_for_caller(
+    op: &mut OpCtx,
+    record: &InstanceRecord,
+    was_paused: bool,
+) -> Result<bool, String> {
+    op.phase("recover: the migration job");
+    let state = let_migration_end(op, was_paused).await;
+    // Whether the disks were copied is what the journal entry says (not knowing: kept).
+    let copied = match op.deps.migrations.read(op.uuid).await {
+        Ok(Some(entry)) => entry.copied_disks.unwrap_or(false),
+        Ok(None) => false,
+        Err(error) => {
+            warn!(instance = %op.uuid, error = %crate::instance::actor::error_chain(&error), "live-migration journal entry unreadable: the source's disks are kept");
+            false
+        }
+    };
+    match state {
+        Ok(PowerState::NoDomain) => {
+            info!(instance = %op.uuid, "the guest left during the interrupted live migration: cleaning up after it");
+            departed_for_caller(op, record, copied).await;
+            Ok(true)
+        }
+        Ok(_) => {
+            end_journal(op).await;
+            Ok(false)
+        }
+        Err(e) => Err(format!(
+            "the domain could not be read; the migration is left as it is: {}",
+            crate::instance::actor::error_chain(&e)
+        )),
     }
 }
 

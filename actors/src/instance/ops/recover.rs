@@ -17,7 +17,7 @@ use crate::instance::record::{InstanceRecord, ResizeRole};
 use crate::instance::types::{InstanceError, InvalidOperation};
 
 use super::interfaces::detach;
-use super::migrate::recover_live_migration_source;
+use super::migrate::{recover_live_migration_for_caller, recover_live_migration_source};
 
 use super::{boot_with_events, running_or_stopped, settle_state, with_rollback, Finished};
 
@@ -52,6 +52,13 @@ pub(crate) async fn recover(
             match take_interface_away(op, &record, from, step).await {
                 Ok(without) => record = without,
                 Err(e) => failure = Some(e),
+            }
+        }
+        Some(InFlight::LiveMigrate(step)) if step.by_caller => {
+            if let Err(e) =
+                recover_live_migration_for_caller(op, &record, from == InstanceState::Paused).await
+            {
+                failure = Some(e);
             }
         }
         Some(InFlight::LiveMigrate(step)) => {

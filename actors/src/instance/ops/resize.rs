@@ -65,18 +65,14 @@ pub(crate) async fn resize(
     let r = async {
         let in_flight = op.in_flight(
             "power off",
-            InFlight::Resize(MigrationStep {
-                migration: migration.clone(),
-            }),
+            InFlight::Resize(MigrationStep::of(migration.clone())),
         );
         op.save(&record, Some(in_flight)).await?;
         op.phase("power off");
         op.shutdown_domain(op.deps.config.power_off_timeout).await?;
         let in_flight = op.in_flight(
             "handover",
-            InFlight::Resize(MigrationStep {
-                migration: migration.clone(),
-            }),
+            InFlight::Resize(MigrationStep::of(migration.clone())),
         );
         op.save(&source, Some(in_flight)).await?;
         if has_disks {
@@ -248,9 +244,7 @@ pub(crate) async fn finish_resize(
             op.phase("define");
             let in_flight = op.in_flight(
                 "finish-resize",
-                InFlight::FinishResize(MigrationStep {
-                    migration: migration.clone(),
-                }),
+                InFlight::FinishResize(MigrationStep::of(migration.clone())),
             );
             op.define(&record, Some(in_flight)).await?;
             let (bind, plug) = expect_predicted(op, &prediction).await?;
@@ -618,9 +612,7 @@ async fn resize_same_host(
         async |op| {
             let in_flight = op.in_flight(
                 "resize",
-                InFlight::Resize(MigrationStep {
-                    migration: migration.clone(),
-                }),
+                InFlight::Resize(MigrationStep::of(migration.clone())),
             );
             op.save(&record, Some(in_flight.clone())).await?;
             op.phase("power off");

@@ -40,6 +40,12 @@ class AgentUnavailable(AgentError):
     """The agent could not be reached, or answered 503."""
 
 
+class AgentLost(AgentUnavailable):
+    """The agent went away while an operation it had taken ran: the operation may have
+    done anything up to its end (the agent's recovery finishes or undoes it when it is
+    back)."""
+
+
 class OperationTimeout(AgentError):
     """An operation did not finish within ``[vireo] operation_timeout``."""
 
@@ -171,8 +177,12 @@ class AgentClient(object):
             # A long poll: the agent answers as the operation finishes (no sleep between
             # reads, so no latency added to any operation), or after `wait` seconds.
             wait = max(1, min(self.OPERATION_WAIT, int(left)))
-            op = self.request('GET', '/v1/operations/%s' % op['id'], params={'wait': wait},
-                              timeout=self._timeout + wait)
+            try:
+                op = self.request('GET', '/v1/operations/%s' % op['id'],
+                                  params={'wait': wait}, timeout=self._timeout + wait)
+            except AgentUnavailable as e:
+                raise AgentLost('agent-lost', 'operation %s (%s of %s): %s'
+                                % (op['id'], op['kind'], op['instance'], e.reason))
         if op['state'] != 'succeeded':
             err = op.get('error') or {}
             raise AgentError(err.get('code', 'failed'),

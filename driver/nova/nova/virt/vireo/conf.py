@@ -16,6 +16,10 @@ vireo_opts = [
     cfg.IntOpt('operation_timeout', default=3600, min=1,
                help='Seconds the driver waits for one agent operation (a spawn, a resize '
                     'step, a migration) to finish before it gives up on it.'),
+    cfg.IntOpt('agent_restart_timeout', default=300, min=1,
+               help='Seconds a live migration whose agent went away while it ran waits for '
+                    'the agent to come back and recover it: the outcome (the guest left, or '
+                    'stayed) decides whether Nova finishes or rolls back the migration.'),
     cfg.StrOpt('migration_uri',
                help="The libvirt URI other hosts reach this host's libvirtd at: a resize's "
                     'destination copies the disks from it. Default: qemu+tcp://<my_ip>/system '

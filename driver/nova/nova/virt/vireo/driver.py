@@ -500,6 +500,26 @@ class VireoDriver(driver.ComputeDriver):
         except vclient.AgentError as e:
             raise self._nova_error(instance, request, e)
 
+    def _host_half_once_back(self, instance, request, **args):
+        """A host half that must not be lost: the end of a live migration on its
+        destination, which nothing can undo (the guest moved) or nobody else would do (the
+        destination's clean-up). An agent that is away (restarting) is asked again until
+        ``[vireo] agent_restart_timeout``; the agent takes a repeated request as done."""
+        deadline = time.monotonic() + CONF.vireo.agent_restart_timeout
+        waiting = False
+        while True:
+            try:
+                return self._host_half(instance, request, **args)
+            except vclient.AgentUnavailable as e:
+                if time.monotonic() >= deadline:
+                    raise
+                if not waiting:
+                    LOG.warning('The vireo agent is away for %(request)s (%(error)s): '
+                                'waiting for it to come back',
+                                {'request': request, 'error': e}, instance=instance)
+                    waiting = True
+            eventlet.sleep(1)
+
     def _migration_uri(self):
         return CONF.vireo.migration_uri or 'qemu+tcp://%s/system' % CONF.my_ip
 
@@ -721,6 +741,23 @@ class VireoDriver(driver.ComputeDriver):
             args['migration_id'] = moving.uuid
         try:
             self.agent.action(instance.uuid, args)
+        except vclient.AgentLost as e:
+            # libvirt runs the migration job on without the agent: the guest may have left
+            # or not. Rolling back the destination now could destroy a guest that arrived;
+            # the agent's recovery, once it is back, lets the job end and says which.
+            LOG.warning('The vireo agent went away during the live migration to %(dest)s '
+                        '(%(error)s); waiting for it to recover the migration',
+                        {'dest': dest, 'error': e}, instance=instance)
+            if self._left_after_recovery(instance):
+                LOG.info('The guest left for %s while the agent was away', dest,
+                         instance=instance)
+                post_method(context, instance, dest, block_migration, migrate_data)
+            else:
+                LOG.error('Live migration to %(dest)s did not happen: the guest stayed '
+                          'here while the agent was away', {'dest': dest},
+                          instance=instance)
+                recover_method(context, instance, dest, migrate_data)
+            return
         except vclient.AgentError as e:
             # The agent kept the guest running here; Nova rolls back the network and the
             # destination (it sets ERROR without rolling back if this raised).
@@ -729,6 +766,33 @@ class VireoDriver(driver.ComputeDriver):
             recover_method(context, instance, dest, migrate_data)
             return
         post_method(context, instance, dest, block_migration, migrate_data)
+
+    def _left_after_recovery(self, instance):
+        """Whether the guest left this host, once the agent is back and its recovery of the
+        interrupted live migration ended: the instance unknown to it (the recovery cleaned
+        up after a guest that left) or with no operation under way. Raises AgentUnavailable
+        if the agent is not back within ``[vireo] agent_restart_timeout`` (Nova then sets
+        ERROR: neither finishing nor rolling back is safe without knowing)."""
+        deadline = time.monotonic() + CONF.vireo.agent_restart_timeout
+        while True:
+            try:
+                found = self.agent.instance(instance.uuid)
+            except vclient.AgentUnavailable as e:
+                last = e
+            except vclient.AgentError as e:
+                if e.agent_code == 'not-found':
+                    return True
+                raise
+            else:
+                if found.get('operation') is None:
+                    return found.get('power_state') == 'no-domain'
+                last = None
+            if time.monotonic() >= deadline:
+                raise vclient.AgentUnavailable(
+                    'unavailable', 'the live migration of %s was not recovered within %d s: '
+                    '%s' % (instance.uuid, CONF.vireo.agent_restart_timeout,
+                            last or 'still under way'))
+            eventlet.sleep(1)
 
     def post_live_migration_at_source(self, context, instance, network_info):
         # The agent's live-migrate unplugged and removed everything of the guest here once
@@ -740,8 +804,8 @@ class VireoDriver(driver.ComputeDriver):
         migration, _ = self._incoming.pop(instance.uuid, (None, None))
         if migration is None:
             migration = self._live_migration_of(instance, None)
-        self._host_half(instance, 'post-live-migration-at-destination', migration=migration,
-                        caller={})
+        self._host_half_once_back(instance, 'post-live-migration-at-destination',
+                                  migration=migration, caller={})
 
     def rollback_live_migration_at_destination(self, context, instance, network_info,
                                                block_device_info, destroy_disks=True,
@@ -758,10 +822,10 @@ class VireoDriver(driver.ComputeDriver):
         if migration is None:
             migration = self._live_migration_of(instance, migrate_data)
         try:
-            self._host_half(instance, 'rollback-live-migration-at-destination',
-                            handover=handover, do_cleanup=True,
-                            destroy_disks=bool(destroy_disks), migration_id=migration['id'],
-                            caller={})
+            self._host_half_once_back(instance, 'rollback-live-migration-at-destination',
+                                      handover=handover, do_cleanup=True,
+                                      destroy_disks=bool(destroy_disks),
+                                      migration_id=migration['id'], caller={})
         except exception.InstanceNotFound:
             LOG.debug('Nothing of the instance here to roll back', instance=instance)
 
