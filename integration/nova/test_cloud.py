@@ -7,6 +7,7 @@ import time
 import uuid
 
 import pytest
+import requests
 
 from conftest import compute_log_offset
 from conftest import compute_log_since
@@ -619,5 +620,47 @@ def test_an_agent_killed_during_a_live_migration(cloud, flavor, image, host_b, v
             subprocess.run(['bash', str(TWO_HOST), 'exec', 'iptables', '-D', *rule],
                            capture_output=True)
         killed.start_agent()
+        cloud.cli('server', 'delete', '--wait', name, check=False)
+    _nothing_left_after_live_migration(cloud, sid, ports, offsets, [host_a, host_b])
+
+
+def test_an_agent_killed_while_its_build_waits_for_its_events(cloud, flavor, image, host_b):
+    """Host A's vireo agent is SIGKILLed while a build there waits for its network events,
+    and started again at once. The driver waits for the agent's recovery (which removes what
+    the interrupted build made here) and fails the build; Nova reschedules it to B, where
+    the server runs. Nothing of it is left on A; its port is bound to B."""
+    host_a = cloud.host_a
+    offsets = {h.name: h.log_offset() for h in (host_a, host_b)}
+    name = 'vireo-%s' % uuid.uuid4().hex[:8]
+    server = cloud.cli('server', 'create', '--flavor', flavor, '--image', image, '--network',
+                       cloud.network, name, '-f', 'json')
+    sid = server['id']
+    ports = []
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                phase = (host_a.agent_instance(sid).get('operation') or {}).get('phase')
+            except requests.HTTPError:
+                phase = None
+            if phase == 'wait for events':
+                break
+            assert time.monotonic() < deadline, 'the build never waited on A'
+            time.sleep(0.05)
+        ports = _ports(cloud, sid)
+        host_a.kill_agent()
+        host_a.start_agent()
+        server = _settled(cloud, name)
+        assert server['status'] == 'ACTIVE', server.get('fault')
+        assert server['OS-EXT-SRV-ATTR:host'] == host_b.name, server
+        assert host_a.leaks(sid, ports) == []
+        _bound_to(cloud, sid, host_b)
+        assert host_b.agent_instance(sid)['power_state'] == 'running'
+        # Nova's clean-up before the reschedule reached the agent.
+        log = host_a.log_since(offsets[host_a.name])
+        assert 'went away during the build' in log, log[-4000:]
+        assert 'Cleaning up VIFs failed' not in log, log[-4000:]
+    finally:
+        host_a.start_agent()
         cloud.cli('server', 'delete', '--wait', name, check=False)
     _nothing_left_after_live_migration(cloud, sid, ports, offsets, [host_a, host_b])

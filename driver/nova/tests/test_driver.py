@@ -183,6 +183,32 @@ def test_spawn_with_a_config_drive_gives_it_user_data(driver, agent, glance_api,
     driver.destroy(context, instance, [])
 
 
+def test_a_build_whose_agent_went_away_fails_once_the_agent_recovered_it(
+        driver, glance_api, context, monkeypatch):
+    """The agent died during the build: the build fails (Nova reschedules) only once the
+    agent is back and its recovery ended, so that Nova's clean-up reaches it."""
+    image = glance_api.upload(IMAGE)
+    instance = _build(image)
+    polls = []
+
+    def lost(body):
+        raise vclient.AgentLost('agent-lost', 'connection refused')
+
+    def restarting(uuid_):
+        polls.append(uuid_)
+        if len(polls) == 1:
+            raise vclient.AgentUnavailable('unavailable', 'connection refused')
+        if len(polls) == 2:
+            return {'uuid': uuid_, 'operation': {'phase': 'recover'}}
+        raise vclient.AgentError('not-found', 'no such instance', status=404)
+
+    monkeypatch.setattr(driver.agent, 'create', lost)
+    monkeypatch.setattr(driver.agent, 'instance', restarting)
+    with pytest.raises(vclient.AgentLost):
+        driver.spawn(context, instance, _image_meta(image), [], None, {})
+    assert polls == [instance.uuid] * 3
+
+
 def test_a_wrong_checksum_fails_the_build_and_leaves_nothing(
         driver, agent, glance_api, context):
     image = glance_api.upload(IMAGE)
@@ -593,7 +619,7 @@ def test_a_live_migration_whose_agent_stays_away_is_neither_posted_nor_rolled_ba
         vclient.AgentUnavailable('unavailable', 'connection refused')))
     vdriver.CONF.set_override('agent_restart_timeout', 2, group='vireo')
     calls = []
-    with pytest.raises(vclient.AgentUnavailable, match='not recovered within 2 s'):
+    with pytest.raises(vclient.AgentUnavailable, match='did not recover .* within 2 s'):
         driver.live_migration(None, instance, OTHER,
                               post_method=lambda *a, **k: calls.append('post'),
                               recover_method=lambda *a, **k: calls.append('recover'),

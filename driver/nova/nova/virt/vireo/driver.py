@@ -322,7 +322,16 @@ class VireoDriver(driver.ComputeDriver):
                         len(injected_files), instance=instance)
         # A failed build was cleaned up by the agent (domain, devices, disks) before it
         # answers; the error goes back to the manager, which reschedules.
-        self.agent.create(body)
+        try:
+            self.agent.create(body)
+        except vclient.AgentLost as e:
+            # The agent's recovery removes what the interrupted build made here; the build
+            # fails once it is back, so that Nova's clean-up before its reschedule reaches
+            # it.
+            LOG.warning('The vireo agent went away during the build (%s); waiting for it '
+                        'to recover', e, instance=instance)
+            self._recovered(instance)
+            raise
 
     @staticmethod
     def _flavor(flavor):
@@ -768,11 +777,17 @@ class VireoDriver(driver.ComputeDriver):
         post_method(context, instance, dest, block_migration, migrate_data)
 
     def _left_after_recovery(self, instance):
-        """Whether the guest left this host, once the agent is back and its recovery of the
-        interrupted live migration ended: the instance unknown to it (the recovery cleaned
-        up after a guest that left) or with no operation under way. Raises AgentUnavailable
-        if the agent is not back within ``[vireo] agent_restart_timeout`` (Nova then sets
-        ERROR: neither finishing nor rolling back is safe without knowing)."""
+        """Whether the guest left this host, once the agent's recovery of the interrupted
+        live migration ended (see _recovered). Raises AgentUnavailable otherwise: Nova then
+        sets ERROR, as neither finishing nor rolling back is safe without knowing."""
+        found = self._recovered(instance)
+        return found is None or found.get('power_state') == 'no-domain'
+
+    def _recovered(self, instance):
+        """The agent's view of the instance once the agent is back and no operation of the
+        instance is under way there any more (its recovery of the one the agent died in
+        ended); None if the agent does not hold it. Raises AgentUnavailable if that takes
+        longer than ``[vireo] agent_restart_timeout``."""
         deadline = time.monotonic() + CONF.vireo.agent_restart_timeout
         while True:
             try:
@@ -781,17 +796,17 @@ class VireoDriver(driver.ComputeDriver):
                 last = e
             except vclient.AgentError as e:
                 if e.agent_code == 'not-found':
-                    return True
+                    return None
                 raise
             else:
                 if found.get('operation') is None:
-                    return found.get('power_state') == 'no-domain'
+                    return found
                 last = None
             if time.monotonic() >= deadline:
                 raise vclient.AgentUnavailable(
-                    'unavailable', 'the live migration of %s was not recovered within %d s: '
-                    '%s' % (instance.uuid, CONF.vireo.agent_restart_timeout,
-                            last or 'still under way'))
+                    'unavailable', 'the agent did not recover %s within %d s: %s'
+                    % (instance.uuid, CONF.vireo.agent_restart_timeout,
+                       last or 'still under way'))
             eventlet.sleep(1)
 
     def post_live_migration_at_source(self, context, instance, network_info):
