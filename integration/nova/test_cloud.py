@@ -664,3 +664,50 @@ def test_an_agent_killed_while_its_build_waits_for_its_events(cloud, flavor, ima
         host_a.start_agent()
         cloud.cli('server', 'delete', '--wait', name, check=False)
     _nothing_left_after_live_migration(cloud, sid, ports, offsets, [host_a, host_b])
+
+
+def test_host_bs_agent_killed_while_a_move_to_it_finishes(cloud, flavor, image, host_b):
+    """A cold migration A -> B with B's vireo agent SIGKILLed while its finish waits for the
+    ports' events there, and started again at once. The agent's recovery removes what the
+    finish made on B (A keeps its stopped copy); B's driver asks for the finish again, with
+    the events Nova kept for the task: the server waits for its confirm on B, running, and
+    the confirm leaves nothing on A."""
+    host_a = cloud.host_a
+    offsets = {h.name: h.log_offset() for h in (host_a, host_b)}
+    name = 'vireo-%s' % uuid.uuid4().hex[:8]
+    sid = _boot(cloud, flavor, image, name)['id']
+    ports = _ports(cloud, sid)
+    try:
+        cloud.cli('--os-compute-api-version', '2.56', 'server', 'migrate', '--host',
+                  host_b.name, name)
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                phase = (host_b.agent_instance(sid).get('operation') or {}).get('phase')
+            except requests.HTTPError:
+                phase = None
+            if phase == 'wait for events':
+                break
+            assert time.monotonic() < deadline, 'the finish never waited on B'
+            time.sleep(0.05)
+        host_b.kill_agent()
+        host_b.start_agent()
+        server = _settled(cloud, name)
+        assert server['status'] == 'VERIFY_RESIZE', server.get('fault')
+        assert server['OS-EXT-SRV-ATTR:host'] == host_b.name, server
+        held = host_b.agent_instance(sid)
+        assert (held['state'], held['power_state']) == ('running', 'running'), held
+        finish = held['last_operation']
+        assert finish['request'] == 'finish-resize', finish
+        assert all(w['complete'] for w in finish['waits']), finish
+        log = host_b.log_since(offsets[host_b.name])
+        assert 'went away during the finish of the resize' in log, log[-4000:]
+        _bound_to(cloud, sid, host_b)
+        assert host_a.agent_instance(sid)['power_state'] == 'shutoff'
+        cloud.cli('server', 'resize', 'confirm', name)
+        _on(cloud, name, host_b, 'ACTIVE')
+        assert host_a.leaks(sid, ports) == []
+    finally:
+        host_b.start_agent()
+        cloud.cli('server', 'delete', '--wait', name, check=False)
+    _nothing_left_after_live_migration(cloud, sid, ports, offsets, [host_a, host_b])

@@ -10,7 +10,7 @@
 
 use std::collections::BTreeSet;
 
-use tracing::warn;
+use tracing::{info, warn};
 
 use crate::lifecycle::{InstanceState, Request};
 use crate::network::PortUpdate;
@@ -244,7 +244,10 @@ pub(crate) async fn finish_resize(
             op.phase("define");
             let in_flight = op.in_flight(
                 "finish-resize",
-                InFlight::FinishResize(MigrationStep::of(migration.clone())),
+                InFlight::FinishResize(MigrationStep {
+                    migration: migration.clone(),
+                    by_caller: caller_runs,
+                }),
             );
             op.define(&record, Some(in_flight)).await?;
             let (bind, plug) = expect_predicted(op, &prediction).await?;
@@ -277,6 +280,21 @@ pub(crate) async fn finish_resize(
         Ok(record) => Finished::ok(InstanceState::ResizeTarget, Some(record)),
         Err(rolled_back) => rolled_back,
     }
+}
+
+/// A finish-resize Nova ran here, interrupted by an agent stop: this host's copy goes
+/// (domain, devices, the disks the finish copied: under Nova it never runs on a directory
+/// shared with the source), so that Nova's driver can ask for the finish again from the
+/// start once the agent is back (the source keeps its own copy until Nova confirms).
+pub(crate) async fn undo_finish_for_caller(
+    op: &mut OpCtx,
+    record: &InstanceRecord,
+) -> Result<(), String> {
+    op.phase("recover: remove the interrupted finish");
+    info!(instance = %op.uuid, "removing what an interrupted finish-resize made here: Nova's driver asks for it again");
+    let removed = remove_domain(op, record).await;
+    op.deps.events.forget(op.uuid);
+    removed.map_err(|e| e.to_string())
 }
 
 /// A failed finish-resize gives this host's copy up: the source takes the instance back.

@@ -573,12 +573,22 @@ class VireoDriver(driver.ComputeDriver):
         # the move.
         handover['flavor'] = self._flavor(instance.flavor)
         handover['power_on'] = bool(power_on)
-        caller.update(self._caller_task(instance))
-        self._host_half(
-            instance, 'finish-resize',
-            migration={'id': migration.uuid, 'source_host': migration.source_compute,
-                       'dest_host': migration.dest_compute},
-            handover=handover, caller=caller)
+        moving = {'id': migration.uuid, 'source_host': migration.source_compute,
+                  'dest_host': migration.dest_compute}
+        try:
+            self._host_half(instance, 'finish-resize', migration=moving, handover=handover,
+                            caller=dict(caller, **self._caller_task(instance)))
+        except vclient.AgentUnavailable as e:
+            # The agent went away during the finish: its recovery removes what the finish
+            # made here (the source keeps its copy), then the finish runs again from the
+            # start, with the events Nova kept for the task (the ones the lost agent had).
+            LOG.warning('The vireo agent went away during the finish of the resize (%s); '
+                        'waiting for it to recover, then finishing again', e,
+                        instance=instance)
+            if self._recovered(instance) is not None:
+                raise
+            self._host_half(instance, 'finish-resize', migration=moving, handover=handover,
+                            caller=dict(caller, **self._caller_task(instance)))
 
     def _take_over(self, context, instance, disk_info, network_info, image_meta,
                    block_device_info, error):
