@@ -53,6 +53,7 @@ class Cloud(object):
         self.host_a = Host(self.host, AGENT_URL, token, 'qemu:///system',
                            STATE_DIR / 'vireo-agent', LOG / 'nova-compute.log',
                            agent_pid=STATE_DIR / 'run' / 'vireo-agent.pid',
+                           agent_log=LOG / 'vireo-agent.log',
                            agent_up=['bash', str(HOST_SETUP), 'vireo-agent-up'])
         self.host_b = None
         hb_dir = pathlib.Path(os.environ.get('VIREO_HB_DIR', STATE_DIR / 'hostb'))
@@ -63,6 +64,7 @@ class Cloud(object):
                 hb_dir / 'vireo-agent', hb_dir / 'log' / 'nova-compute.log',
                 wrap=['bash', str(TWO_HOST), 'exec'],
                 agent_pid=hb_dir / 'run' / 'vireo-agent.pid',
+                agent_log=hb_dir / 'log' / 'vireo-agent.log',
                 agent_up=['bash', str(TWO_HOST), 'nova-up'])
 
     def cli(self, *args, check=True):
@@ -153,8 +155,9 @@ class Host(object):
     """One compute host of the tier: its nova-compute, vireo agent, libvirtd and devices."""
 
     def __init__(self, name, agent_url, token, libvirt_uri, state_dir, log, wrap=(),
-                 agent_pid=None, agent_up=None):
+                 agent_pid=None, agent_up=None, agent_log=None):
         self.name = name
+        self.agent_log = agent_log
         self._agent_pid = agent_pid  # the agent's pid file (its process group's leader)
         self._agent_up = agent_up  # the set-up command that starts it again
         self.agent_url = agent_url
@@ -212,11 +215,13 @@ class Host(object):
         return subprocess.run(['virsh', '-c', self.libvirt_uri, 'list', '--all', '--uuid'],
                               capture_output=True, text=True, check=True).stdout.split()
 
-    def log_offset(self):
-        return self.log.stat().st_size if self.log.exists() else 0
+    def log_offset(self, log=None):
+        log = log or self.log
+        return log.stat().st_size if log.exists() else 0
 
-    def log_since(self, offset):
-        with open(self.log, 'rb') as f:
+    def log_since(self, offset, log=None):
+        """nova-compute's log (or `log`) from `offset` on."""
+        with open(log or self.log, 'rb') as f:
             f.seek(offset)
             return f.read().decode('utf-8', 'replace')
 

@@ -677,6 +677,7 @@ def test_host_bs_agent_killed_while_a_move_to_it_finishes(cloud, flavor, image, 
     name = 'vireo-%s' % uuid.uuid4().hex[:8]
     sid = _boot(cloud, flavor, image, name)['id']
     ports = _ports(cloud, sid)
+    agent_log = host_b.log_offset(host_b.agent_log)
     try:
         cloud.cli('--os-compute-api-version', '2.56', 'server', 'migrate', '--host',
                   host_b.name, name)
@@ -702,6 +703,10 @@ def test_host_bs_agent_killed_while_a_move_to_it_finishes(cloud, flavor, image, 
         assert all(w['complete'] for w in finish['waits']), finish
         log = host_b.log_since(offsets[host_b.name])
         assert 'went away during the finish of the resize' in log, log[-4000:]
+        # B's recovery removed its copy, asking nobody (A keeps its own).
+        log = host_b.log_since(agent_log, host_b.agent_log)
+        assert 'removing what an interrupted finish-resize made here' in log, log[-4000:]
+        assert 'recovery of an interrupted operation failed' not in log, log[-4000:]
         _bound_to(cloud, sid, host_b)
         assert host_a.agent_instance(sid)['power_state'] == 'shutoff'
         cloud.cli('server', 'resize', 'confirm', name)

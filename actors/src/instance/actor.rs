@@ -691,6 +691,9 @@ impl Handler<RecoverInterrupted> for InstanceActor {
             Interrupted::Marked(marker) => match &marker.operation {
                 // A build that did not finish is rolled back: nothing stays, networking released.
                 InFlight::Spawn => Some(Operation::CleanupForReschedule {}),
+                // A finish Nova runs: only this host's copy goes (ops::recover); Nova's
+                // driver asks for the finish again.
+                InFlight::FinishResize(step) if step.by_caller => None,
                 // The destination of a resize: remove the copy, have the source take it back.
                 InFlight::FinishResize(_) | InFlight::RevertResize(_) if target => {
                     Some(Operation::RevertResize {})
