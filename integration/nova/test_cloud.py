@@ -716,3 +716,44 @@ def test_host_bs_agent_killed_while_a_move_to_it_finishes(cloud, flavor, image, 
         host_b.start_agent()
         cloud.cli('server', 'delete', '--wait', name, check=False)
     _nothing_left_after_live_migration(cloud, sid, ports, offsets, [host_a, host_b])
+
+
+def test_host_as_agent_killed_while_a_revert_brings_the_guest_back(
+        cloud, flavor, image, host_b):
+    """A cold migration A -> B reverted, with A's vireo agent SIGKILLed while it brings the
+    guest back (Nova moved the bindings back and B removed its copy) and started again at
+    once. The agent's recovery stops the guest again (A keeps waiting as the resize's
+    source); A's driver asks for the finish again with the events Nova kept for the task:
+    the server runs on A as before, and B holds nothing."""
+    host_a = cloud.host_a
+    offsets = {h.name: h.log_offset() for h in (host_a, host_b)}
+    name = 'vireo-%s' % uuid.uuid4().hex[:8]
+    sid = _boot(cloud, flavor, image, name)['id']
+    ports = _ports(cloud, sid)
+    try:
+        cloud.cli('--os-compute-api-version', '2.56', 'server', 'migrate', '--host',
+                  host_b.name, '--wait', name)
+        _on(cloud, name, host_b, 'VERIFY_RESIZE')
+        cloud.cli('server', 'resize', 'revert', name)
+        deadline = time.monotonic() + 120
+        while True:
+            operation = host_a.agent_instance(sid).get('operation') or {}
+            if operation.get('kind') == 'finish-revert-resize':
+                break
+            assert time.monotonic() < deadline, 'A never brought the guest back'
+            time.sleep(0.02)
+        host_a.kill_agent()
+        host_a.start_agent()
+        server = _settled(cloud, name)
+        assert server['status'] == 'ACTIVE', server.get('fault')
+        assert server['OS-EXT-SRV-ATTR:host'] == host_a.name, server
+        held = host_a.agent_instance(sid)
+        assert (held['state'], held['power_state']) == ('running', 'running'), held
+        log = host_a.log_since(offsets[host_a.name])
+        assert 'went away during the finish of the revert' in log, log[-4000:]
+        _bound_to(cloud, sid, host_a)
+        assert host_b.leaks(sid, ports) == []
+    finally:
+        host_a.start_agent()
+        cloud.cli('server', 'delete', '--wait', name, check=False)
+    _nothing_left_after_live_migration(cloud, sid, ports, offsets, [host_a, host_b])

@@ -693,7 +693,11 @@ impl Handler<RecoverInterrupted> for InstanceActor {
                 InFlight::Spawn => Some(Operation::CleanupForReschedule {}),
                 // A finish Nova runs: only this host's copy goes (ops::recover); Nova's
                 // driver asks for the finish again.
-                InFlight::FinishResize(step) if step.by_caller => None,
+                InFlight::FinishResize(step) | InFlight::FinishRevertResize(step)
+                    if step.by_caller =>
+                {
+                    None
+                }
                 // The destination of a resize: remove the copy, have the source take it back.
                 InFlight::FinishResize(_) | InFlight::RevertResize(_) if target => {
                     Some(Operation::RevertResize {})

@@ -101,9 +101,12 @@ impl InFlight {
     }
 
     /// The record of bringing a resized-away instance back on the source: a revert's, or a
-    /// failed resize's own roll back.
-    pub(crate) fn bring_back(running: Request, migration: Migration) -> InFlight {
-        let step = MigrationStep::of(migration);
+    /// failed resize's own roll back; `by_caller`: a revert Nova runs.
+    pub(crate) fn bring_back(running: Request, migration: Migration, by_caller: bool) -> InFlight {
+        let step = MigrationStep {
+            migration,
+            by_caller,
+        };
         if running == Request::Resize {
             InFlight::Resize(step)
         } else {

@@ -18,7 +18,7 @@ use crate::instance::types::{InstanceError, InvalidOperation};
 
 use super::interfaces::detach;
 use super::migrate::{recover_live_migration_for_caller, recover_live_migration_source};
-use super::resize::undo_finish_for_caller;
+use super::resize::{stop_interrupted_revert, undo_finish_for_caller};
 
 use super::{boot_with_events, running_or_stopped, settle_state, with_rollback, Finished};
 
@@ -53,6 +53,11 @@ pub(crate) async fn recover(
             match take_interface_away(op, &record, from, step).await {
                 Ok(without) => record = without,
                 Err(e) => failure = Some(e),
+            }
+        }
+        Some(InFlight::FinishRevertResize(step)) if step.by_caller => {
+            if let Err(e) = stop_interrupted_revert(op).await {
+                failure = Some(e);
             }
         }
         Some(InFlight::FinishResize(step)) if step.by_caller => {

@@ -297,6 +297,17 @@ pub(crate) async fn undo_finish_for_caller(
     removed.map_err(|e| e.to_string())
 }
 
+/// A revert Nova runs, interrupted on this host (the source) by an agent stop while it
+/// brought the guest back: the guest is stopped again (a domain started paused, or already
+/// resumed), its definition, devices and disks kept, so that the instance waits as the
+/// resize's source (see the recovery) and Nova's driver can ask for the revert's finish
+/// again once the agent is back.
+pub(crate) async fn stop_interrupted_revert(op: &mut OpCtx) -> Result<(), String> {
+    op.phase("recover: stop the interrupted revert");
+    info!(instance = %op.uuid, "stopping the guest of an interrupted finish-revert-resize: Nova's driver asks for it again");
+    op.destroy_domain().await.map_err(|e| e.to_string())
+}
+
 /// A failed finish-resize gives this host's copy up: the source takes the instance back.
 async fn give_up_copy(op: &mut OpCtx, record: &InstanceRecord, e: InstanceError) -> Finished {
     // The source takes the instance back: this host gives it up whatever happens
@@ -510,7 +521,7 @@ async fn bring_back(op: &mut OpCtx, record: InstanceRecord, moved_by_caller: boo
         async |op| {
             let in_flight = op.in_flight(
                 "finish-revert",
-                InFlight::bring_back(op.request, resize.migration.clone()),
+                InFlight::bring_back(op.request, resize.migration.clone(), moved_by_caller),
             );
             op.save(&record, Some(in_flight)).await?;
             op.deps.events.track(op.uuid);

@@ -585,10 +585,16 @@ class VireoDriver(driver.ComputeDriver):
             LOG.warning('The vireo agent went away during the finish of the resize (%s); '
                         'waiting for it to recover, then finishing again', e,
                         instance=instance)
-            if self._recovered(instance) is not None:
+            found = self._recovered(instance)
+            if found is None:
+                self._host_half(instance, 'finish-resize', migration=moving,
+                                handover=handover,
+                                caller=dict(caller, **self._caller_task(instance)))
+            elif found.get('state') in ('running', 'stopped'):
+                LOG.info('The finish had ended before the agent went away',
+                         instance=instance)
+            else:
                 raise
-            self._host_half(instance, 'finish-resize', migration=moving, handover=handover,
-                            caller=dict(caller, **self._caller_task(instance)))
 
     def _take_over(self, context, instance, disk_info, network_info, image_meta,
                    block_device_info, error):
@@ -655,8 +661,25 @@ class VireoDriver(driver.ComputeDriver):
             # The destination destroyed its copy and Nova moved the bindings back before
             # this call: a port whose devices stayed wired here reported at that move, and
             # that event counts (the task's kept events and the time it began).
-            self._host_half(instance, 'finish-revert-resize',
-                            caller=self._caller_task(instance))
+            try:
+                self._host_half(instance, 'finish-revert-resize',
+                                caller=self._caller_task(instance))
+            except vclient.AgentUnavailable as e:
+                # The agent went away while it brought the guest back: its recovery stops
+                # the guest again (the instance waits as the resize's source), then the
+                # finish runs again with the events Nova kept for the task.
+                LOG.warning('The vireo agent went away during the finish of the revert '
+                            '(%s); waiting for it to recover, then finishing again', e,
+                            instance=instance)
+                found = self._recovered(instance)
+                if found is not None and found.get('state') in ('running', 'stopped'):
+                    LOG.info('The revert had finished before the agent went away',
+                             instance=instance)
+                elif found is not None and found.get('state') == 'resize-source':
+                    self._host_half(instance, 'finish-revert-resize',
+                                    caller=self._caller_task(instance))
+                else:
+                    raise
         running = self.get_info(instance).state == power_state.RUNNING
         if power_on and not running:
             self._act(instance, 'power-on')
