@@ -432,6 +432,10 @@ pub trait InstanceStorage: Send + Sync + fmt::Debug + 'static {
     /// `image` (fetched into this host's cache first, with `image_token` for an HTTP source
     /// that wants one) and grown to `root_gb`. Returns the
     /// disks here. The source is only read; on failure everything made here is removed.
+    /// `build`: the token of the journal entry the copy runs under (written into the
+    /// instance directory first, as a build's [`BUILD_MARKER`]), so that a restart after an
+    /// agent stop mid-copy removes what it made ([`InstanceStorage::remove_build`]).
+    #[allow(clippy::too_many_arguments)]
     async fn copy_from(
         &self,
         uuid: Uuid,
@@ -440,6 +444,7 @@ pub trait InstanceStorage: Send + Sync + fmt::Debug + 'static {
         image: Option<&ImageRef>,
         image_token: Option<String>,
         root_gb: u64,
+        build: Option<Uuid>,
     ) -> Result<Vec<InstanceDisk>, StorageError>;
 
     /// Write the empty file `name` in this host's instances directory (a live migration's

@@ -73,8 +73,16 @@ fn main() {
         let copy = || {
             let uuid = Uuid::new_v4();
             let t = Instant::now();
-            rt.block_on(storage.copy_from(uuid, &uri, std::slice::from_ref(&disk), None, None, 0))
-                .unwrap();
+            rt.block_on(storage.copy_from(
+                uuid,
+                &uri,
+                std::slice::from_ref(&disk),
+                None,
+                None,
+                0,
+                None,
+            ))
+            .unwrap();
             let took = t.elapsed();
             rt.block_on(storage.remove(uuid)).unwrap();
             took

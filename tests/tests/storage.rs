@@ -812,3 +812,84 @@ async fn a_departed_live_migration_on_a_shared_directory_recovered_from_the_jour
 ) {
     departed_live_migration_with_disks(true).await;
 }
+
+/// A finish Nova runs on h2, its agent stopped after the disks were copied and before the
+/// domain that names them existed (its definition queued behind a held libvirt): no domain
+/// marker tells of it, only the build journal's entry, whose token the copy carries. The
+/// restarted agent removes the copy, so that Nova's driver can ask for the finish again (a
+/// copy left behind made the next finish refuse: `DisksAlreadyHere`); h1 keeps its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_finish_nova_runs_killed_before_its_domain_existed_leaves_no_copy_after_a_restart() {
+    use vireo_actors::instance::{CallerTask, Handover, Migration, Operation, ResizeArgs};
+    let c = spec(&["h1", "h2"]).start().await;
+    let image = make_image(&c, "img.raw");
+    let sum = sha256(&image);
+    let id = uuid();
+    let (h1, h2) = (c.host("h1"), c.host("h2"));
+    h1.driver
+        .spawn(
+            id,
+            image_args("vm-st-nf", &image, Checksum::Sha256(sum.clone()), 1),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{}", chain(&e)));
+    let migration = Migration {
+        id: uuid(),
+        source_host: "h1".into(),
+        dest_host: "h2".into(),
+    };
+    let mut args = ResizeArgs::of(&migration, flavor("m1.small", 2, 512));
+    args.caller_finishes = true;
+    let handover: Handover = h1
+        .driver
+        .run(id, Operation::Resize(Box::new(args)))
+        .await
+        .unwrap_or_else(|e| panic!("{}", chain(&e)))
+        .handover
+        .expect("the source answers with the handover");
+    let src_dir = c.instances_dir("h1").join(id.to_string());
+    let dst_dir = c.instances_dir("h2").join(id.to_string());
+    let domains = c.dump_domains().await;
+    let hold = faults_support::LibvirtHold::start(h2.driver.libvirt()).await;
+    let task = {
+        let d = h2.driver.clone();
+        let finish = Operation::FinishResize {
+            migration: migration.clone(),
+            handover: Box::new(handover),
+            caller: Some(Box::new(CallerTask::default())),
+        };
+        tokio::spawn(async move { d.run(id, finish).await })
+    };
+    let driver = h2.driver.clone();
+    eventually(
+        std::time::Duration::from_secs(20),
+        "the copy made, the definition queued",
+        || async {
+            let defining = driver
+                .show(id)
+                .await
+                .ok()
+                .and_then(|v| v.operation)
+                .is_some_and(|o| o.phase == "define");
+            (defining && dst_dir.join(DiskRole::ConfigDrive.file_name()).exists()).then_some(())
+        },
+    )
+    .await;
+    drop(driver);
+    task.abort();
+    assert!(task.await.unwrap_err().is_cancelled());
+    let remains = c.crash();
+    hold.release().await;
+    let c = TestCloud::restart(remains, domains).await;
+    assert_eq!(c.host("h2").driver.recovery().released_builds, vec![id]);
+    assert!(!dst_dir.exists(), "the finish's copy is left: {dst_dir:?}");
+    // The source keeps its copy, waiting for Nova to finish again or revert.
+    let src = c.host("h1").driver.show(id).await.unwrap();
+    assert_eq!(
+        src.state,
+        vireo_actors::lifecycle::InstanceState::ResizeSource
+    );
+    assert!(src_dir.join("disk").exists());
+    c.destroy_and_assert_clean(&[id], &[]).await;
+    assert_eq!(sha256(&c.cache_dir("h1").join("img-1")), sum);
+}

@@ -450,9 +450,16 @@ impl InstanceStorage for HostStorage {
         image: Option<&ImageRef>,
         image_token: Option<String>,
         root_gb: u64,
+        build: Option<Uuid>,
     ) -> Result<Vec<InstanceDisk>, StorageError> {
         let (dir, existed) = self.open_instance_dir(uuid).await?;
         let mut made = Vec::new();
+        if let Some(build) = build {
+            if let Err(e) = mark_build(&dir, build, existed, &mut made).await {
+                undo(uuid, &dir, existed, &made).await;
+                return Err(e);
+            }
+        }
         let copied = self
             .with_cache_mode(
                 self.copy_into(

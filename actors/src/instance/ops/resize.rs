@@ -27,6 +27,9 @@ use crate::instance::types::{
 };
 use crate::storage::migration_probe;
 
+use crate::instance::journal::BuildEntry;
+
+use super::spawn::end_journal as end_build_journal;
 use super::{
     boot_with_events, expect_predicted, handover, policy, predicted, record_from_handover,
     remove_domain, running_or_stopped, with_rollback, Finished,
@@ -186,6 +189,8 @@ pub(crate) async fn finish_resize(
     // With a caller (Nova) the resize ends here: its confirm only cleans the source, its
     // revert destroys this copy; without one this host keeps the resize until either.
     let caller_runs = caller.is_some();
+    // The copy's token (see the build journal).
+    let build = uuid::Uuid::new_v4();
     let done = with_rollback(
         op,
         // Not boot_with_events: the ports are bound here between registering the waits and
@@ -211,6 +216,24 @@ pub(crate) async fn finish_resize(
                     )
                     .await?;
             } else if !record.storage.disks.is_empty() {
+                if caller_runs {
+                    // Journaled as a build (its token marks the copy): an agent stopped
+                    // before the domain exists finds no marker, only this entry, and the
+                    // next start removes the copy, so that Nova's driver can ask again.
+                    let entry = BuildEntry {
+                        instance: op.uuid,
+                        host: op.deps.host.clone(),
+                        user_ports: Vec::new(),
+                        allocated: false,
+                        build: Some(build),
+                    };
+                    op.deps.builds.begin(&entry).await.map_err(|source| {
+                        InstanceError::Journal {
+                            step: "begin",
+                            source,
+                        }
+                    })?;
+                }
                 op.phase("copy disks");
                 let source = &migration.source_host;
                 let uri = match &source_uri {
@@ -232,6 +255,7 @@ pub(crate) async fn finish_resize(
                             record.storage.image.as_ref(),
                             image_token.clone(),
                             record.flavor.root_gb,
+                            caller_runs.then_some(build),
                         ),
                     )
                     .await?;
@@ -275,6 +299,10 @@ pub(crate) async fn finish_resize(
         async |op, e| give_up_copy(op, &record, e).await,
     )
     .await;
+    if caller_runs {
+        // Done or rolled back: either way nothing of the copy is left to journal.
+        end_build_journal(op).await;
+    }
     match done {
         Ok(record) if caller_runs => Finished::ok(record.state, Some(record)),
         Ok(record) => Finished::ok(InstanceState::ResizeTarget, Some(record)),
@@ -485,7 +513,7 @@ pub(crate) async fn finish_revert_resize(
 }
 
 /// The probe a source wrote for a destination that a caller finishes (see [`resize`]).
-async fn remove_probe(op: &OpCtx, record: &InstanceRecord) {
+pub(crate) async fn remove_probe(op: &OpCtx, record: &InstanceRecord) {
     if let Some(r) = &record.resize {
         if !record.storage.disks.is_empty() {
             op.deps

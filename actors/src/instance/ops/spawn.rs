@@ -18,8 +18,8 @@ use crate::vif::NetworkInfo;
 use crate::instance::in_flight::InFlight;
 use crate::instance::journal::BuildEntry;
 use crate::instance::op::OpCtx;
-use crate::instance::record::InstanceRecord;
 use crate::instance::record::StorageRecord;
+use crate::instance::record::{InstanceRecord, ResizeRole};
 use crate::instance::types::{
     DestroyArgs, InstanceError, NetworkRequest, Released, SpawnArgs, SpawnStorage,
 };
@@ -228,7 +228,7 @@ fn failed_before_allocation(op: &mut OpCtx, cause: InstanceError) -> Finished {
 
 /// Drop the build's journal entry. A failure only leaves the entry behind: the next
 /// recovery finds the domain (and drops it) or releases what is left, which is nothing.
-async fn end_journal(op: &mut OpCtx) {
+pub(crate) async fn end_journal(op: &mut OpCtx) {
     if let Err(error) = op.deps.builds.end(op.uuid).await {
         warn!(instance = %op.uuid, error = %crate::instance::actor::error_chain(&error), "build journal entry not removed");
     }
@@ -316,6 +316,14 @@ pub(crate) async fn destroy(
         if let Err(e) = remove_disks(op).await {
             errors.push(e);
         }
+    }
+    // A resize's source deleted before confirm or revert: the probe it wrote goes too.
+    if let Some(r) = record.as_ref().filter(|r| {
+        r.resize
+            .as_ref()
+            .is_some_and(|z| z.role == ResizeRole::Source)
+    }) {
+        super::resize::remove_probe(op, r).await;
     }
     if args.deallocate_network {
         if let Some(r) = &record {
