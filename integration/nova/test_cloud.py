@@ -550,6 +550,21 @@ def _settled(cloud, name, timeout=300):
         time.sleep(1)
 
 
+def _until_operation(host, sid, what, done):
+    """Poll `host`'s agent until its running operation on `sid` (None if none, or the agent
+    does not hold the instance yet) satisfies `done` (120 s at most)."""
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            operation = host.agent_instance(sid).get('operation')
+        except requests.HTTPError:
+            operation = None
+        if done(operation or {}):
+            return
+        assert time.monotonic() < deadline, '%s never happened on %s' % (what, host.name)
+        time.sleep(0.02)
+
+
 @pytest.mark.parametrize('kill', ['kept-down', 'restarted-then-left',
                                   'restarted-then-failed'])
 @pytest.mark.parametrize('victim', ['source', 'destination'])
@@ -575,11 +590,8 @@ def test_an_agent_killed_during_a_live_migration(cloud, flavor, image, host_b, v
         host_b.run('iptables', '-I', *stall)
         cloud.cli('--os-compute-api-version', '2.30', 'server', 'migrate', '--live-migration',
                   '--host', host_b.name, name)
-        deadline = time.monotonic() + 120
-        while not (host_a.agent_instance(sid).get('operation') or {}).get(
-                'phase', '').startswith('migrate'):
-            assert time.monotonic() < deadline, host_a.agent_instance(sid)
-            time.sleep(0.2)
+        _until_operation(host_a, sid, 'the migration',
+                         lambda o: o.get('phase', '').startswith('migrate'))
         killed.kill_agent()
         if kill == 'kept-down':
             host_b.run('iptables', '-D', *stall)
@@ -637,16 +649,8 @@ def test_an_agent_killed_while_its_build_waits_for_its_events(cloud, flavor, ima
     sid = server['id']
     ports = []
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                phase = (host_a.agent_instance(sid).get('operation') or {}).get('phase')
-            except requests.HTTPError:
-                phase = None
-            if phase == 'wait for events':
-                break
-            assert time.monotonic() < deadline, 'the build never waited on A'
-            time.sleep(0.05)
+        _until_operation(host_a, sid, "the build's event wait",
+                         lambda o: o.get('phase') == 'wait for events')
         ports = _ports(cloud, sid)
         host_a.kill_agent()
         host_a.start_agent()
@@ -681,16 +685,8 @@ def test_host_bs_agent_killed_while_a_move_to_it_finishes(cloud, flavor, image, 
     try:
         cloud.cli('--os-compute-api-version', '2.56', 'server', 'migrate', '--host',
                   host_b.name, name)
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                phase = (host_b.agent_instance(sid).get('operation') or {}).get('phase')
-            except requests.HTTPError:
-                phase = None
-            if phase == 'wait for events':
-                break
-            assert time.monotonic() < deadline, 'the finish never waited on B'
-            time.sleep(0.05)
+        _until_operation(host_b, sid, "the finish's event wait",
+                         lambda o: o.get('phase') == 'wait for events')
         host_b.kill_agent()
         host_b.start_agent()
         server = _settled(cloud, name)
@@ -735,13 +731,8 @@ def test_host_as_agent_killed_while_a_revert_brings_the_guest_back(
                   host_b.name, '--wait', name)
         _on(cloud, name, host_b, 'VERIFY_RESIZE')
         cloud.cli('server', 'resize', 'revert', name)
-        deadline = time.monotonic() + 120
-        while True:
-            operation = host_a.agent_instance(sid).get('operation') or {}
-            if operation.get('kind') == 'finish-revert-resize':
-                break
-            assert time.monotonic() < deadline, 'A never brought the guest back'
-            time.sleep(0.02)
+        _until_operation(host_a, sid, 'the revert bringing the guest back',
+                         lambda o: o.get('kind') == 'finish-revert-resize')
         host_a.kill_agent()
         host_a.start_agent()
         server = _settled(cloud, name)

@@ -312,16 +312,7 @@ pub(crate) async fn recover_live_migration_source(
     info!(instance = %op.uuid, dest = %migration.dest_host, domain_here = !gone,
         "the guest's QEMU ended here during the interrupted live migration: the destination \
          is asked to take the guest over");
-    // Whether the disks were copied is what the journal entry recorded once the destination
-    // answered; not knowing (no entry, or a version that wrote none), they are kept.
-    let copied = match op.deps.migrations.read(op.uuid).await {
-        Ok(Some(entry)) => entry.copied_disks.unwrap_or(false),
-        Ok(None) => false,
-        Err(error) => {
-            warn!(instance = %op.uuid, error = %crate::instance::actor::error_chain(&error), "live-migration journal entry unreadable: the source's disks are kept");
-            false
-        }
-    };
+    let copied = journaled_copied_disks(op).await;
     // The guest may run on the destination: a destination not known yet (hosts served by one
     // process start one after the other, and a loaded machine takes its time) is waited for
     // as long as an unreachable one, not just the rollback's `peer_wait` (a test that ran
@@ -330,6 +321,20 @@ pub(crate) async fn recover_live_migration_source(
     hand_over_departed(op, record, migration, gone, copied, wait)
         .await
         .map(|()| true)
+}
+
+/// Whether the interrupted migration copied the disks, as its journal entry recorded once
+/// the destination answered; not knowing (no entry, or a version that wrote none), they are
+/// kept.
+async fn journaled_copied_disks(op: &mut OpCtx) -> bool {
+    match op.deps.migrations.read(op.uuid).await {
+        Ok(Some(entry)) => entry.copied_disks.unwrap_or(false),
+        Ok(None) => false,
+        Err(error) => {
+            warn!(instance = %op.uuid, error = %crate::instance::actor::error_chain(&error), "live-migration journal entry unreadable: the source's disks are kept");
+            false
+        }
+    }
 }
 
 /// Let a migration job libvirt runs on end (see [`recover_live_migration_source`]), and read
@@ -1339,15 +1344,7 @@ pub(crate) async fn recover_live_migration_for_caller(
 ) -> Result<bool, String> {
     op.phase("recover: the migration job");
     let state = let_migration_end(op, was_paused).await;
-    // Whether the disks were copied is what the journal entry says (not knowing: kept).
-    let copied = match op.deps.migrations.read(op.uuid).await {
-        Ok(Some(entry)) => entry.copied_disks.unwrap_or(false),
-        Ok(None) => false,
-        Err(error) => {
-            warn!(instance = %op.uuid, error = %crate::instance::actor::error_chain(&error), "live-migration journal entry unreadable: the source's disks are kept");
-            false
-        }
-    };
+    let copied = journaled_copied_disks(op).await;
     match state {
         Ok(PowerState::NoDomain) => {
             info!(instance = %op.uuid, "the guest left during the interrupted live migration: cleaning up after it");
