@@ -397,13 +397,15 @@ impl Handler<Recover> for HostActor {
             // source's, with this host's disk files (the source waits to hand it over).
             let mut incoming = Vec::new();
             for (d, record, migration) in arrived {
-                if d.state == crate::libvirt::DomainState::Paused
-                    && lv.migrating_in(d.uuid).await.unwrap_or(false)
-                {
-                    // Still arriving: adopted now (its migration's end, Nova's
-                    // post-live-migration or rollback, find it), its disks read once it
-                    // arrived (post-live-migration does).
-                    info!(instance = %d.uuid, source = %migration.source_host, "a live migration still arriving: its guest adopted");
+                if d.state != crate::libvirt::DomainState::Running {
+                    // Not running here: still arriving (paused by the migration, or starting
+                    // up for it), or arrived paused. libvirt answers a read of an arriving
+                    // domain's XML (live or inactive) only once the migration ended — as
+                    // long as the migration takes (19 s measured) — while its state and
+                    // metadata come at once. Adopted now from the source's record (its
+                    // migration's end, Nova's post-live-migration or rollback find it), its
+                    // disks read once it arrived (post-live-migration does).
+                    info!(instance = %d.uuid, source = %migration.source_host, state = ?d.state, "a guest arriving by live migration adopted before it runs here");
                     incoming.push((d, record.arriving(), migration));
                     continue;
                 }

@@ -338,26 +338,6 @@ impl LibvirtHandle {
         .await
     }
 
-    /// The domain is paused by an incoming live migration that has not ended
-    /// (`virDomainGetState`: paused, reason migration). libvirt answers a read of such a
-    /// domain's XML (live or inactive) only once the migration ended, which may take as long
-    /// as the migration does; its state and metadata are read at once.
-    #[instrument(level = "debug", skip(self), fields(%uuid))]
-    pub async fn migrating_in(&self, uuid: Uuid) -> Result<bool, LibvirtError> {
-        use virt::domain::{DomainPausedReason, DomainStateReason};
-        use virt::enumutil::Enum;
-        self.call("state", move |conn| {
-            let (_, reason) = lookup(conn, uuid)?.state()?;
-            Ok(matches!(
-                reason,
-                Enum::Known(DomainStateReason::Paused(Enum::Known(
-                    DomainPausedReason::Migration
-                )))
-            ))
-        })
-        .await
-    }
-
     /// True when the domain runs or is paused (`virDomainIsActive`).
     #[instrument(level = "debug", skip(self), fields(%uuid))]
     pub async fn is_active(&self, uuid: Uuid) -> Result<bool, LibvirtError> {
