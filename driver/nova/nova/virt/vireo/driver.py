@@ -575,26 +575,36 @@ class VireoDriver(driver.ComputeDriver):
         handover['power_on'] = bool(power_on)
         moving = {'id': migration.uuid, 'source_host': migration.source_compute,
                   'dest_host': migration.dest_compute}
-        try:
+
+        def finish():
             self._host_half(instance, 'finish-resize', migration=moving, handover=handover,
                             caller=dict(caller, **self._caller_task(instance)))
+
+        try:
+            finish()
         except vclient.AgentUnavailable as e:
-            # The agent went away during the finish: its recovery removes what the finish
-            # made here (the source keeps its copy), then the finish runs again from the
-            # start, with the events Nova kept for the task (the ones the lost agent had).
-            LOG.warning('The vireo agent went away during the finish of the resize (%s); '
-                        'waiting for it to recover, then finishing again', e,
-                        instance=instance)
-            found = self._recovered(instance)
-            if found is None:
-                self._host_half(instance, 'finish-resize', migration=moving,
-                                handover=handover,
-                                caller=dict(caller, **self._caller_task(instance)))
-            elif found.get('state') in ('running', 'stopped'):
-                LOG.info('The finish had ended before the agent went away',
-                         instance=instance)
-            else:
-                raise
+            # The recovery removes what the finish made here (the source keeps its copy).
+            self._finish_again(instance, 'the resize', e, finish,
+                               redo=lambda found: found is None)
+
+    def _finish_again(self, instance, what, error, finish, redo):
+        """The agent went away during the finish of `what` (``error``): once it is back
+        and its recovery ended, ``finish`` runs again from the start (with the events Nova
+        kept for the task: the lost agent had them) if ``redo`` says the recovery undid it
+        (``redo(view)``, the view None when the agent no longer holds the instance); a
+        finish that had ended (the instance running or stopped) is done; anything else
+        raises ``error``."""
+        LOG.warning('The vireo agent went away during the finish of %(what)s (%(error)s); '
+                    'waiting for it to recover, then finishing again',
+                    {'what': what, 'error': error}, instance=instance)
+        found = self._recovered(instance)
+        if redo(found):
+            finish()
+        elif found is not None and found.get('state') in ('running', 'stopped'):
+            LOG.info('The finish of %s had ended before the agent went away', what,
+                     instance=instance)
+        else:
+            raise error
 
     def _take_over(self, context, instance, disk_info, network_info, image_meta,
                    block_device_info, error):
@@ -661,25 +671,17 @@ class VireoDriver(driver.ComputeDriver):
             # The destination destroyed its copy and Nova moved the bindings back before
             # this call: a port whose devices stayed wired here reported at that move, and
             # that event counts (the task's kept events and the time it began).
-            try:
+            def finish():
                 self._host_half(instance, 'finish-revert-resize',
                                 caller=self._caller_task(instance))
+
+            try:
+                finish()
             except vclient.AgentUnavailable as e:
-                # The agent went away while it brought the guest back: its recovery stops
-                # the guest again (the instance waits as the resize's source), then the
-                # finish runs again with the events Nova kept for the task.
-                LOG.warning('The vireo agent went away during the finish of the revert '
-                            '(%s); waiting for it to recover, then finishing again', e,
-                            instance=instance)
-                found = self._recovered(instance)
-                if found is not None and found.get('state') in ('running', 'stopped'):
-                    LOG.info('The revert had finished before the agent went away',
-                             instance=instance)
-                elif found is not None and found.get('state') == 'resize-source':
-                    self._host_half(instance, 'finish-revert-resize',
-                                    caller=self._caller_task(instance))
-                else:
-                    raise
+                # The recovery stops the guest again: it waits as the resize's source.
+                self._finish_again(
+                    instance, 'the revert', e, finish,
+                    redo=lambda found: (found or {}).get('state') == 'resize-source')
         running = self.get_info(instance).state == power_state.RUNNING
         if power_on and not running:
             self._act(instance, 'power-on')
