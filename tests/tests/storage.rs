@@ -234,17 +234,35 @@ async fn a_build_killed_before_its_domain_existed_leaves_no_disk_after_a_restart
     let id = uuid();
     let dir = c.instances_dir("h1").join(id.to_string());
     let domains = c.dump_domains().await;
-    let c = std::sync::Arc::new(c);
     let hold = faults_support::LibvirtHold::start(c.host("h1").driver.libvirt()).await;
     let task = {
-        let c = c.clone();
+        let d = c.host("h1").driver.clone();
         let args = image_args("vm-st-k", &image, Checksum::Sha256(sum.clone()), 1);
-        tokio::spawn(async move { c.host("h1").driver.spawn(id, args).await })
+        tokio::spawn(async move { d.spawn(id, args).await })
     };
-    let driver = c.host("h1").driver.clone();
+    let c = restarted_while_defining(c, "h1", id, &dir, hold, task, domains).await;
+    assert_eq!(c.host("h1").driver.recovery().released_builds, vec![id]);
+    assert!(!dir.exists(), "the build's disks are left: {dir:?}");
+    c.assert_clean(&[]).await;
+    assert_eq!(sha256(&c.cache_dir("h1").join("img-1")), sum);
+}
+
+/// Once `host`'s operation on `id` made its disks in `dir` (the config drive last) and waits
+/// at its definition, queued behind `hold`: the agent stops there (`task` aborted, the cloud
+/// crashed), the held libvirt goes free and the cloud starts again on `domains`.
+async fn restarted_while_defining<T: std::fmt::Debug>(
+    c: TestCloud,
+    host: &str,
+    id: uuid::Uuid,
+    dir: &Path,
+    hold: faults_support::LibvirtHold,
+    task: tokio::task::JoinHandle<T>,
+    domains: std::collections::BTreeMap<String, String>,
+) -> TestCloud {
+    let driver = c.host(host).driver.clone();
     eventually(
         std::time::Duration::from_secs(20),
-        "the build's disks made, its definition queued",
+        "the disks made, the definition queued",
         || async {
             let defining = driver
                 .show(id)
@@ -259,14 +277,9 @@ async fn a_build_killed_before_its_domain_existed_leaves_no_disk_after_a_restart
     drop(driver);
     task.abort();
     assert!(task.await.unwrap_err().is_cancelled());
-    let c = std::sync::Arc::try_unwrap(c).expect("the cloud is shared still");
     let remains = c.crash();
     hold.release().await;
-    let c = TestCloud::restart(remains, domains).await;
-    assert_eq!(c.host("h1").driver.recovery().released_builds, vec![id]);
-    assert!(!dir.exists(), "the build's disks are left: {dir:?}");
-    c.assert_clean(&[]).await;
-    assert_eq!(sha256(&c.cache_dir("h1").join("img-1")), sum);
+    TestCloud::restart(remains, domains).await
 }
 
 /// What a failed live migration of an instance with disks leaves, with and without an
@@ -860,27 +873,7 @@ async fn a_finish_nova_runs_killed_before_its_domain_existed_leaves_no_copy_afte
         };
         tokio::spawn(async move { d.run(id, finish).await })
     };
-    let driver = h2.driver.clone();
-    eventually(
-        std::time::Duration::from_secs(20),
-        "the copy made, the definition queued",
-        || async {
-            let defining = driver
-                .show(id)
-                .await
-                .ok()
-                .and_then(|v| v.operation)
-                .is_some_and(|o| o.phase == "define");
-            (defining && dst_dir.join(DiskRole::ConfigDrive.file_name()).exists()).then_some(())
-        },
-    )
-    .await;
-    drop(driver);
-    task.abort();
-    assert!(task.await.unwrap_err().is_cancelled());
-    let remains = c.crash();
-    hold.release().await;
-    let c = TestCloud::restart(remains, domains).await;
+    let c = restarted_while_defining(c, "h2", id, &dst_dir, hold, task, domains).await;
     assert_eq!(c.host("h2").driver.recovery().released_builds, vec![id]);
     assert!(!dst_dir.exists(), "the finish's copy is left: {dst_dir:?}");
     // The source keeps its copy, waiting for Nova to finish again or revert.
