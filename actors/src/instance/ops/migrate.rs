@@ -83,7 +83,7 @@ pub(crate) async fn live_migrate(
         op,
         async |op| {
             op.save(&record, Some(in_flight.clone())).await?;
-            let mut entry = journal_migration(op, &record, in_flight).await?;
+            let mut entry = journal_migration(op, &record, in_flight, None).await?;
             let storage = op.deps.storage.clone();
             op.store(
                 "write the shared-directory probe",
@@ -416,11 +416,13 @@ async fn hand_over_departed(
 
 /// Journal the migration before anything of it is made: a source stopped until the guest
 /// has left finds no domain at its next start, only this entry (see
-/// [`crate::instance::journal`]).
+/// [`crate::instance::journal`]). `copied_disks`: whether the migration copies the disks,
+/// when that is known before it starts (Nova's: every disk is copied).
 async fn journal_migration(
     op: &mut OpCtx,
     record: &InstanceRecord,
     in_flight: InFlightOperation,
+    copied_disks: Option<bool>,
 ) -> Result<LiveMigrationEntry, InstanceError> {
     let metadata = record
         .metadata(&op.deps.host, Some(in_flight))
@@ -430,7 +432,7 @@ async fn journal_migration(
         instance: op.uuid,
         name: record.name.clone(),
         metadata,
-        copied_disks: None,
+        copied_disks,
     };
     write_journal(op, &entry, "begin").await?;
     Ok(entry)
@@ -1239,9 +1241,7 @@ async fn live_migrate_for_caller(
             // Journaled as vireo's own flow does: a source stopped until the guest has left
             // finds no domain at its next start, only this entry, and cleans up after it.
             // Every disk is copied (see below).
-            let mut entry = journal_migration(op, &record, in_flight).await?;
-            entry.copied_disks = Some(has_disks);
-            write_journal(op, &entry, "disks").await?;
+            journal_migration(op, &record, in_flight, Some(has_disks)).await?;
             let uri = caller.dest_uri.clone().ok_or_else(|| {
                 InstanceError::from(InvalidOperation::NoLiveMigrationTo {
                     host: migration.dest_host.clone(),
