@@ -17,6 +17,12 @@
 #                            side-by-side in integration/nova/side_by_side.py)
 #   host-setup.sh vireo-agent-up (after nova-up: host A's vireo agent started again if it does
 #                            not answer; the Nova tier's agent-kill scenarios)
+#   host-setup.sh nova-network ovs|ovn|lb [libvirt-managed|pre-created] (after nova-up: the
+#                            network every Nova service and vireo agent uses: ML2/openvswitch,
+#                            ML2/OVN, or the Linux bridge agents (nova-compute then runs as
+#                            their host, <hostname>-lb), and the form of vireo's native OVS
+#                            ports; two-host.sh nova-up then does the same on host B; nova-down
+#                            goes back to ovs)
 #
 # Runs as root on Debian 12 (bookworm) without systemd as PID 1. Idempotent: `up` on a host where
 # everything already runs only checks it. See integration/README.md.
@@ -75,6 +81,18 @@ NEUTRON_OVN_URL=http://127.0.0.1:$NEUTRON_OVN_PORT
 OVN_NET_NAME=vireo-ovn-net
 OVN_SUBNET_NAME=vireo-ovn-subnet
 OVN_SUBNET_CIDR=198.18.0.0/24
+# The Nova tier's network (`nova-network`): "ovs" (the ML2/openvswitch server and its OVS
+# agents, the default), "ovn" (the ML2/OVN server) or "lb" (the ML2/openvswitch server's Linux
+# bridge agents), then the form of vireo's native OVS ports. Neutron binds a port to the agent
+# (or chassis) of the host Nova names, nova-compute's: on ovn host A's chassis takes
+# nova-compute's host name (OVN_HOST again after nova-down); on lb nova-compute and its agent
+# run as the Linux bridge agent's host, LB_HOST (the OVS agent is this machine's HOST).
+# two-host.sh reads the same file.
+NOVA_NETWORK_FILE=$STATE_DIR/nova-network
+NOVA_NEUTRON_PORT=$NEUTRON_PORT
+NOVA_OVS_BRIDGE=br-int
+NOVA_OVS_FORM=libvirt-managed
+COMPUTE_HOST=$HOST
 PY=/usr/bin/python3 # Debian's python: the one the neutron packages install into
 
 BPO_PKGS=(qemu-system-x86 qemu-utils libvirt-daemon-system libvirt-dev libvirt-clients)
@@ -225,6 +243,10 @@ render() { # render TEMPLATE OUT
     -e "s|@OVN_DIR@|$OVN_DIR|g" \
     -e "s|@OVN_HOST@|$OVN_HOST|g" \
     -e "s|@OVN_BRIDGE@|$OVN_BRIDGE|g" \
+    -e "s|@NOVA_NEUTRON_PORT@|$NOVA_NEUTRON_PORT|g" \
+    -e "s|@NOVA_OVS_BRIDGE@|$NOVA_OVS_BRIDGE|g" \
+    -e "s|@NOVA_OVS_FORM@|$NOVA_OVS_FORM|g" \
+    -e "s|@COMPUTE_HOST@|$COMPUTE_HOST|g" \
     "$SETUP_DIR/$1" >"$2.tmp"
   if cmp -s "$2.tmp" "$2"; then
     rm -f "$2.tmp"
@@ -727,8 +749,31 @@ restore_after_lb_agent() {
 # ML2/OVN
 
 ovn_sb() { ovn-sbctl --db="unix:$OVN_DIR/run/sb.sock" --timeout=10 "$@"; }
+# The Nova tier's Neutron and port form (NOVA_NETWORK_FILE): "ovs libvirt-managed" by default.
+nova_network() {
+  local words=()
+  [[ -s $NOVA_NETWORK_FILE ]] && read -r -a words <"$NOVA_NETWORK_FILE"
+  echo "${words[0]:-ovs} ${words[1]:-libvirt-managed}"
+}
+# NOVA_NEUTRON_PORT, NOVA_OVS_BRIDGE, NOVA_OVS_FORM and COMPUTE_HOST of the Nova tier's network.
+nova_network_settings() {
+  local network
+  read -r network NOVA_OVS_FORM <<<"$(nova_network)"
+  NOVA_NEUTRON_PORT=$NEUTRON_PORT
+  NOVA_OVS_BRIDGE=br-int
+  COMPUTE_HOST=$HOST
+  case $network in
+  ovn)
+    NOVA_NEUTRON_PORT=$NEUTRON_OVN_PORT
+    NOVA_OVS_BRIDGE=$OVN_BRIDGE
+    ;;
+  lb) COMPUTE_HOST=$LB_HOST ;;
+  esac
+}
+# The hostname OVN_HOST's chassis reports: nova-compute's host while the Nova tier runs on OVN.
+ovn_hostname() { if [[ $(nova_network) == ovn\ * ]]; then echo "$HOST"; else echo "$OVN_HOST"; fi; }
 # The chassis of OVN_HOST is registered (ovn-controller connected to the southbound database).
-ovn_chassis_up() { [[ $(ovn_sb --bare --columns=hostname find Chassis "name=$OVN_HOST") == "$OVN_HOST" ]]; }
+ovn_chassis_up() { [[ $(ovn_sb --bare --columns=hostname find Chassis "name=$OVN_HOST") == "$(ovn_hostname)" ]]; }
 
 # ovn_db NAME: the northbound or southbound ovsdb-server (NAME nb or sb), its database created once.
 ovn_db() {
@@ -756,7 +801,7 @@ start_ovn() {
   ovs-vsctl set Open_vSwitch . "external_ids:ovn-remote-$c=unix:$OVN_DIR/run/sb.sock" \
     "external_ids:ovn-encap-type-$c=geneve" "external_ids:ovn-encap-ip-$c=127.0.0.1" \
     "external_ids:ovn-bridge-$c=$OVN_BRIDGE" "external_ids:ovn-bridge-datapath-type-$c=netdev" \
-    "external_ids:hostname-$c=$c"
+    "external_ids:hostname-$c=$(ovn_hostname)"
   if ! alive ovn-controller; then
     start_bg ovn-controller env "OVN_RUNDIR=$OVN_DIR/run" ovn-controller -n "$c" \
       unix:/var/run/openvswitch/db.sock --log-file="$LOG_DIR/ovn-controller.log" -vconsole:off --no-chdir
@@ -767,10 +812,10 @@ start_ovn() {
   }
 }
 
-# The OVN agent of OVN_HOST, as the ML2/OVN Neutron's agents API shows it.
+# The OVN agent of OVN_HOST, as the ML2/OVN Neutron's agents API shows it (by its hostname).
 ovn_agent_alive() {
   local out
-  out=$(NEUTRON_URL=$NEUTRON_OVN_URL api GET "/v2.0/agents?host=$OVN_HOST&agent_type=OVN+Controller+agent") ||
+  out=$(NEUTRON_URL=$NEUTRON_OVN_URL api GET "/v2.0/agents?host=$(ovn_hostname)&agent_type=OVN+Controller+agent") ||
     return 1
   jq -e '.agents | length > 0 and all(.alive)' <<<"$out" >/dev/null
 }
@@ -1071,7 +1116,7 @@ nova_api_answers() { os_api "http://127.0.0.1:$NOVA_API_PORT/v2.1/"; }
 vireo_agent_answers() { curl -sS -f --max-time 5 "http://127.0.0.1:$AGENT_PORT/healthz"; }
 compute_registered() { # the hypervisor shows up once nova-compute reported and was discovered
   os_api "http://127.0.0.1:$NOVA_API_PORT/v2.1/os-hypervisors/detail" |
-    jq -e --arg h "$HOST" '.hypervisors[] | select(.hypervisor_hostname == $h and .state == "up")'
+    jq -e --arg h "$COMPUTE_HOST" '.hypervisors[] | select(.hypervisor_hostname == $h and .state == "up")'
 }
 
 create_nova_dbs() {
@@ -1118,7 +1163,7 @@ clouds:
     # The root, not /v2.1: discovery is unauthenticated and noauth2 answers it with 204.
     compute_endpoint_override: http://127.0.0.1:$NOVA_API_PORT/
     image_endpoint_override: http://127.0.0.1:$GLANCE_PORT
-    network_endpoint_override: http://127.0.0.1:$NEUTRON_PORT
+    network_endpoint_override: http://127.0.0.1:$NOVA_NEUTRON_PORT
     placement_endpoint_override: http://127.0.0.1:$PLACEMENT_PORT
 EOF
 }
@@ -1152,7 +1197,12 @@ start_glance() {
   }
 }
 
+# Once per Nova tier (nova-down drops the databases and STATE_DIR/nova) and Nova version: the
+# syncs take 12 s, and nova-network runs nova-up again for every network it moves to.
+NOVA_DB_MARK=$STATE_DIR/nova/db-synced
+nova_version() { dpkg-query -W -f='${Version}' python3-nova; }
 setup_nova_dbs() {
+  [[ -s $NOVA_DB_MARK && $(<"$NOVA_DB_MARK") == "$(nova_version)" ]] && return
   nova_manage api_db sync >"$LOG_DIR/nova-manage.log" 2>&1 &&
     nova_manage cell_v2 map_cell0 --database_connection \
       "mysql+pymysql://nova:$DB_PASSWORD@127.0.0.1:$DB_PORT/nova_cell0" \
@@ -1174,6 +1224,7 @@ setup_nova_dbs() {
     tail -20 "$LOG_DIR/nova-manage.log" >&2
     die "nova-manage db sync failed"
   }
+  nova_version >"$NOVA_DB_MARK"
 }
 
 start_nova_service() { # start_nova_service NAME MODULE [FILE...]: FILEs also restart it
@@ -1196,16 +1247,33 @@ start_nova_service() { # start_nova_service NAME MODULE [FILE...]: FILEs also re
 # The driver host A's nova-compute loads: vireo (nova.conf's own) or Nova's libvirt driver.
 write_compute_driver_config() { # write_compute_driver_config vireo|libvirt
   case $1 in
-  vireo) printf '# nova-compute on vireo.VireoDriver (nova.conf); nothing to add\n' \
-    >"$COMPUTE_DRIVER_CONF" ;;
+  vireo)
+    if [[ $COMPUTE_HOST == "$HOST" ]]; then
+      printf '# nova-compute on vireo.VireoDriver (nova.conf); nothing to add\n'
+    else
+      printf '# nova-compute on vireo.VireoDriver as the host of the Nova tier'"'"'s network\n'
+      printf '[DEFAULT]\nhost = %s\n' "$COMPUTE_HOST"
+    fi >"$COMPUTE_DRIVER_CONF"
+    ;;
   libvirt) render nova-compute-libvirt.conf.in "$COMPUTE_DRIVER_CONF" ;;
   *) die "no compute driver $1 here (vireo or libvirt)" ;;
   esac
 }
 
+# forced_down HOST true|false: Nova counts HOST's nova-compute down (or by its heartbeat), if
+# it knows it. Not disabled: disabling asks the compute service over RPC, which waits out
+# rpc_response_timeout (60 s) for one that no longer runs.
+forced_down() {
+  local api=http://127.0.0.1:$NOVA_API_PORT/v2.1/os-services id
+  local h=(-sS -f --max-time 10 -H "X-Auth-Token: $OS_TOKEN" -H 'OpenStack-API-Version: compute 2.53')
+  id=$(curl "${h[@]}" "$api?binary=nova-compute&host=$1" | jq -r '.services[0].id // empty') || return 1
+  [[ -z $id ]] || curl "${h[@]}" -X PUT -H 'Content-Type: application/json' \
+    -d "{\"forced_down\": $2}" "$api/$id" >/dev/null
+}
+
 # Up with nova-compute's current process: its service reported after it started.
 compute_reported_since() { # compute_reported_since UTC-TIME
-  os_api "http://127.0.0.1:$NOVA_API_PORT/v2.1/os-services?binary=nova-compute&host=$HOST" |
+  os_api "http://127.0.0.1:$NOVA_API_PORT/v2.1/os-services?binary=nova-compute&host=$COMPUTE_HOST" |
     jq -e --arg t "$1" '.services[] | select(.state == "up" and .updated_at > $t)'
 }
 
@@ -1253,6 +1321,8 @@ cmd_nova_up() {
   }
   record start-nova-api "$s"
   timed restart-neutron-server start_neutron_server
+  # The ML2/OVN server posts to nova-api too (its neutron.conf is the other's).
+  if alive neutron-ovn-server; then timed restart-neutron-ovn-server start_neutron_ovn_server; fi
   timed start-vireo-agent start_vireo_agent
   bash "$REPO_DIR/driver/nova/install.sh" >"$LOG_DIR/nova-driver-install.log" 2>&1 || {
     cat "$LOG_DIR/nova-driver-install.log" >&2
@@ -1262,11 +1332,18 @@ cmd_nova_up() {
   write_compute_driver_config vireo
   # A new driver (this checkout's) restarts nova-compute.
   start_nova_service nova-compute compute "$REPO_DIR"/driver/nova/nova/virt/vireo/*.py
+  forced_down "$COMPUTE_HOST" false
   wait_alive nova-compute 120 "nova-compute's hypervisor in nova-api" compute_registered || {
     tail -30 "$LOG_DIR/nova-compute.log" >&2
     die "nova-compute did not register"
   }
   record start-nova-compute "$s"
+  # This machine's nova-compute of another network (HOST or LB_HOST) is down: the scheduler
+  # must not pick it in the minute Nova would still count it up.
+  local other
+  for other in "$HOST" "$LB_HOST"; do
+    [[ $other == "$COMPUTE_HOST" ]] || forced_down "$other" true
+  done
   echo "nova-api: http://127.0.0.1:$NOVA_API_PORT/v2.1 (token $OS_TOKEN)"
   echo "clouds.yaml: OS_CLIENT_CONFIG_FILE=$ETC_DIR/clouds.yaml openstack --os-cloud vireo ..."
   echo "vireo agent: http://127.0.0.1:$AGENT_PORT (token file $ETC_DIR/vireo-agent-token)"
@@ -1294,6 +1371,33 @@ cmd_nova_compute_driver() { # host A's nova-compute restarted on another driver
   }
 }
 
+# Host A's chassis reports `ovn_hostname` (the Nova tier's Neutron decides which).
+set_ovn_hostname() {
+  alive ovn-controller || return 0
+  ovs-vsctl set Open_vSwitch . "external_ids:hostname-$OVN_HOST=$(ovn_hostname)"
+  wait_for 30 "chassis $OVN_HOST as $(ovn_hostname)" ovn_chassis_up ||
+    die "chassis $OVN_HOST does not report $(ovn_hostname)"
+}
+
+cmd_nova_network() { # the Nova tier moved to another Neutron (and vireo's OVS port form)
+  local network=$1 form=${2:-libvirt-managed} start
+  start=$(now)
+  [[ $network == ovs || $network == ovn || $network == lb ]] ||
+    die "nova-network: ovs, ovn or lb, not $network"
+  [[ $form == libvirt-managed || $form == pre-created ]] ||
+    die "nova-network: libvirt-managed or pre-created, not $form"
+  alive nova-api || die "no Nova tier here: host-setup.sh nova-up first"
+  [[ $network == ovs ]] || alive neutron-ovn-server || die "no ML2/OVN Neutron here: up --with-neutron first"
+  echo "$network $form" >"$NOVA_NETWORK_FILE"
+  nova_network_settings
+  set_ovn_hostname
+  # nova-up renders every configuration again and restarts what changed: nova-api, -conductor,
+  # -scheduler, nova-compute, the agent.
+  cmd_nova_up
+  record nova-network "$start"
+  echo "nova tier on: $network ($form); next: two-host.sh nova-up"
+}
+
 cmd_nova_down() {
   mkdir -p "$RUN_DIR"
   local n
@@ -1314,11 +1418,15 @@ cmd_nova_down() {
     fi
   done
   rm -rf "$STATE_DIR/nova" "$STATE_DIR/glance" "$STATE_DIR/vireo-agent"
+  rm -f "$NOVA_NETWORK_FILE"
+  COMPUTE_HOST=$HOST
+  set_ovn_hostname
   if [[ -s $ENV_FILE ]]; then
     # Neutron posts to vireo's agents again.
     [[ $FIREWALL_SET == 1 || ! -s $STATE_DIR/firewall ]] || FIREWALL=$(cat "$STATE_DIR/firewall")
     write_neutron_config
     start_neutron_server
+    if alive neutron-ovn-server; then start_neutron_ovn_server; fi
     mysql_cli <<EOF
 DROP DATABASE IF EXISTS nova_api;
 DROP DATABASE IF EXISTS nova;
@@ -1455,6 +1563,11 @@ cmd_neutron_firewall() {
   LB_NETWORK_ID=${VIREO_NEUTRON_LB_NETWORK_ID:-}
   OVN_NETWORK_ID=${VIREO_OVN_NETWORK_ID:-}
   NOVA_PORT=$VIREO_NOVA_PORT
+  # With the Nova tier up, Neutron's servers keep posting to nova-api (a restart reads this).
+  if alive nova-api; then
+    NOVA_PORT=$NOVA_API_PORT
+    NOVA_TOKEN=admin:admin
+  fi
   SECOND_HOST=$VIREO_NEUTRON_SECOND_HOST
   start=$(now)
   FIREWALL=$want
@@ -1519,6 +1632,7 @@ while [[ $# -gt 0 ]]; do
 done
 [[ $(id -u) == 0 ]] || die "run as root"
 [[ -n ${VIREO_FIREWALL:-} ]] && FIREWALL_SET=1
+nova_network_settings
 
 case $CMD in
 build-deps)
@@ -1537,6 +1651,11 @@ status) cmd_status ;;
 vireo-agent-up)
   [[ -s $ETC_DIR/vireo-agent.toml ]] || die "no vireo agent configured here: host-setup.sh nova-up first"
   start_vireo_agent
+  ;;
+nova-network)
+  [[ ${#POS[@]} == 1 || ${#POS[@]} == 2 ]] ||
+    die "usage: host-setup.sh nova-network ovs|ovn|lb [libvirt-managed|pre-created]"
+  cmd_nova_network "${POS[@]}"
   ;;
 neutron-firewall)
   [[ ${#POS[@]} == 1 ]] || die "usage: host-setup.sh neutron-firewall iptables_hybrid|openvswitch"

@@ -469,8 +469,24 @@ OVN_BRIDGE=br-ovn
 
 ovn_sb() { ovn-sbctl --db="unix:$OVN_DIR/run/sb.sock" --timeout=10 "$@"; }
 have_ovn() { [[ -S $OVN_DIR/run/sb.sock ]] && ovn_sb --timeout=3 show >/dev/null 2>&1; }
+# The Nova tier's Neutron and port form (host-setup.sh nova-network): "ovs libvirt-managed" by
+# default; on ovn, host B's chassis reports nova-compute's host name, HB_NAME.
+nova_network() {
+  local words=()
+  [[ -s $STATE_DIR/nova-network ]] && read -r -a words <"$STATE_DIR/nova-network"
+  echo "${words[0]:-ovs} ${words[1]:-libvirt-managed}"
+}
+# Host B's nova-compute (and agent) host: HB_NAME, or on lb its Linux bridge agent's host.
+compute_host_b() { if [[ $(nova_network) == lb\ * ]]; then echo "$HB_LB_HOST"; else echo "$HB_NAME"; fi; }
+ovn_hostname_b() { if [[ $(nova_network) == ovn\ * ]]; then echo "$HB_NAME"; else echo "$HB_OVN_HOST"; fi; }
 ovn_chassis_b_up() {
-  [[ $(ovn_sb --bare --columns=hostname find Chassis "name=$HB_OVN_HOST") == "$HB_OVN_HOST" ]]
+  [[ $(ovn_sb --bare --columns=hostname find Chassis "name=$HB_OVN_HOST") == "$(ovn_hostname_b)" ]]
+}
+set_ovn_hostname_b() {
+  have_ovn && alive_b ovn-controller || return 0
+  ovs_b set Open_vSwitch . "external_ids:hostname-$HB_OVN_HOST=$(ovn_hostname_b)"
+  wait_for 30 "chassis $HB_OVN_HOST as $(ovn_hostname_b)" ovn_chassis_b_up ||
+    die "chassis $HB_OVN_HOST does not report $(ovn_hostname_b)"
 }
 
 start_ovn_b() {
@@ -481,7 +497,7 @@ start_ovn_b() {
   ovs_b set Open_vSwitch . "external_ids:ovn-remote-$c=unix:$OVN_DIR/run/sb.sock" \
     "external_ids:ovn-encap-type-$c=geneve" "external_ids:ovn-encap-ip-$c=$ADDR_B" \
     "external_ids:ovn-bridge-$c=$OVN_BRIDGE" "external_ids:ovn-bridge-datapath-type-$c=netdev" \
-    "external_ids:hostname-$c=$c"
+    "external_ids:hostname-$c=$(ovn_hostname_b)"
   if ! alive_b ovn-controller; then
     mkdir -p "$HB_DIR/ovn"
     in_b env "OVN_RUNDIR=$HB_DIR/ovn" ovn-controller -n "$c" "$B_OVSDB" \
@@ -537,7 +553,7 @@ A_ETC=$STATE_DIR/etc
 NOVA_API_URL=http://127.0.0.1:${VIREO_NOVA_API_PORT:-18774}
 # Host A's services that host B's nova-compute and agent call, through forwarders on A's side
 # of the link that accept host B's address only (the services listen on A's loopback).
-NOVA_B_FORWARDS=(neutron:9696 placement:8778 glance:9292)
+NOVA_B_FORWARDS=(neutron:9696 neutron-ovn:9796 placement:8778 glance:9292)
 
 start_forwarder() { # start_forwarder NAME PORT: ADDR_A:PORT -> 127.0.0.1:PORT, from B only
   alive_root "fwd-$1" && return
@@ -549,19 +565,35 @@ start_forwarder() { # start_forwarder NAME PORT: ADDR_A:PORT -> 127.0.0.1:PORT, 
 agent_b_answers() { curl -sSf --max-time 5 "http://$ADDR_B:$AGENT_B_PORT/healthz"; }
 compute_b_registered() {
   curl -sSf --max-time 10 -H 'X-Auth-Token: admin:admin' \
-    "$NOVA_API_URL/v2.1/os-hypervisors" | jq -e --arg h "$HB_NAME" \
+    "$NOVA_API_URL/v2.1/os-hypervisors" | jq -e --arg h "$(compute_host_b)" \
     '[.hypervisors[] | select(.hypervisor_hostname == $h and .state == "up")] | length == 1'
 }
 
+# forced_down_b HOST true|false: Nova counts HOST's nova-compute down (or by its heartbeat),
+# if it knows it (as host-setup.sh's forced_down).
+forced_down_b() {
+  local api=$NOVA_API_URL/v2.1/os-services id
+  local h=(-sS -f --max-time 10 -H 'X-Auth-Token: admin:admin' -H 'OpenStack-API-Version: compute 2.53')
+  id=$(curl "${h[@]}" "$api?binary=nova-compute&host=$1" | jq -r '.services[0].id // empty') || return 1
+  [[ -z $id ]] || curl "${h[@]}" -X PUT -H 'Content-Type: application/json' \
+    -d "{\"forced_down\": $2}" "$api/$id" >/dev/null
+}
+
 write_nova_b_configs() {
-  local domain_type=qemu
+  local domain_type=qemu network form neutron_port=9696 bridge=br-int
   [[ -e /dev/kvm ]] && domain_type=kvm
+  # Host A's choice of Neutron (host-setup.sh nova-network): ML2/OVN's server and bridge.
+  read -r network form <<<"$(nova_network)"
+  if [[ $network == ovn ]]; then
+    neutron_port=9796
+    bridge=$OVN_BRIDGE
+  fi
   mkdir -p "$NOVA_B/lock" "$NOVA_B/instances" "$AGENT_B_DIR/images"
   # QEMU (libvirt-qemu) reaches the instance disks by path.
   chmod 0711 "$AGENT_B_DIR"
   cat >"$AGENT_B_DIR/agent.toml" <<EOF
 # Host B's vireo agent, driven by host B's nova-compute (two-host.sh nova-up).
-host = "$HB_NAME"
+host = "$(compute_host_b)"
 listen = "$ADDR_B:$AGENT_B_PORT"
 api_token_file = "$A_ETC/vireo-agent-token"
 accept_noauth_events = false
@@ -574,6 +606,7 @@ state_dir = "$AGENT_B_DIR"
 instances_path = "$INSTANCES_PATH"
 image_dirs = ["$AGENT_B_DIR/images"]
 domain_type = "$domain_type"
+ovs_native_form = "$form"
 power_off_timeout = 5
 soft_reboot_timeout = 5
 device_detach_timeout = 2
@@ -584,15 +617,16 @@ datapath_type = "netdev"
 [network]
 kind = "neutron"
 [network.neutron]
-url = "http://$ADDR_A:9696"
+url = "http://$ADDR_A:$neutron_port"
 auth = { type = "noauth" }
+ovs_bridge = "$bridge"
 ports_owner = "nova"
 EOF
   cat >"$NOVA_B_CONF" <<EOF
 # Host B's nova-compute (two-host.sh nova-up): host A's conductor, placement, glance and
 # Neutron through forwarders on host A's address; no database (computes use the conductor).
 [DEFAULT]
-host = $HB_NAME
+host = $(compute_host_b)
 my_ip = $ADDR_B
 state_path = $NOVA_B
 instances_path = $NOVA_B/instances
@@ -615,8 +649,9 @@ endpoint = http://$ADDR_A:8778
 [neutron]
 auth_type = admin_token
 token = admin:admin
-endpoint = http://$ADDR_A:9696
-endpoint_override = http://$ADDR_A:9696
+endpoint = http://$ADDR_A:$neutron_port
+endpoint_override = http://$ADDR_A:$neutron_port
+ovs_bridge = $bridge
 
 [glance]
 api_servers = http://$ADDR_A:9292
@@ -644,6 +679,7 @@ cmd_nova_up() {
   local f
   for f in "${NOVA_B_FORWARDS[@]}"; do start_forwarder "${f%%:*}" "${f#*:}"; done
   write_nova_b_configs
+  set_ovn_hostname_b
   mkdir -p "$INSTANCES_PATH" "$INSTANCES_B"
   chmod 0711 "$INSTANCES_B"
   in_b mountpoint -q "$INSTANCES_PATH" || in_b mount --bind "$INSTANCES_B" "$INSTANCES_PATH"
@@ -681,14 +717,21 @@ cmd_nova_up() {
     echo $! >"$RUN/nova-compute.pid"
     echo "$sum" >"$RUN/nova-compute.sum"
   fi
+  forced_down_b "$(compute_host_b)" false
   wait_for 120 "host B's nova-compute in nova-api" compute_b_registered || {
     tail -30 "$LOG/nova-compute.log" >&2 || true
     die "host B's nova-compute did not register"
   }
   record hostb-nova-compute "$s"
+  # Host B's nova-compute of another network (HB_NAME or HB_LB_HOST) is down: the scheduler
+  # must not pick it in the minute Nova would still count it up.
+  local other
+  for other in "$HB_NAME" "$HB_LB_HOST"; do
+    [[ $other == "$(compute_host_b)" ]] || forced_down_b "$other" true
+  done
   record nova-up "$start"
   print_timings
-  echo "host B's nova-compute: $HB_NAME (agent http://$ADDR_B:$AGENT_B_PORT, log $LOG/nova-compute.log)"
+  echo "host B's nova-compute: $(compute_host_b) (agent http://$ADDR_B:$AGENT_B_PORT, log $LOG/nova-compute.log)"
 }
 
 cmd_nova_down() {
@@ -697,6 +740,10 @@ cmd_nova_down() {
   if ns_ready && in_b mountpoint -q "$INSTANCES_PATH"; then in_b umount "$INSTANCES_PATH"; fi
   local f
   for f in "${NOVA_B_FORWARDS[@]}"; do stop_pid "fwd-${f%%:*}" 5 alive_root; done
+  # Host B's chassis is HB_OVN_HOST again (the stack tier's), whatever Neutron Nova was on.
+  if ns_ready && have_ovn && alive_b ovn-controller; then
+    ovs_b set Open_vSwitch . "external_ids:hostname-$HB_OVN_HOST=$HB_OVN_HOST"
+  fi
   # Guests a failed test left behind go with the agent's state (host A's nova-down drops the
   # databases, so the next tier numbers instances from 1 again).
   if ns_ready && alive_b libvirtd && [[ -d $AGENT_B_DIR ]]; then

@@ -21,7 +21,24 @@ STATE_DIR = pathlib.Path(os.environ.get('VIREO_STATE_DIR', '/var/lib/vireo-integ
 ETC = STATE_DIR / 'etc'
 LOG = STATE_DIR / 'log'
 AGENT_URL = 'http://127.0.0.1:%s' % os.environ.get('VIREO_NOVA_AGENT_PORT', '8775')
-NEUTRON_URL = 'http://127.0.0.1:9696'
+
+
+def _nova_network():
+    """The tier's Neutron and vireo's OVS port form (`host-setup.sh nova-network`)."""
+    path = STATE_DIR / 'nova-network'
+    words = path.read_text().split() if path.is_file() else []
+    return (words + ['ovs', 'libvirt-managed'][len(words):])[:2]
+
+
+# ML2/openvswitch's server and OVS agents, ML2/OVN's server (a second neutron-server, its
+# chassis named after the compute hosts while the tier runs on it), or ML2/openvswitch's
+# Linux bridge agents (the nova-computes then run as their hosts).
+NOVA_NETWORK, OVS_FORM = _nova_network()
+OVN = NOVA_NETWORK == 'ovn'
+LB = NOVA_NETWORK == 'lb'
+NEUTRON_URL = 'http://127.0.0.1:%d' % (9796 if OVN else 9696)
+# The integration bridge vireo plugs native OVS ports into on each host.
+BRIDGE = 'br-ovn' if OVN else 'br-int'
 NOVA_URL = 'http://127.0.0.1:%s/v2.1' % os.environ.get('VIREO_NOVA_API_PORT', '18774')
 HOSTB_ADDR = os.environ.get('VIREO_HOSTB_ADDR', '198.51.100.2')
 TWO_HOST = pathlib.Path(__file__).resolve().parents[1] / 'two-host.sh'
@@ -43,8 +60,9 @@ class Cloud(object):
         if not (ETC / 'clouds.yaml').is_file():
             pytest.fail('no Nova tier here: run integration/host-setup.sh nova-up first')
         env = _env_file()
-        self.network = env['VIREO_NEUTRON_NETWORK_ID']
-        self.host = env['VIREO_NEUTRON_HOST']
+        self.network = env['VIREO_OVN_NETWORK_ID' if OVN else
+                           'VIREO_NEUTRON_LB_NETWORK_ID' if LB else 'VIREO_NEUTRON_NETWORK_ID']
+        self.host = env['VIREO_NEUTRON_LB_HOST' if LB else 'VIREO_NEUTRON_HOST']
         self.env = dict(os.environ, OS_CLIENT_CONFIG_FILE=str(ETC / 'clouds.yaml'),
                         OS_CLOUD='vireo')
         token = (ETC / 'vireo-agent-token').read_text().strip()
@@ -58,8 +76,11 @@ class Cloud(object):
         self.host_b = None
         hb_dir = pathlib.Path(os.environ.get('VIREO_HB_DIR', STATE_DIR / 'hostb'))
         if (hb_dir / 'nova' / 'nova.conf').is_file():
+            hb_name = os.environ.get('VIREO_HOSTB_NAME', 'vireo-hb')
+            if LB:
+                hb_name = os.environ.get('VIREO_HOSTB_LB_HOST', hb_name + '-lb')
             self.host_b = Host(
-                os.environ.get('VIREO_HOSTB_NAME', 'vireo-hb'),
+                hb_name,
                 'http://%s:8775' % HOSTB_ADDR, token, 'qemu+tcp://%s/system' % HOSTB_ADDR,
                 hb_dir / 'vireo-agent', hb_dir / 'log' / 'nova-compute.log',
                 wrap=['bash', str(TWO_HOST), 'exec'],
@@ -144,8 +165,23 @@ class Cloud(object):
     def neutron_ports(self, **query):
         return self._neutron_get('/v2.0/ports', **query)['ports']
 
+    def wait_ovn_port_up(self, port_id, timeout=30):
+        """Wait until OVN's northbound database has the logical port up."""
+        nb = _env_file()['VIREO_OVN_NB_DB']
+        deadline = time.monotonic() + timeout
+        while True:
+            up = subprocess.run(['ovn-nbctl', '--db=%s' % nb, 'lsp-get-up', port_id],
+                                capture_output=True, text=True, check=True).stdout.strip()
+            if up == 'up':
+                return
+            assert time.monotonic() < deadline, 'logical port %s is %s in OVN' % (port_id, up)
+            time.sleep(0.2)
+
     def hybrid_plug(self, host):
-        """Whether `host`'s Neutron OVS agent asks for hybrid plug (its firewall driver)."""
+        """Whether `host`'s Neutron OVS agent asks for hybrid plug (its firewall driver);
+        ML2/OVN and the Linux bridge agent never do."""
+        if OVN or LB:
+            return False
         [agent] = self._neutron_get('/v2.0/agents', binary='neutron-openvswitch-agent',
                                     host=host)['agents']
         return agent['configurations'].get('ovs_hybrid_plug', False)
@@ -225,6 +261,14 @@ class Host(object):
             f.seek(offset)
             return f.read().decode('utf-8', 'replace')
 
+    def wired(self, device, network):
+        """Is `device` wired to `network` here: in its Linux bridge (brq + the network's
+        id) with the Linux bridge agent, in the integration bridge with Open vSwitch?"""
+        if LB:
+            link = self.run('ip', '-o', 'link', 'show', 'dev', device).split()
+            return 'master' in link and link[link.index('master') + 1] == 'brq' + network[:11]
+        return device in self.run('ovs-vsctl', 'list-ports', BRIDGE).split()
+
     def leaks(self, server_id, ports):
         """What this host still holds of a server gone from it: domain, devices, disks."""
         found = []
@@ -236,7 +280,7 @@ class Host(object):
         if instance_dir.exists():
             found.append('%s: instance directory %s' % (self.name, instance_dir))
         links = self.run('ip', '-o', 'link')
-        ovs = self.run('ovs-vsctl', 'list-ports', 'br-int').split()
+        ovs = self.run('ovs-vsctl', 'list-ports', BRIDGE).split()
         for port in ports:
             short = port[:11]
             for prefix in ('tap', 'qbr', 'qvb', 'qvo'):
@@ -283,8 +327,17 @@ def host_b(cloud):
 @pytest.fixture(scope='session')
 def hybrid():
     """Does Neutron's OVS agent run the iptables_hybrid firewall (`host-setup.sh
-    neutron-firewall`), so that ports are plugged through qbr/qvb/qvo?"""
-    return (STATE_DIR / 'firewall').read_text().strip() == 'iptables_hybrid'
+    neutron-firewall`), so that ports are plugged through qbr/qvb/qvo? Never on ML2/OVN."""
+    return NOVA_NETWORK == 'ovs' and (
+        (STATE_DIR / 'firewall').read_text().strip() == 'iptables_hybrid')
+
+
+@pytest.fixture(scope='session')
+def kept_wired(hybrid):
+    """Does a resize's source keep its ports wired while the guest is away (hybrid plug's
+    qvo, or a tap vireo made itself: the pre-created form), so that Neutron reports them up
+    again as soon as Nova binds them back?"""
+    return hybrid or OVS_FORM == 'pre-created'
 
 
 @pytest.fixture(scope='session')
