@@ -468,6 +468,7 @@ mod why {
     pub const LM_SOURCE_AGENTLESS: &str =
         "agentless: the binding moves only at activation after the migration; nothing to wait for before it";
     pub const POST_LM_WIRED: &str = "destination binding activated with the device already wired here: ACTIVE once the agent processes the activation";
+    pub const POST_LM_OVN: &str = "ML2/OVN sets the port DOWN at the activation, ACTIVE again only if OVN's up changes: this chassis claimed it for the migration, so it may not (measured)";
     pub const POST_LM_SRIOV: &str = "the VF is attached here after the activation: ACTIVE when the SR-IOV agent sees it assigned";
     pub const POST_LM_AGENTLESS: &str =
         "agentless: ACTIVE as soon as the destination binding is activated";
@@ -542,6 +543,7 @@ pub fn table_cell(column: Column, kind: Kind, active: bool) -> Cell {
         Column::PostLiveMigrationDest => match kind {
             Kind::SriovAgent => cell(Plug, why::POST_LM_SRIOV),
             Kind::DirectPhysical | Kind::RemoteManaged => cell(Bind, why::POST_LM_AGENTLESS),
+            Kind::Ovn(_) => cell(No, why::POST_LM_OVN),
             _ => cell(Bind, why::POST_LM_WIRED),
         },
         Column::UpdateBindingProfile => match kind {
