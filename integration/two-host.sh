@@ -9,6 +9,10 @@
 #   two-host.sh nova-up                   host B as a second nova-compute (vireo.VireoDriver and
 #                                         its vireo agent) of host-setup.sh nova-up's OpenStack
 #   two-host.sh nova-down                 stop them
+#   two-host.sh nova-compute-driver vireo|libvirt
+#                                         after nova-up: host B's nova-compute on vireo.VireoDriver
+#                                         or on Nova's libvirt.LibvirtDriver (the side-by-side's
+#                                         moves between hosts, integration/nova/side_by_side.py)
 #   two-host.sh selftest [--events] [--no-boot] [--no-neutron] [--only PART,...]
 #                                         live migrations A -> B -> A (diskless, OVS, booted
 #                                         guest, Neutron port bindings), an offline move and
@@ -549,6 +553,10 @@ AGENT_B_PORT=${VIREO_HB_NOVA_AGENT_PORT:-8775}
 # host A's instances path.
 INSTANCES_PATH=$STATE_DIR/vireo-agent/instances
 INSTANCES_B=$AGENT_B_DIR/instances
+# The same for Nova's own instances path while host B's nova-compute runs Nova's libvirt driver
+# (nova-compute-driver libvirt): host A's, with host B's own directory mounted there inside B.
+NOVA_INSTANCES_PATH=$STATE_DIR/nova/instances
+NOVA_B_DRIVER_CONF=$NOVA_B/nova-compute-driver.conf
 A_ETC=$STATE_DIR/etc
 NOVA_API_URL=http://127.0.0.1:${VIREO_NOVA_API_PORT:-18774}
 # Host A's services that host B's nova-compute and agent call, through forwarders on A's side
@@ -734,10 +742,98 @@ cmd_nova_up() {
   echo "host B's nova-compute: $(compute_host_b) (agent http://$ADDR_B:$AGENT_B_PORT, log $LOG/nova-compute.log)"
 }
 
+# Up with nova-compute's current process: its service reported after UTC-TIME.
+compute_b_reported_since() {
+  curl -sSf --max-time 10 -H 'X-Auth-Token: admin:admin' \
+    "$NOVA_API_URL/v2.1/os-services?binary=nova-compute&host=$(compute_host_b)" |
+    jq -e --arg t "$1" '.services[] | select(.state == "up" and .updated_at > $t)'
+}
+
+# The driver host B's nova-compute loads: vireo (nova.conf's own) or Nova's libvirt driver, as
+# host A's (host-setup.sh nova-compute-driver, setup/nova-compute-libvirt.conf.in) on host B's
+# libvirtd and Open vSwitch.
+write_nova_b_driver_config() { # write_nova_b_driver_config vireo|libvirt
+  local domain_type=qemu helper
+  [[ -e /dev/kvm ]] && domain_type=kvm
+  helper="privsep-helper --config-file $NOVA_B_CONF --config-file $NOVA_B_DRIVER_CONF"
+  case $1 in
+  vireo) echo '# nova-compute on vireo.VireoDriver (nova.conf); nothing to add' >"$NOVA_B_DRIVER_CONF" ;;
+  libvirt)
+    cat >"$NOVA_B_DRIVER_CONF" <<EOF
+# Host B's nova-compute on Nova's own libvirt driver (two-host.sh nova-compute-driver libvirt).
+[DEFAULT]
+compute_driver = libvirt.LibvirtDriver
+# One instances path on every host, as Nova's libvirt driver assumes: host A's, host B's own
+# directory mounted there inside B.
+instances_path = $NOVA_INSTANCES_PATH
+[libvirt]
+virt_type = $domain_type
+connection_uri = $HB_UNIX_URI
+cpu_mode = none
+wait_soft_reboot_seconds = 5
+device_detach_attempts = 2
+device_detach_timeout = 2
+# Host A's libvirtd reaches this one (and QEMU its QEMU) at host B's address.
+live_migration_scheme = tcp
+live_migration_inbound_addr = $ADDR_B
+[vnc]
+enabled = false
+[os_vif_ovs]
+ovsdb_connection = $B_OVSDB
+[nova_sys_admin]
+helper_command = $helper
+[vif_plug_ovs_privileged]
+helper_command = $helper
+[vif_plug_linux_bridge_privileged]
+helper_command = $helper
+[privsep_osbrick]
+helper_command = $helper
+EOF
+    ;;
+  *) die "no compute driver $1 here (vireo or libvirt)" ;;
+  esac
+}
+
+# Host B's nova-compute restarted on another driver (nova-up starts it on vireo's again).
+cmd_nova_compute_driver() {
+  local driver=$1 since
+  alive_b nova-compute || die "no nova-compute on host B: two-host.sh nova-up first"
+  if [[ $driver == libvirt ]]; then
+    "$PY" -c 'import libvirt' 2>/dev/null || die "Nova's libvirt driver needs python3-libvirt"
+    mkdir -p "$NOVA_INSTANCES_PATH" "$NOVA_B/instances"
+    in_b mountpoint -q "$NOVA_INSTANCES_PATH" || in_b mount --bind "$NOVA_B/instances" "$NOVA_INSTANCES_PATH"
+  fi
+  write_nova_b_driver_config "$driver"
+  # Stopped first: the old process reports until it exits (host-setup.sh's reason).
+  stop_pid nova-compute 30 alive_b
+  if [[ $driver == vireo ]] && in_b mountpoint -q "$NOVA_INSTANCES_PATH"; then
+    in_b umount "$NOVA_INSTANCES_PATH"
+  fi
+  since=$(date -u +%FT%T)
+  setsid nsenter --mount="$NS_DIR/mnt" --uts="$NS_DIR/uts" --net="/run/netns/$NETNS" -- \
+    "$SELF" __in-b "$PY" -c \
+    "import sys; from nova.cmd.compute import main; sys.exit(main())" \
+    --config-file "$NOVA_B_CONF" --config-file "$NOVA_B_DRIVER_CONF" \
+    >>"$LOG/nova-compute.log" 2>&1 </dev/null &
+  echo $! >"$RUN/nova-compute.pid"
+  # nova-up's sum for vireo's (it keeps that process), none for the libvirt driver's (nova-up
+  # starts vireo's again).
+  if [[ $driver == vireo ]]; then
+    cat "$NOVA_B_CONF" "$SCRIPT_DIR"/../driver/nova/nova/virt/vireo/*.py | md5sum >"$RUN/nova-compute.sum"
+  else
+    echo "$driver" >"$RUN/nova-compute.sum"
+  fi
+  wait_for 120 "host B's nova-compute on the $driver driver" compute_b_reported_since "$since" || {
+    tail -30 "$LOG/nova-compute.log" >&2 || true
+    die "host B's nova-compute did not come back on the $driver driver"
+  }
+}
+
 cmd_nova_down() {
   stop_pid nova-compute 30 alive_b
   stop_pid vireo-agent 30 alive_b
   if ns_ready && in_b mountpoint -q "$INSTANCES_PATH"; then in_b umount "$INSTANCES_PATH"; fi
+  if ns_ready && in_b mountpoint -q "$NOVA_INSTANCES_PATH"; then in_b umount "$NOVA_INSTANCES_PATH"; fi
   local f
   for f in "${NOVA_B_FORWARDS[@]}"; do stop_pid "fwd-${f%%:*}" 5 alive_root; done
   # Host B's chassis is HB_OVN_HOST again (the stack tier's), whatever Neutron Nova was on.
@@ -1051,6 +1147,10 @@ up) cmd_up ;;
 down) cmd_down ;;
 nova-up) cmd_nova_up ;;
 nova-down) cmd_nova_down ;;
+nova-compute-driver)
+  [[ $# -eq 1 ]] || die "usage: two-host.sh nova-compute-driver vireo|libvirt"
+  cmd_nova_compute_driver "$1"
+  ;;
 status) cmd_status ;;
 env) cmd_env ;;
 exec)

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """vireo.VireoDriver and Nova's own libvirt.LibvirtDriver side by side on one cloud.
 
-    integration/nova/side_by_side.py [--runs 5] [--json FILE] [--markdown FILE]
+    integration/nova/side_by_side.py [--runs 5] [--moves] [--json FILE] [--markdown FILE]
 
 The same server goes through the same operations on host A's nova-compute, once on each
 driver per run, the drivers' order alternating from run to run (vireo first in even runs).
@@ -16,6 +16,13 @@ deleted server (domain, devices, instance directories, ports).
 Needs `host-setup.sh up --with-neutron` and `host-setup.sh nova-up`; host B's nova-compute,
 if it runs, is disabled meanwhile so that every resize stays on host A. Leaves host A's
 nova-compute on vireo.
+
+With --moves, the moves between hosts instead: boot on host A, a live migration to host B and
+one back, delete, with both hosts' nova-computes on one driver per turn (`two-host.sh
+nova-up` first; `two-host.sh nova-compute-driver` switches host B's). The disks are copied by
+each migration (the hosts share no instances directory). No cold migration or resize between
+hosts: Nova's libvirt driver copies their disks over SSH, which the tier has no trust for; a
+live migration needs none. Leaves both on vireo.
 """
 
 import argparse
@@ -36,6 +43,7 @@ from conftest import NOVA_URL
 from conftest import STATE_DIR
 
 HOST_SETUP = pathlib.Path(__file__).resolve().parents[1] / 'host-setup.sh'
+TWO_HOST = pathlib.Path(__file__).resolve().parents[1] / 'two-host.sh'
 DRIVERS = ('vireo', 'libvirt')
 TIMEOUT = re.compile(r'Timeout waiting for')
 UNEXPECTED = re.compile(r'Received unexpected event network-vif-plugged')
@@ -132,25 +140,56 @@ def operations(cloud, image, flavors):
     ]
 
 
-def switch(driver):
-    run = subprocess.run(['bash', str(HOST_SETUP), 'nova-compute-driver', driver],
-                         capture_output=True, text=True)
-    if run.returncode != 0:
-        sys.exit('nova-compute-driver %s failed:\n%s' % (driver, run.stderr[-2000:]))
+def moves(cloud, image, flavors):
+    """The moves between hosts: (name, run(state)) as `operations`."""
+    boot = operations(cloud, image, flavors)[0]
+
+    def live_migrate(host):
+        def run(state):
+            server = state['server']
+            cloud.nova('POST', '/servers/%s/action' % server.id, {'os-migrateLive': {
+                'host': host.name, 'block_migration': 'auto'}}, version='2.30')
+            there = server.wait('ACTIVE')['OS-EXT-SRV-ATTR:host']
+            if there != host.name:
+                raise OperationFailed('on %s after the live migration to %s' % (
+                    there, host.name))
+        return run
+
+    return [
+        boot,
+        ('live migration A > B', live_migrate(cloud.host_b)),
+        ('live migration B > A', live_migrate(cloud.host_a)),
+        ('delete', lambda state: state['server'].gone()),
+    ]
 
 
-def leftovers(cloud, server_id, ports):
-    """The tier's leak check (host A, Neutron), and Nova's libvirt driver's own directory."""
-    found = leaks(cloud, server_id, ports)
-    libvirt_dir = STATE_DIR / 'nova' / 'instances' / server_id
-    if libvirt_dir.exists():
-        found.append('%s: instance directory %s' % (cloud.host, libvirt_dir))
+def switch(driver, hosts):
+    """Host A's nova-compute (and host B's, if among `hosts`) on `driver`."""
+    commands = [['bash', str(HOST_SETUP), 'nova-compute-driver', driver]]
+    if len(hosts) > 1:
+        commands.append(['bash', str(TWO_HOST), 'nova-compute-driver', driver])
+    for command in commands:
+        run = subprocess.run(command, capture_output=True, text=True)
+        if run.returncode != 0:
+            sys.exit('%s failed:\n%s' % (' '.join(command[1:]), run.stderr[-2000:]))
+
+
+def leftovers(cloud, server_id, ports, hosts):
+    """The tier's leak check (the hosts, Neutron), and Nova's libvirt driver's own
+    directories (host B's own one is under its state directory)."""
+    found = leaks(cloud, server_id, ports, hosts=hosts)
+    dirs = [STATE_DIR / 'nova' / 'instances']
+    if len(hosts) > 1:
+        dirs.append(hosts[1].state_dir.parent / 'nova' / 'instances')
+    for host, base in zip(hosts, dirs):
+        if (base / server_id).exists():
+            found.append('%s: instance directory %s' % (host.name, base / server_id))
     return found
 
 
-def turn(cloud, ops):
+def turn(cloud, ops, hosts):
     """One driver's pass: seconds per operation, failures, log findings, leftovers."""
-    offset = cloud.host_a.log_offset()
+    offsets = [h.log_offset() for h in hosts]
     state, times, failed = {}, {}, None
     ports = set()
     for name, op in ops:
@@ -171,14 +210,15 @@ def turn(cloud, ops):
             server.gone()
         except (OperationFailed, AssertionError, requests.RequestException) as e:
             failed += '; the clean-up failed too: %s' % e
-    log = cloud.host_a.log_since(offset)
+    log = ''.join(h.log_since(o) for h, o in zip(hosts, offsets))
     server_id = state['server'].id if 'server' in state else None
     return {
         'seconds': times,
         'failed': failed,
         'timeouts': len(TIMEOUT.findall(log)),
         'unexpected_plug_events': len(UNEXPECTED.findall(log)),
-        'left_behind': leftovers(cloud, server_id, sorted(ports)) if server_id else [],
+        'left_behind': (leftovers(cloud, server_id, sorted(ports), hosts)
+                        if server_id else []),
     }
 
 
@@ -214,6 +254,8 @@ def table(results, names):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument('--runs', type=int, default=5)
+    parser.add_argument('--moves', action='store_true',
+                        help='live migrations between hosts A and B instead')
     parser.add_argument('--json', type=pathlib.Path)
     parser.add_argument('--markdown', type=pathlib.Path)
     args = parser.parse_args()
@@ -226,21 +268,28 @@ def main():
                       '--file', str(image_path), 'vireo-sbs-%s' % uuid.uuid4().hex[:8],
                       '-f', 'json')['id']
     flavors = [flavor(cloud, 1, 128, 1), flavor(cloud, 2, 192, 2), flavor(cloud, 1, 160, 2)]
-    ops = operations(cloud, image, flavors)
-    if cloud.host_b is not None:
-        cloud.compute_service(cloud.host_b.name, enabled=False)
+    hosts = [cloud.host_a]
+    if args.moves:
+        if cloud.host_b is None:
+            sys.exit('--moves needs host B\'s nova-compute: two-host.sh nova-up first')
+        hosts.append(cloud.host_b)
+        ops = moves(cloud, image, flavors)
+    else:
+        ops = operations(cloud, image, flavors)
+        if cloud.host_b is not None:
+            cloud.compute_service(cloud.host_b.name, enabled=False)
     results = {d: [] for d in DRIVERS}
     try:
         for run in range(args.runs):
             for driver in (DRIVERS if run % 2 == 0 else DRIVERS[::-1]):
-                switch(driver)
-                result = turn(cloud, ops)
+                switch(driver, hosts)
+                result = turn(cloud, ops, hosts)
                 result['run'] = run
                 results[driver].append(result)
                 print('run %d %-7s %s' % (run, driver, json.dumps(result)), flush=True)
     finally:
-        switch('vireo')
-        if cloud.host_b is not None:
+        switch('vireo', hosts)
+        if cloud.host_b is not None and not args.moves:
             cloud.compute_service(cloud.host_b.name, enabled=True)
         for f in flavors:
             cloud.nova('DELETE', '/flavors/%s' % f)
