@@ -1563,15 +1563,16 @@ cmd_neutron_firewall() {
   LB_NETWORK_ID=${VIREO_NEUTRON_LB_NETWORK_ID:-}
   OVN_NETWORK_ID=${VIREO_OVN_NETWORK_ID:-}
   NOVA_PORT=$VIREO_NOVA_PORT
-  # With the Nova tier up, Neutron's servers keep posting to nova-api (a restart reads this).
-  if alive nova-api; then
-    NOVA_PORT=$NOVA_API_PORT
-    NOVA_TOKEN=admin:admin
-  fi
   SECOND_HOST=$VIREO_NEUTRON_SECOND_HOST
   start=$(now)
   FIREWALL=$want
-  write_neutron_config
+  # With the Nova tier up, Neutron's servers keep posting to nova-api (a restart reads this);
+  # the environment file keeps the standalone agents' port.
+  if alive nova-api; then
+    NOVA_PORT=$NOVA_API_PORT NOVA_TOKEN=admin:admin write_neutron_config
+  else
+    write_neutron_config
+  fi
   stop_bg second-host-reporter 10 &
   stop_neutron_agent
   wait

@@ -1049,14 +1049,19 @@ async fn assert_bound_up(
             "port {id}: its events trusted, Neutron's status {:?}",
             port.status
         );
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !ovn_port_up(nb, id) {
-            assert!(
-                Instant::now() < deadline,
-                "logical port {id} never up in OVN"
-            );
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+        until_ovn_port_up(nb, id).await;
+    }
+}
+
+/// Waits (up to 30 s) until the logical port of `id` is `up` in OVN's northbound database `nb`.
+async fn until_ovn_port_up(nb: &str, id: PortId) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !ovn_port_up(nb, id) {
+        assert!(
+            Instant::now() < deadline,
+            "logical port {id} never up in OVN"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
 
@@ -1073,14 +1078,7 @@ async fn assert_bound_up_in_ovn(s: &Scene<'_>, vifs: &[Vif], host: &str, nb: &st
         let bindings = net.show_bindings(id).await.unwrap();
         assert_eq!(bindings.len(), 1, "{id}: one binding: {bindings:?}");
         assert_eq!(bindings[0].host, host);
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !ovn_port_up(nb, id) {
-            assert!(
-                Instant::now() < deadline,
-                "logical port {id} never up in OVN"
-            );
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+        until_ovn_port_up(nb, id).await;
         println!("port {id}: up in OVN, Neutron's status {:?}", port.status);
     }
 }
