@@ -66,8 +66,8 @@ done
 bash integration/host-setup.sh neutron-firewall iptables_hybrid
 /usr/bin/python3 -m pytest -q -p no:cacheprovider integration/nova -k plug_differently
 bash integration/two-host.sh up >/dev/null
-# The other networks the two-host stack tier's peer scenarios run on, under Nova: ML2/OVN in
-# both of vireo's forms of a native OVS port, then the Linux bridge agents. nova-network moves
+# The other networks under Nova: ML2/OVN in both of vireo's forms of a native OVS port, then
+# the Linux bridge agents. nova-network moves
 # every Nova service and host A's agent to that network (on lb, nova-compute runs as the Linux
 # bridge agent's host), two-host.sh nova-up host B; then a move to host B with a resize back
 # reverted, and a live migration each way.

@@ -194,8 +194,10 @@ pub enum Request {
 pub enum Caller {
     /// A compute agent's user: the agent API's create, delete and actions.
     Api,
-    /// The other host of a resize or live migration (the peer API).
-    Peer,
+    /// What orchestrates a move between hosts and asks each host for its half of it (Nova's
+    /// compute manager through the driver package: the agent's host-half endpoint; in one
+    /// process, the source host's own flow).
+    Orchestrator,
     /// The driver itself (recovery at start-up).
     Driver,
 }
@@ -209,7 +211,7 @@ impl Request {
             | Request::FinishRevertResize
             | Request::PreLiveMigration
             | Request::PostLiveMigrationAtDestination
-            | Request::RollbackLiveMigrationAtDestination => Caller::Peer,
+            | Request::RollbackLiveMigrationAtDestination => Caller::Orchestrator,
             Request::Recover => Caller::Driver,
             Request::Spawn
             | Request::Destroy

@@ -1,5 +1,5 @@
-//! The HTTP client of the agent's API: what `vireo instance ...` and `vireo events send` use,
-//! and what another host's agent uses to reach this one.
+//! The HTTP client of the agent's API: what `vireo instance ...` and `vireo events send` use
+//! (Nova's driver package has its own, in Python).
 //!
 //! Every call sends the token in the configured header (default `X-Auth-Token`), decodes the
 //! agent's JSON, and turns an error answer into [`ClientError::Api`] with the HTTP status and
@@ -18,17 +18,12 @@ use vireo_actors::external::ExternalEvent;
 use vireo_actors::instance::Operation;
 
 use crate::agent::auth::Token;
-use crate::agent::microversion::ApiVersion;
 use crate::agent::model::{
-    Accepted, CreateInstance, ErrorBody, EventAnswer, EventsAnswer, Health, Instance, InstanceList,
-    OpState, OpStatus, OperationList, PeerReply,
+    Accepted, CreateInstance, ErrorBody, EventAnswer, EventsAnswer, HalfReply, Health, Instance,
+    InstanceList, OpState, OpStatus, OperationList,
 };
 
 const DEFAULT_HEADER_LOWER: &str = "x-auth-token";
-
-/// The header marking an external-events POST as forwarded by another host's agent: the
-/// receiving agent never forwards it again.
-pub const FORWARDED_HEADER: &str = "x-vireo-forwarded";
 
 /// Why a call failed.
 #[derive(Debug, thiserror::Error)]
@@ -205,15 +200,6 @@ impl AgentClient {
         if let Some(t) = extra.timeout {
             req = req.timeout(t);
         }
-        if extra.forwarded {
-            req = req.header(HeaderName::from_static(FORWARDED_HEADER), "1");
-        }
-        if let Some(v) = extra.version {
-            req = req.header(
-                HeaderName::from_static(crate::agent::microversion::STANDARD_HEADER),
-                format!("compute {v}"),
-            );
-        }
         if let Some(b) = body {
             req = req.header(CONTENT_TYPE, "application/json").body(b);
         }
@@ -350,50 +336,24 @@ impl AgentClient {
         })
     }
 
-    /// `POST /v1/peer/instances/{uuid}`: run a peer request on the agent's host and wait for
-    /// it, at most `timeout` (the request then fails with [`ClientError::Send`]).
-    pub async fn peer_request(
+    /// `POST /v1/instances/{uuid}/half`: run one host's half of a move on the agent's host
+    /// and wait for it, at most `timeout` (the request then fails with
+    /// [`ClientError::Send`]).
+    pub async fn host_half(
         &self,
         uuid: Uuid,
         request: &Operation,
         timeout: Duration,
-    ) -> Result<PeerReply, ClientError> {
-        let path = format!("/v1/peer/instances/{uuid}");
+    ) -> Result<HalfReply, ClientError> {
+        let path = format!("/v1/instances/{uuid}/half");
         let body = serde_json::to_vec(request).unwrap_or_default();
         let extra = Extra {
             timeout: Some(timeout),
-            forwarded: false,
-            version: None,
         };
         let (status, bytes) = self
             .send_with(Method::POST, &path, None, Some(body), extra)
             .await?;
         decode(&Method::POST, &path, status, &bytes)
-    }
-
-    /// `POST /v2.1/os-server-external-events` with a body as given, marked as forwarded
-    /// ([`FORWARDED_HEADER`]), at most `timeout`. A 404 (no event accepted) is an
-    /// [`ClientError::Api`] with code `not-found`.
-    pub async fn forward_events(
-        &self,
-        body: Vec<u8>,
-        version: ApiVersion,
-        timeout: Duration,
-    ) -> Result<EventsReply, ClientError> {
-        let path = "/v2.1/os-server-external-events";
-        let extra = Extra {
-            timeout: Some(timeout),
-            forwarded: true,
-            version: Some(version),
-        };
-        let (status, bytes) = self
-            .send_with(Method::POST, path, None, Some(body), extra)
-            .await?;
-        let answer: EventsAnswer = decode(&Method::POST, path, status, &bytes)?;
-        Ok(EventsReply {
-            status: status.as_u16(),
-            events: answer.events,
-        })
     }
 
     /// Poll operation `id` every `every` until it is no longer running. `progress` is called
@@ -423,10 +383,6 @@ impl AgentClient {
 struct Extra {
     /// Overrides the client's 60 s bound.
     timeout: Option<Duration>,
-    /// Add [`FORWARDED_HEADER`].
-    forwarded: bool,
-    /// The compute API microversion to ask for (`OpenStack-API-Version`).
-    version: Option<ApiVersion>,
 }
 
 /// A Nova fault body's name and message.

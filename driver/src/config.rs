@@ -130,69 +130,23 @@ pub struct AgentConfig {
     /// devices and plugging is recorded only, so the section is refused there.
     #[serde(default)]
     pub plugging: Option<PlugConfig>,
-    /// `[[peers]]`: the other compute hosts' agents, reached over their HTTP API for the
-    /// flows that cross hosts (resize, revert, confirm, live migration) and for external
-    /// events this host does not own. Default: none (this host only).
+    /// Seconds one host's half of a move (`POST /v1/instances/{uuid}/half`, Nova's
+    /// finish-resize, finish-revert, pre-live-migration …) may run before it is answered
+    /// `timed-out` (the operation goes on). Default `2 × events.vif_plugging_timeout + 360`
+    /// (960 with the defaults); 1..=200000.
     #[serde(default)]
-    pub peers: Vec<PeerSection>,
-    /// `[peering]`: how this agent serves peer requests and forwards external events.
+    pub half_timeout: Option<u64>,
+    /// `[[peers]]`, retired with the agents' own peer protocol: refused with an error that
+    /// names Nova, which orchestrates moves between hosts.
     #[serde(default)]
-    pub peering: PeeringSection,
-}
-
-/// One `[[peers]]` entry: another host's agent.
-///
-/// ```toml
-/// [[peers]]
-/// name = "compute-2"                       # its host name (as Neutron binds ports)
-/// url = "http://10.0.0.2:8774"             # its agent API
-/// token_file = "/etc/vireo/peer-compute-2" # its API token, same file rules as api_token_file
-/// migration_uri = "qemu+tcp://compute-2/system"
-/// timeout = 900
-/// ```
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct PeerSection {
-    /// The peer's host name: what migrations name as `dest_host`/`source_host`. Required;
-    /// unique, and not this host's own name.
-    pub name: String,
-    /// Base URL of the peer's agent API (`http://` or `https://`). Required.
-    pub url: String,
-    /// File holding the peer's API token (mode 0600 or stricter, as `api_token_file`); sent
-    /// as `Authorization: Bearer`. Required.
-    pub token_file: PathBuf,
-    /// The libvirt URI this host live-migrates to on the peer. Default: none (the peer
-    /// takes no live migrations from this host).
+    peers: Option<serde::de::IgnoredAny>,
+    /// `[peering]`, retired likewise.
     #[serde(default)]
-    pub migration_uri: Option<String>,
-    /// Seconds one request to the peer may take (its flows wait for network events). Default
-    /// `2 × events.vif_plugging_timeout + 300` (900 with the defaults); 1..=200000.
-    #[serde(default)]
-    pub timeout: Option<u64>,
-}
-
-/// `[peering]`: the peer side of this agent.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct PeeringSection {
-    /// Forward external events for instances this host does not own to every peer (see
-    /// docs/AGENT.md). Default true (nothing is forwarded without `[[peers]]`).
-    #[serde(default = "default_true")]
-    pub forward_events: bool,
-    /// Milliseconds one forwarded events POST may take per peer (they run concurrently).
-    /// Default 2000; 1..=60000.
-    #[serde(default = "default_forward_timeout_ms")]
-    pub forward_timeout_ms: u64,
-    /// Seconds a peer request served here may run before it is answered `timed-out`.
-    /// Default `2 × events.vif_plugging_timeout + 360` (960 with the defaults), a minute more
-    /// than a caller's default `timeout`, so that the caller's own bound fires first;
-    /// 1..=200000.
-    #[serde(default)]
-    pub serve_timeout: Option<u64>,
+    peering: Option<serde::de::IgnoredAny>,
 }
 
 /// `[libvirt]`: the hypervisor connection.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LibvirtSection {
     /// Connection URI. Default `qemu:///system`. `"embedded"` asks for libvirt's test driver
@@ -206,10 +160,10 @@ pub struct LibvirtSection {
     /// Per-call deadline in seconds. Default 60.
     #[serde(default = "default_call_timeout")]
     pub call_timeout: u64,
-    /// The URI other hosts live-migrate to (e.g. `qemu+tcp://compute-1/system`). Default:
-    /// none (this host takes no live migrations).
+    /// Retired with the agents' peer protocol: Nova tells each host's half the other host's
+    /// URI (nova.conf `[vireo] migration_uri`). Refused.
     #[serde(default)]
-    pub migration_uri: Option<String>,
+    migration_uri: Option<serde::de::IgnoredAny>,
     /// Seconds per GiB of guest memory (at least 2 GiB) a live migration from this host may
     /// take before its job is aborted and it is rolled back (Nova's
     /// `live_migration_completion_timeout`); 0: no limit. Default 800.
@@ -221,18 +175,14 @@ pub struct LibvirtSection {
     /// Let QEMU throttle a guest whose memory changes faster than it migrates. Default false.
     #[serde(default)]
     pub live_migration_permit_auto_converge: bool,
-    /// Seconds a destination whose agent cannot be reached once the guest moved (it is
-    /// restarting) is asked again, every second, to take the guest over. Default 120.
-    #[serde(default = "default_live_migration_handover_retry")]
-    pub live_migration_handover_retry: u64,
+    /// Retired with the agents' peer protocol (a source asked the destination's agent to
+    /// take the guest over; under Nova its compute manager does). Refused.
+    #[serde(default)]
+    live_migration_handover_retry: Option<serde::de::IgnoredAny>,
 }
 
 fn default_live_migration_completion_timeout() -> u64 {
     800
-}
-
-fn default_live_migration_handover_retry() -> u64 {
-    120
 }
 
 /// `[driver]`: which virt driver the agent loads.
@@ -505,24 +455,8 @@ fn default_device_detach_attempts() -> u32 {
 fn default_log_level() -> String {
     "info".to_owned()
 }
-fn default_forward_timeout_ms() -> u64 {
-    DEFAULT_FORWARD_TIMEOUT_MS
-}
-
-/// Bound on one forwarded events POST unless `[peering] forward_timeout_ms` says otherwise.
-pub const DEFAULT_FORWARD_TIMEOUT_MS: u64 = 2_000;
-/// Largest `[[peers]] timeout` and `[peering] serve_timeout`, seconds.
-pub const MAX_PEER_TIMEOUT: u64 = 200_000;
-
-impl Default for PeeringSection {
-    fn default() -> Self {
-        PeeringSection {
-            forward_events: true,
-            forward_timeout_ms: DEFAULT_FORWARD_TIMEOUT_MS,
-            serve_timeout: None,
-        }
-    }
-}
+/// Largest `half_timeout`, seconds.
+pub const MAX_HALF_TIMEOUT: u64 = 200_000;
 
 impl Default for LibvirtSection {
     fn default() -> Self {
@@ -534,7 +468,7 @@ impl Default for LibvirtSection {
             live_migration_completion_timeout: default_live_migration_completion_timeout(),
             live_migration_bandwidth: 0,
             live_migration_permit_auto_converge: false,
-            live_migration_handover_retry: default_live_migration_handover_retry(),
+            live_migration_handover_retry: None,
         }
     }
 }
@@ -633,8 +567,9 @@ impl Default for AgentConfig {
             instances: InstancesSection::default(),
             logging: LoggingSection::default(),
             plugging: None,
-            peers: Vec::new(),
-            peering: PeeringSection::default(),
+            half_timeout: None,
+            peers: None,
+            peering: None,
         }
     }
 }
@@ -803,14 +738,6 @@ impl AgentConfig {
                 "is set but network.kind is \"neutron\"".to_owned(),
             );
         }
-        if let Some(uri) = &self.libvirt.migration_uri {
-            if uri.is_empty() || uri.contains(char::is_whitespace) || !uri.contains(':') {
-                return bad(
-                    "libvirt.migration_uri",
-                    format!("{uri:?} is not a libvirt URI"),
-                );
-            }
-        }
         if self.plugging.is_some() && self.uses_test_driver() {
             return bad(
                 "plugging",
@@ -977,10 +904,10 @@ impl AgentConfig {
                 }
             }
         }
-        self.validate_peers(path)
+        self.validate_retired(path)
     }
 
-    fn validate_peers(&self, path: &Path) -> Result<(), ConfigError> {
+    fn validate_retired(&self, path: &Path) -> Result<(), ConfigError> {
         let bad = |key: &'static str, reason: String| {
             Err(ConfigError::Invalid {
                 path: path.to_owned(),
@@ -988,100 +915,48 @@ impl AgentConfig {
                 reason,
             })
         };
-        let me = self.host_name();
-        let mut seen = std::collections::HashSet::new();
-        for (i, p) in self.peers.iter().enumerate() {
-            let n = &p.name;
-            if n.is_empty() || n.len() > 255 || !n.bytes().all(|b| b.is_ascii_graphic()) {
+        for (key, present) in [
+            ("peers", self.peers.is_some()),
+            ("peering", self.peering.is_some()),
+            (
+                "libvirt.migration_uri",
+                self.libvirt.migration_uri.is_some(),
+            ),
+            (
+                "libvirt.live_migration_handover_retry",
+                self.libvirt.live_migration_handover_retry.is_some(),
+            ),
+        ] {
+            if present {
                 return bad(
-                    "peers.name",
-                    format!("peers[{i}]: {n:?} is not a host name"),
+                    key,
+                    "retired: agents no longer talk to each other; moves between hosts run \
+                     under Nova (nova-compute with compute_driver = vireo.VireoDriver, see \
+                     docs/NOVA.md). Remove it"
+                        .into(),
                 );
-            }
-            if *n == me {
-                return bad(
-                    "peers.name",
-                    format!("peers[{i}]: {n:?} is this host (it is always reached in-process)"),
-                );
-            }
-            if !seen.insert(n.as_str()) {
-                return bad("peers.name", format!("peers[{i}]: {n:?} is listed twice"));
-            }
-            let url_ok = reqwest::Url::parse(&p.url)
-                .is_ok_and(|u| matches!(u.scheme(), "http" | "https") && u.has_host());
-            if !url_ok {
-                return bad(
-                    "peers.url",
-                    format!("peers[{i}] ({n}): {:?} is not an http(s) URL", p.url),
-                );
-            }
-            if !p.token_file.is_absolute() {
-                return bad(
-                    "peers.token_file",
-                    format!(
-                        "peers[{i}] ({n}): {} is not an absolute path",
-                        p.token_file.display()
-                    ),
-                );
-            }
-            if let Some(uri) = &p.migration_uri {
-                if uri.is_empty() || uri.contains(char::is_whitespace) || !uri.contains(':') {
-                    return bad(
-                        "peers.migration_uri",
-                        format!("peers[{i}] ({n}): {uri:?} is not a libvirt URI"),
-                    );
-                }
-            }
-            if let Some(t) = p.timeout {
-                if t == 0 || t > MAX_PEER_TIMEOUT {
-                    return bad(
-                        "peers.timeout",
-                        format!("peers[{i}] ({n}): {t} is not in 1..={MAX_PEER_TIMEOUT} seconds"),
-                    );
-                }
             }
         }
-        let ms = self.peering.forward_timeout_ms;
-        if ms == 0 || ms > 60_000 {
-            return bad(
-                "peering.forward_timeout_ms",
-                format!("{ms} is not in 1..=60000"),
-            );
-        }
-        if let Some(t) = self.peering.serve_timeout {
-            if t == 0 || t > MAX_PEER_TIMEOUT {
+        if let Some(t) = self.half_timeout {
+            if t == 0 || t > MAX_HALF_TIMEOUT {
                 return bad(
-                    "peering.serve_timeout",
-                    format!("{t} is not in 1..={MAX_PEER_TIMEOUT} seconds"),
+                    "half_timeout",
+                    format!("{t} is not in 1..={MAX_HALF_TIMEOUT} seconds"),
                 );
             }
         }
         Ok(())
     }
 
-    /// How long one request to `peer` may take: its `timeout`, else
-    /// `2 × vif_plugging_timeout + 300` s (a peer's flow may wait twice for network events —
-    /// a revert's bind-time and plug-time waits — plus its libvirt calls).
-    pub fn peer_timeout(&self, peer: &PeerSection) -> Duration {
+    /// How long one host's half of a move may run here before it is answered `timed-out`:
+    /// `half_timeout`, else `2 × vif_plugging_timeout + 360` s (a half may wait twice for
+    /// network events — a revert's bind-time and plug-time waits — plus its libvirt calls
+    /// and a disk copy).
+    pub fn half_timeout(&self) -> Duration {
         Duration::from_secs(
-            peer.timeout
-                .unwrap_or_else(|| self.events.vif_plugging_timeout.saturating_mul(2) + 300),
-        )
-    }
-
-    /// How long a peer request served here may run: `[peering] serve_timeout`, else
-    /// `2 × vif_plugging_timeout + 360` s.
-    pub fn peer_serve_timeout(&self) -> Duration {
-        Duration::from_secs(
-            self.peering
-                .serve_timeout
+            self.half_timeout
                 .unwrap_or_else(|| self.events.vif_plugging_timeout.saturating_mul(2) + 360),
         )
-    }
-
-    /// `[peering] forward_timeout_ms` as a duration.
-    pub fn forward_timeout(&self) -> Duration {
-        Duration::from_millis(self.peering.forward_timeout_ms)
     }
 
     /// The host name: `host`, else the machine's.
@@ -1146,7 +1021,6 @@ impl AgentConfig {
                     .map(Duration::from_secs),
                 bandwidth_mib: Some(self.libvirt.live_migration_bandwidth).filter(|b| *b > 0),
                 auto_converge: self.libvirt.live_migration_permit_auto_converge,
-                handover_retry: Duration::from_secs(self.libvirt.live_migration_handover_retry),
                 ..MigrationPolicy::default()
             },
             ..InstanceConfig::default()
@@ -1169,7 +1043,8 @@ impl AgentConfig {
                 (NetworkKind::Neutron, Some(n)) => NetworkConfig::Neutron(Box::new(n.clone())),
                 _ => NetworkConfig::Embedded(self.network.embedded.clone().unwrap_or_default()),
             },
-            migration_uri: self.libvirt.migration_uri.clone(),
+            // An agent is one host: no other host of its process migrates to it.
+            migration_uri: None,
             storage: crate::storage::StorageConfig {
                 instances_dir: self.instances_dir(),
                 cache: self.instances.image_cache(),
@@ -1314,7 +1189,6 @@ mod tests {
             r#"
 [libvirt]
 uri = "qemu:///system"
-migration_uri = "qemu+tcp://h1/system"
 [plugging]
 datapath_type = "netdev"
 [network.embedded]
@@ -1336,7 +1210,7 @@ ovs_hybrid_plug = true
             other => panic!("{other:?}"),
         }
         assert!(matches!(d.plugging, PluggingConfig::Host(_)));
-        assert_eq!(d.migration_uri.as_deref(), Some("qemu+tcp://h1/system"));
+        assert_eq!(d.migration_uri, None, "an agent is one host");
     }
 
     #[test]
@@ -1499,96 +1373,37 @@ level = "debug"
     }
 
     #[test]
-    fn peers_parse_with_defaults() {
-        let cfg = parse(
-            r#"
-host = "h1"
-[[peers]]
-name = "h2"
-url = "http://10.0.0.2:8774"
-token_file = "/etc/vireo/peer-h2"
-migration_uri = "qemu+tcp://h2/system"
-[[peers]]
-name = "h3"
-url = "https://h3.example:8774/"
-token_file = "/etc/vireo/peer-h3"
-timeout = 30
-[events]
-vif_plugging_timeout = 100
-"#,
-        )
-        .unwrap();
-        assert_eq!(cfg.peers.len(), 2);
-        assert_eq!(
-            cfg.peers[0].migration_uri.as_deref(),
-            Some("qemu+tcp://h2/system")
-        );
-        assert_eq!(cfg.peers[1].migration_uri, None);
-        // 2 × vif_plugging_timeout + 300; an explicit timeout wins.
-        assert_eq!(cfg.peer_timeout(&cfg.peers[0]), Duration::from_secs(500));
-        assert_eq!(cfg.peer_timeout(&cfg.peers[1]), Duration::from_secs(30));
-        assert_eq!(cfg.peer_serve_timeout(), Duration::from_secs(560));
-        assert_eq!(cfg.forward_timeout(), Duration::from_millis(2000));
-        assert!(cfg.peering.forward_events);
-
+    fn half_timeout_defaults_from_the_event_timeout() {
         let d = parse("").unwrap();
-        assert!(d.peers.is_empty());
-        assert_eq!(d.peering, PeeringSection::default());
-        assert_eq!(d.peer_serve_timeout(), Duration::from_secs(960));
-        let p = parse(
-            "[peering]\nforward_events = false\nforward_timeout_ms = 500\nserve_timeout = 60\n",
-        )
-        .unwrap();
-        assert!(!p.peering.forward_events);
-        assert_eq!(p.forward_timeout(), Duration::from_millis(500));
-        assert_eq!(p.peer_serve_timeout(), Duration::from_secs(60));
+        assert_eq!(d.half_timeout(), Duration::from_secs(960));
+        let e = parse("[events]\nvif_plugging_timeout = 100\n").unwrap();
+        assert_eq!(e.half_timeout(), Duration::from_secs(560));
+        assert_eq!(
+            parse("half_timeout = 60\n").unwrap().half_timeout(),
+            Duration::from_secs(60)
+        );
+        assert_eq!(key_of("half_timeout = 0\n"), "half_timeout");
+        assert_eq!(key_of("half_timeout = 200001\n"), "half_timeout");
     }
 
     #[test]
-    fn bad_peers_name_the_key() {
-        let peer = |extra: &str| {
-            format!(
-                "host = \"h1\"\n[[peers]]\nname = \"h2\"\nurl = \"http://h2:8774\"\ntoken_file = \"/t\"\n{extra}"
-            )
-        };
-        assert_eq!(key_of(&peer("nme = 1\n")), "peers.nme");
-        assert_eq!(key_of(&peer("timeout = \"long\"\n")), "peers.timeout");
-        assert_eq!(key_of(&peer("timeout = 0\n")), "peers.timeout");
-        assert_eq!(
-            key_of(&peer("migration_uri = \"nope\"\n")),
-            "peers.migration_uri"
-        );
-        assert_eq!(
-            key_of("[[peers]]\nname = \"h2\"\ntoken_file = \"/t\"\n"),
-            "peers",
-            "url is required"
-        );
-        assert_eq!(
-            key_of("[[peers]]\nname = \"h2\"\nurl = \"ftp://h2\"\ntoken_file = \"/t\"\n"),
-            "peers.url"
-        );
-        assert_eq!(
-            key_of("[[peers]]\nname = \"h2\"\nurl = \"http://h2\"\ntoken_file = \"t\"\n"),
-            "peers.token_file"
-        );
-        assert_eq!(
-            key_of("host = \"h1\"\n[[peers]]\nname = \"h1\"\nurl = \"http://h\"\ntoken_file = \"/t\"\n"),
-            "peers.name",
-            "this host"
-        );
-        let twice = format!("{}{}", peer(""), peer("").replace("host = \"h1\"\n", ""));
-        let e = parse(&twice).unwrap_err();
-        assert_eq!(e.key(), Some("peers.name"));
-        assert!(e.to_string().contains("twice"), "{e}");
-        assert_eq!(
-            key_of("[peering]\nforward_timeout_ms = 0\n"),
-            "peering.forward_timeout_ms"
-        );
-        assert_eq!(
-            key_of("[peering]\nserve_timeout = 0\n"),
-            "peering.serve_timeout"
-        );
-        assert_eq!(key_of("[peering]\nbogus = 1\n"), "peering.bogus");
+    fn retired_peer_sections_are_refused_naming_nova() {
+        for text in [
+            "[[peers]]\nname = \"h2\"\nurl = \"http://h2:8774\"\ntoken_file = \"/t\"\n",
+            "[peering]\nforward_events = false\n",
+            "[libvirt]\nmigration_uri = \"qemu+tcp://h1/system\"\n",
+            "[libvirt]\nlive_migration_handover_retry = 30\n",
+        ] {
+            let e = parse(text).unwrap_err();
+            let key = e.key().unwrap_or("<none>").to_owned();
+            let last = key.rsplit('.').next().unwrap_or_default();
+            assert!(text.contains(last), "{key}: {e}");
+            let msg = e.to_string();
+            assert!(
+                msg.contains("retired") && msg.contains("vireo.VireoDriver"),
+                "{msg}"
+            );
+        }
     }
 
     #[test]

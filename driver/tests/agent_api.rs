@@ -212,26 +212,38 @@ async fn actions_run_in_the_background_and_follow_the_lifecycle() {
     let (_, shown) = get(&c, &agent, &format!("/v1/instances/{uuid}")).await;
     assert_eq!(shown["flavor"], "m1.small", "confirmed resize");
 
-    // Live migration to a host this agent does not know: refused by the driver, the
-    // operation fails and the instance stays.
+    // A move to another host: an agent is one host, moves between hosts are Nova's. Refused
+    // at admission (400 `cross-host`, the message names Nova), nothing started, the instance
+    // stays as it was.
     let (s, _) = act(json!({"action": "live-migrate", "dest_host": HOST})).await;
     assert_eq!(s, 400, "to itself");
-    let (s, op) = act(json!({"action": "live-migrate", "dest_host": "nowhere"})).await;
-    assert_eq!(s, 202);
-    let done = wait_op(&c, &agent, op["operation"]["id"].as_str().unwrap(), WITHIN).await;
-    assert_eq!(done["state"], "failed");
-    assert_eq!(done["error"]["code"], "rolled-back", "{done}");
-    assert!(
-        done["error"]["message"]
-            .as_str()
-            .unwrap()
-            .ends_with("unknown host nowhere"),
-        "the cause chain: {done}"
-    );
+    for action in [
+        json!({"action": "live-migrate", "dest_host": "compute-2"}),
+        json!({"action": "resize", "flavor": {"name": "m1.large", "vcpus": 4, "memory_mb": 512},
+               "dest_host": "compute-2"}),
+    ] {
+        let (s, e) = act(action.clone()).await;
+        assert_eq!(
+            (s, e["error"]["code"].as_str()),
+            (400, Some("cross-host")),
+            "{action}: {e}"
+        );
+        let msg = e["error"]["message"].as_str().unwrap();
+        assert!(
+            msg.contains("compute-2") && msg.contains("Nova") && msg.contains("vireo.VireoDriver"),
+            "{msg}"
+        );
+    }
+    let m = agent.svc.metrics();
     assert_eq!(
-        agent.driver.show(uuid).await.unwrap().state,
-        InstanceState::Running
+        m.operations.get(&["live-migrate", "rejected"]),
+        2,
+        "with the one to itself"
     );
+    assert_eq!(m.operations.get(&["resize", "rejected"]), 1);
+    let shown = agent.driver.show(uuid).await.unwrap();
+    assert_eq!(shown.state, InstanceState::Running);
+    assert_eq!(shown.flavor.as_deref(), Some("m1.small"));
 
     // The operations list holds them all, newest first.
     let (_, ops) = get(&c, &agent, &format!("/v1/operations?instance={uuid}")).await;
@@ -241,8 +253,8 @@ async fn actions_run_in_the_background_and_follow_the_lifecycle() {
         .iter()
         .map(|o| o["kind"].as_str().unwrap())
         .collect();
-    assert_eq!(kinds.len(), 12);
-    assert_eq!(kinds.first(), Some(&"live-migrate"));
+    assert_eq!(kinds.len(), 11, "refused requests are not operations");
+    assert_eq!(kinds.first(), Some(&"confirm-resize"));
     assert_eq!(kinds.last(), Some(&"pause"));
     let (s, _) = get(&c, &agent, "/v1/operations?bogus=1").await;
     assert_eq!(s, 400);
@@ -1027,5 +1039,115 @@ async fn the_lifecycle_feed_reports_the_guests_power_changes() {
     }
     let (s, _) = get(&c, &agent, "/v1/lifecycle-events?after=x").await;
     assert_eq!(s, 400);
+    agent.stop().await.unwrap();
+}
+
+/// `POST /v1/instances/{uuid}/half`: one host's half of a move Nova orchestrates (the Nova
+/// driver's `host_half`). It takes the API token only, and only the six halves with exactly
+/// their arguments; what a half would build obeys a create's rules.
+#[actix_rt::test]
+async fn a_host_half_needs_the_api_token_and_takes_only_host_halves() {
+    let mut agent = TestAgent::start().await;
+    let c = http();
+    let anon = anonymous();
+    let unknown = Uuid::new_v4();
+    let path = agent.url(&format!("/v1/instances/{unknown}/half"));
+    let body = json!({"action": "confirm-resize-source"});
+    let post = |req: reqwest::RequestBuilder, body: Value| async move {
+        let r = req.json(&body).send().await.unwrap();
+        let s = r.status().as_u16();
+        (s, r.json::<Value>().await.unwrap_or(Value::Null))
+    };
+    assert_eq!(
+        post(anon.post(&path), body.clone()).await.0,
+        401,
+        "no token"
+    );
+    assert_eq!(
+        post(
+            anon.post(&path).header("X-Auth-Token", EVENTS_TOKEN),
+            body.clone()
+        )
+        .await
+        .0,
+        401,
+        "the events token is not an API token"
+    );
+    let (s, v) = post(c.post(&path), body.clone()).await;
+    assert_eq!(
+        (s, v["error"]["code"].as_str()),
+        (404, Some("not-found")),
+        "{v}"
+    );
+
+    // Only the six halves, with exactly their arguments.
+    for bad in [
+        json!({"action": "pause"}),
+        json!({"action": "confirm-resize"}),
+        json!({"action": "revert-resize"}),
+        json!({"action": "resize", "flavor": {"name": "m1", "vcpus": 1, "memory_mb": 128},
+               "dest_host": "compute-2"}),
+        json!({"action": "confirm-resize-source", "force": true}),
+        json!({"request": "confirm-resize-source"}),
+    ] {
+        let (s, v) = post(c.post(&path), bad.clone()).await;
+        assert_eq!(
+            (s, v["error"]["code"].as_str()),
+            (400, Some("bad-json")),
+            "{bad}: {v}"
+        );
+    }
+    let (s, v) = post(c.post(agent.url("/v1/instances/nope/half")), body.clone()).await;
+    assert_eq!(
+        (s, v["error"]["code"].as_str()),
+        (400, Some("invalid")),
+        "{v}"
+    );
+    // And the action endpoint takes no half.
+    let (s, v) = post(
+        c.post(agent.url(&format!("/v1/instances/{unknown}/action"))),
+        body,
+    )
+    .await;
+    assert_eq!(s, 400, "{v}");
+
+    // What a half would build obeys the same rules as a create: a kernel outside the image
+    // directories is refused and nothing is created.
+    let f = json!({"name": "m1", "vcpus": 1, "memory_mb": 128, "root_gb": 0});
+    let finish = json!({
+        "action": "finish-resize",
+        "migration": {"id": Uuid::new_v4(), "source_host": "compute-2", "dest_host": HOST},
+        "handover": {"name": "vm-x", "flavor": f, "old_flavor": f,
+                     "boot": {"type": "kernel", "kernel": "/etc/passwd"},
+                     "network_info": [], "power_on": true},
+    });
+    let (s, v) = post(c.post(&path), finish).await;
+    assert_eq!(
+        (s, v["error"]["code"].as_str()),
+        (400, Some("invalid-path")),
+        "{v}"
+    );
+    assert!(agent.driver.libvirt().list_all().await.unwrap().is_empty());
+    let m = agent.svc.metrics();
+    assert_eq!(m.host_halves.get(&["finish-resize", "refused"]), 1);
+    assert_eq!(m.host_halves.get(&["confirm-resize-source", "failed"]), 1);
+
+    // A half on an instance in the wrong state is refused by it, and changes nothing.
+    let running = Uuid::new_v4();
+    agent.spawn_direct(running).await;
+    let (s, v) = post(
+        c.post(agent.url(&format!("/v1/instances/{running}/half"))),
+        json!({"action": "confirm-resize-source"}),
+    )
+    .await;
+    assert_eq!(
+        (s, v["error"]["code"].as_str()),
+        (409, Some("illegal-state")),
+        "{v}"
+    );
+    assert_eq!(
+        agent.driver.show(running).await.unwrap().state,
+        InstanceState::Running
+    );
     agent.stop().await.unwrap();
 }

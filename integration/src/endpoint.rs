@@ -18,7 +18,6 @@ use async_trait::async_trait;
 use uuid::Uuid;
 use vireo::agent::auth::{Auth, Token};
 use vireo::agent::paths::PathPolicy;
-use vireo::agent::peer::{EventForwarder, PeerLink};
 use vireo::agent::server::serve;
 use vireo::agent::service::{AgentService, Settings};
 use vireo::compute::ComputeDriver;
@@ -280,22 +279,18 @@ impl ComputeDriver for Router {
     async fn shutdown(&self, _timeout: Duration) {}
 }
 
-/// Other hosts' agents the endpoint knows (`[[peers]]` of an agent): events it cannot place
-/// go to them, and they may call its peer endpoint with `api_secret`.
+/// The endpoint's agent API token.
 #[derive(Debug, Clone)]
 pub struct EndpointOptions {
-    /// The API token (also what peers send here).
+    /// The API token.
     pub api_secret: String,
-    /// The peers.
-    pub peers: Vec<PeerLink>,
 }
 
 impl EndpointOptions {
-    /// No peers, a random API token.
+    /// A random API token.
     pub fn alone() -> Self {
         EndpointOptions {
             api_secret: Uuid::new_v4().simple().to_string(),
-            peers: Vec::new(),
         }
     }
 }
@@ -357,8 +352,6 @@ impl EventsEndpoint {
             source,
         })?;
         let api = Token::from_secret(&opts.api_secret);
-        let forwarder = EventForwarder::new(&opts.peers, Duration::from_secs(2))
-            .map_err(|e| HarnessError::Setup(format!("event forwarder: {}", crate::chain(&e))))?;
         let settings = Settings {
             host: host.to_owned(),
             auth: Auth::new(
@@ -372,9 +365,7 @@ impl EventsEndpoint {
             finished_operations: 16,
             drain_timeout: Duration::from_secs(5),
             http_workers: 1,
-            peers: opts.peers,
-            forwarder,
-            peer_serve_timeout: Duration::from_secs(600),
+            half_timeout: Duration::from_secs(600),
         };
         let log = Arc::new(ArrivalLog::default());
         let router = Arc::new(Router {

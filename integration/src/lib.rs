@@ -8,8 +8,6 @@
 //! - [`env`]: the running set-up's facts (`/var/lib/vireo-integration/neutron.env`).
 //! - [`endpoint`]: the events endpoint on `127.0.0.1:8774` and the log of event arrivals.
 //! - [`host`]: one compute host of a test (driver, plugger, event actor, network service).
-//! - [`hostb`]: host B of `two-host.sh` as a `vireo agent` inside its namespaces, its leaks;
-//!   [`relay`]: how host B reaches host A's loopback services.
 //! - [`split`]: Neutron and the embedded service behind one `NetworkApi`.
 //! - [`neutron`]: raw Neutron calls, the test's ports, their clean-up guard.
 //! - [`leak`]: the end-of-scenario leak check.
@@ -23,10 +21,8 @@ pub mod env;
 pub mod firewall;
 pub mod guest;
 pub mod host;
-pub mod hostb;
 pub mod leak;
 pub mod neutron;
-pub mod relay;
 pub mod runner;
 pub mod scene;
 pub mod split;

@@ -181,6 +181,9 @@ impl InstanceActor {
                 request: kind,
             });
         }
+        if let Some(host) = self.unreachable_destination(request) {
+            return Some(AdmissionError::CrossHost { host });
+        }
         if let Operation::DetachInterface { port_id: port } = request {
             let attached = self
                 .record
@@ -191,6 +194,22 @@ impl InstanceActor {
             }
         }
         None
+    }
+
+    /// The destination of a move between hosts that this host's own flow would drive (no
+    /// caller runs the other host's half) and that is not in its directory of hosts: the
+    /// agent's directory holds only itself, so under the agent every such request is
+    /// refused (Nova runs each host's half itself: `caller_finishes`, `caller`).
+    fn unreachable_destination(&self, request: &Operation) -> Option<String> {
+        let dest = match request {
+            Operation::Resize(args) if !args.caller_finishes => args.dest_host.as_deref()?,
+            Operation::LiveMigrate(args) if args.caller.is_none() => args.dest_host.as_str(),
+            _ => return None,
+        };
+        if dest == self.deps.host || self.deps.peers.get(dest).is_ok() {
+            return None;
+        }
+        Some(dest.to_owned())
     }
 
     /// A live migration's hand-over this host completed already (the record names the

@@ -51,6 +51,17 @@ pub enum AdmissionError {
     /// the request reached it).
     #[error("instance actor unavailable")]
     Unavailable,
+    /// A resize or live migration to another host that this host cannot reach: a vireo
+    /// agent is one host, and moves between hosts are Nova's to orchestrate (each host's
+    /// half through its own agent).
+    #[error(
+        "{host} is another host and this one reaches no other: moves between hosts run under \
+         Nova (nova-compute with compute_driver = vireo.VireoDriver, see docs/NOVA.md)"
+    )]
+    CrossHost {
+        /// The destination asked for.
+        host: String,
+    },
 }
 
 impl AdmissionError {
@@ -62,6 +73,7 @@ impl AdmissionError {
             AdmissionError::NotFound(_) => "not-found",
             AdmissionError::NotAttached { .. } => "invalid",
             AdmissionError::Unavailable => "unavailable",
+            AdmissionError::CrossHost { .. } => "cross-host",
         }
     }
 }

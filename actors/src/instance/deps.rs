@@ -22,7 +22,11 @@ use super::record::DomainSettings;
 use super::types::{InstanceError, InstanceReply};
 
 /// Another compute host, as the flows that cross hosts (resize, revert, live migration) see
-/// it: in-process (the demo's second host, tests) or over the agent API.
+/// it when this process runs both: the demo's second host and the tests' (a `HostHandle`, or
+/// a test's stand-in). A vireo agent is one host and its directory holds only itself: moves
+/// between hosts are Nova's to orchestrate, each host's half asked of that host's agent
+/// (`caller_finishes`, `caller`), and a request that needs another host here is refused at
+/// admission ([`super::AdmissionError::CrossHost`]).
 #[async_trait]
 pub trait PeerHost: Send + Sync + fmt::Debug + 'static {
     /// The host name (as the network service knows it).

@@ -1,7 +1,7 @@
 //! The one operation type: what a caller asks an instance to do.
 //!
 //! [`Operation`] is the body of the agent's `POST /v1/instances/{uuid}/action` and of the
-//! peer API (`POST /v1/peer/instances/{uuid}`), the argument of
+//! host-half endpoint (`POST /v1/instances/{uuid}/half`), the argument of
 //! `ComputeDriver::submit`, and the message the instance actor admits and runs. It is read
 //! straight from JSON: `{"action": "<name>", ...arguments}`, kebab-case names, every
 //! argument checked by serde (an unknown action or an extra argument is refused). Variants

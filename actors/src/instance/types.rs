@@ -454,17 +454,6 @@ pub enum InstanceError {
     /// The other host of a migration is not known.
     #[error("unknown host {0}")]
     UnknownHost(String),
-    /// Another host's agent refused or failed a request sent to it over its API, or could
-    /// not be reached (`code` `unavailable`); `code` is the stable code it answered.
-    #[error("host {host} answered {code}: {message}")]
-    Remote {
-        /// The host.
-        host: String,
-        /// Its stable error code (`not-found`, `busy`, `rolled-back`, `unavailable`, ...).
-        code: String,
-        /// Its message (the whole cause chain, as it sent it).
-        message: String,
-    },
     /// The build failed; everything it created here was removed and its networking released.
     #[error("build failed and was cleaned up (reschedulable: {reschedule})")]
     BuildFailed {
@@ -632,8 +621,7 @@ impl From<InvalidOperation> for InstanceError {
 }
 
 impl InstanceError {
-    /// A stable, machine-readable code for APIs ([`InstanceError::Remote`]: the code the
-    /// other host answered).
+    /// A stable, machine-readable code for APIs.
     pub fn code(&self) -> &str {
         match self {
             InstanceError::Refused(e) => e.code(),
@@ -652,7 +640,6 @@ impl InstanceError {
             InstanceError::Record(_) => "record",
             InstanceError::Peer { .. } => "peer",
             InstanceError::UnknownHost(_) => "unknown-host",
-            InstanceError::Remote { code, .. } => code,
             InstanceError::BuildFailed { .. } => "build-failed",
             InstanceError::RolledBack { .. } => "rolled-back",
             InstanceError::RollbackFailed { .. } => "rollback-failed",

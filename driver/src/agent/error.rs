@@ -67,10 +67,9 @@ pub enum ApiError {
     /// The agent is shutting down.
     #[error("the agent is shutting down")]
     ShuttingDown,
-    /// A peer request did not finish within `[peering] serve_timeout` (it may still be
-    /// running here).
+    /// A host half did not finish within `half_timeout` (it may still be running here).
     #[error("the request did not finish within {secs} s; it may still be running")]
-    PeerTimeout {
+    HalfTimeout {
         /// The bound.
         secs: u64,
     },
@@ -115,7 +114,7 @@ impl ApiError {
             ApiError::IllegalState { .. } => "illegal-state",
             ApiError::Exists(_) => "exists",
             ApiError::ShuttingDown => "shutting-down",
-            ApiError::PeerTimeout { .. } => "timed-out",
+            ApiError::HalfTimeout { .. } => "timed-out",
             ApiError::Refused(e) => e.code(),
             ApiError::Driver(e) => e.code(),
             ApiError::Host(crate::compute::HostError::Libvirt(_)) => "libvirt",
@@ -146,26 +145,20 @@ fn status_for_admission(e: &AdmissionError) -> StatusCode {
     match e {
         AdmissionError::Busy { .. } | AdmissionError::IllegalState { .. } => StatusCode::CONFLICT,
         AdmissionError::NotFound(_) => StatusCode::NOT_FOUND,
-        AdmissionError::NotAttached { .. } => StatusCode::BAD_REQUEST,
+        AdmissionError::NotAttached { .. } | AdmissionError::CrossHost { .. } => {
+            StatusCode::BAD_REQUEST
+        }
         AdmissionError::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
     }
 }
 
-/// The HTTP status of a driver error, from its type. Only another host's answer
-/// ([`InstanceError::Remote`]) is known by its code alone, the stable code that host sent.
+/// The HTTP status of a driver error, from its type.
 pub fn status_for_driver(e: &InstanceError) -> StatusCode {
     match e {
         InstanceError::Refused(a) => status_for_admission(a),
         InstanceError::Invalid(_) => StatusCode::BAD_REQUEST,
         InstanceError::Cancelled | InstanceError::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
         InstanceError::QueuedDestroy { cause } => status_for_driver(cause),
-        InstanceError::Remote { code, .. } => match code.as_str() {
-            "busy" | "illegal-state" => StatusCode::CONFLICT,
-            "not-found" => StatusCode::NOT_FOUND,
-            "invalid" => StatusCode::BAD_REQUEST,
-            "unavailable" | "cancelled" => StatusCode::SERVICE_UNAVAILABLE,
-            _ => StatusCode::INTERNAL_SERVER_ERROR,
-        },
         InstanceError::Libvirt { .. }
         | InstanceError::DestinationXml { .. }
         | InstanceError::Plug { .. }
@@ -203,7 +196,7 @@ impl ResponseError for ApiError {
                 StatusCode::CONFLICT
             }
             ApiError::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
-            ApiError::PeerTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
+            ApiError::HalfTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
             ApiError::Refused(e) => status_for_admission(e),
             ApiError::Driver(e) => status_for_driver(e),
             // The hypervisor cannot be read (libvirtd down, reconnecting): unavailable.
@@ -346,6 +339,7 @@ mod tests {
             ),
             (AdmissionError::NotFound(u).into(), 404),
             (AdmissionError::Unavailable.into(), 503),
+            (AdmissionError::CrossHost { host: "h2".into() }.into(), 400),
             (
                 InvalidOperation::NoResize {
                     request: Request::RevertResize,
@@ -355,14 +349,6 @@ mod tests {
             ),
             (InstanceError::UnknownHost("h".into()), 500),
             (InstanceError::Unavailable, 503),
-            (
-                InstanceError::Remote {
-                    host: "h2".into(),
-                    code: "busy".into(),
-                    message: "operation resize in progress".into(),
-                },
-                409,
-            ),
         ];
         for (e, status) in cases {
             let code = e.code().to_owned();

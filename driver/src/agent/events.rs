@@ -28,7 +28,6 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Mutex;
 
 use serde::Deserialize;
-use serde_json::Value;
 use tracing::debug;
 use uuid::Uuid;
 use vireo_actors::external::{EventName, EventStatus, ExternalEvent};
@@ -36,7 +35,6 @@ use vireo_actors::external::{EventName, EventStatus, ExternalEvent};
 use super::error::ApiError;
 use super::microversion::ApiVersion;
 use super::model::{EventAnswer, EventsAnswer};
-use super::peer::best_code;
 
 /// Longest tag Nova accepts.
 pub const MAX_TAG_LEN: usize = 255;
@@ -125,8 +123,6 @@ pub struct Outcome {
     pub answer: EventsAnswer,
     /// The accepted events, in order, for the events actor.
     pub accepted: Vec<ExternalEvent>,
-    /// The events to forward to the peers, as received, with their index in `answer`.
-    pub forward: Vec<(usize, Value)>,
 }
 
 impl Outcome {
@@ -134,21 +130,10 @@ impl Outcome {
     pub fn status(&self) -> u16 {
         status_of(&self.answer)
     }
-
-    /// Take the peers' code for the forwarded event at `index` when it is better than the one
-    /// here ([`best_code`]); an accepted event is answered `completed`.
-    pub fn merge(&mut self, index: usize, code: u16) {
-        if let Some(e) = self.answer.events.get_mut(index) {
-            e.code = best_code(e.code, code);
-            if e.code == 200 {
-                e.status = "completed".to_owned();
-            }
-        }
-    }
 }
 
-/// Nova's status for a set of per-event answers: 200 when every event was accepted (by this
-/// host or a peer), 207 otherwise.
+/// Nova's status for a set of per-event answers: 200 when every event was accepted, 207
+/// otherwise.
 pub fn status_of(answer: &EventsAnswer) -> u16 {
     if answer.events.iter().all(|e| e.code == 200) {
         200
@@ -267,20 +252,11 @@ pub fn parse(body: &[u8], version: ApiVersion) -> Result<Parsed, ApiError> {
 }
 
 /// Decide each event's code from where its instance is (`placements` holds every instance of
-/// [`Parsed::instances`]; a missing one counts as unknown), and pick the events of the
-/// instances in `forward` for the peers.
-pub fn decide(
-    parsed: Parsed,
-    placements: &HashMap<Uuid, Placement>,
-    forward: &HashSet<Uuid>,
-) -> Outcome {
+/// [`Parsed::instances`]; a missing one counts as unknown).
+pub fn decide(parsed: Parsed, placements: &HashMap<Uuid, Placement>) -> Outcome {
     let mut answers = Vec::with_capacity(parsed.events.len());
     let mut accepted = Vec::with_capacity(parsed.events.len());
-    let mut forwarded = Vec::new();
-    for (i, (e, uuid, name, status)) in parsed.events.into_iter().enumerate() {
-        if forward.contains(&uuid) {
-            forwarded.push((i, as_received(&e)));
-        }
+    for (e, uuid, name, status) in parsed.events {
         let placement = placements.get(&uuid).copied().unwrap_or(Placement::Unknown);
         let code = match placement {
             Placement::Unknown => 404,
@@ -309,22 +285,7 @@ pub fn decide(
     Outcome {
         answer: EventsAnswer { events: answers },
         accepted,
-        forward: forwarded,
     }
-}
-
-/// An event as it was received (absent keys stay absent).
-fn as_received(e: &RawEvent) -> Value {
-    let mut m = serde_json::Map::with_capacity(4);
-    m.insert("name".into(), Value::String(e.name.clone()));
-    m.insert("server_uuid".into(), Value::String(e.server_uuid.clone()));
-    if let Some(t) = &e.tag {
-        m.insert("tag".into(), Value::String(t.clone()));
-    }
-    if let Some(s) = &e.status {
-        m.insert("status".into(), Value::String(s.clone()));
-    }
-    Value::Object(m)
 }
 
 #[cfg(test)]
@@ -345,7 +306,7 @@ mod tests {
     }
 
     fn run(v: serde_json::Value) -> Result<Outcome, ApiError> {
-        parse(v.to_string().as_bytes(), MAX).map(|p| decide(p, &placements(), &HashSet::new()))
+        parse(v.to_string().as_bytes(), MAX).map(|p| decide(p, &placements()))
     }
 
     #[test]
@@ -458,7 +419,7 @@ mod tests {
             .map(|_| json!({"name": "network-changed", "server_uuid": A}))
             .collect();
         let p = parse(json!({"events": many}).to_string().as_bytes(), MIN).unwrap();
-        let o = decide(p, &placements(), &HashSet::new());
+        let o = decide(p, &placements());
         assert_eq!((o.status(), o.accepted.len()), (200, 5000));
     }
 
@@ -505,58 +466,6 @@ mod tests {
             parse(b"not json", MIN).unwrap_err(),
             ApiError::BadJson(_)
         ));
-    }
-
-    #[test]
-    fn forwarded_events_are_sent_as_received_and_merged_by_best_code() {
-        let unknown = Uuid::new_v4();
-        let body = json!({"events": [
-            {"name": "network-vif-plugged", "server_uuid": A, "tag": PORT},
-            {"name": "network-vif-plugged", "server_uuid": unknown.to_string(), "tag": PORT,
-             "status": "failed"},
-            {"name": "network-changed", "server_uuid": unknown.to_string()},
-            {"name": "network-changed", "server_uuid": B},
-        ]});
-        let p = parse(body.to_string().as_bytes(), MIN).unwrap();
-        let forward = HashSet::from([unknown, Uuid::parse_str(B).unwrap()]);
-        let mut o = decide(p, &placements(), &forward);
-        let idx: Vec<usize> = o.forward.iter().map(|(i, _)| *i).collect();
-        assert_eq!(idx, [1, 2, 3]);
-        assert_eq!(o.forward[0].1, body["events"][1], "as received");
-        assert_eq!(o.forward[1].1, body["events"][2], "absent keys stay absent");
-        assert_eq!(o.status(), 207);
-        // A peer accepted the second event, another answered 404 for the third; the fourth
-        // (422 here) was 404 on the peers.
-        o.merge(1, 200);
-        o.merge(2, 404);
-        o.merge(3, 404);
-        let codes: Vec<u16> = o.answer.events.iter().map(|e| e.code).collect();
-        assert_eq!(codes, [200, 200, 404, 422]);
-        assert_eq!(o.answer.events[1].status, "completed");
-        assert_eq!(o.answer.events[2].status, "failed");
-        assert_eq!(o.status(), 207);
-        assert_eq!(
-            o.accepted.len(),
-            1,
-            "only the local event goes to this host's actor"
-        );
-        o.merge(2, 200);
-        o.merge(3, 200);
-        assert_eq!(o.status(), 200);
-
-        // Nothing accepted here, one event accepted by a peer.
-        let p = parse(
-            json!({"events": [{"name": "network-changed", "server_uuid": unknown.to_string()}]})
-                .to_string()
-                .as_bytes(),
-            MIN,
-        )
-        .unwrap();
-        let mut o = decide(p, &placements(), &forward);
-        assert_eq!(o.status(), 207);
-        o.merge(0, 200);
-        assert_eq!(o.status(), 200);
-        assert!(o.accepted.is_empty());
     }
 
     #[test]

@@ -166,18 +166,11 @@ pub struct Metrics {
     pub event_waits: HistogramVec,
     /// `vireo_operations_in_flight`.
     pub ops_in_flight: AtomicI64,
-    /// `vireo_peer_requests_total{request,result}`: requests other hosts sent here, result
-    /// `succeeded`, `failed`, `timed-out` or `refused` (shutting down).
-    pub peer_requests: CounterVec,
-    /// `vireo_peer_requests_in_flight`.
-    pub peer_in_flight: AtomicI64,
-    /// `vireo_events_forwarded_total{result}`: external events forwarded to the peers, by
-    /// result: `accepted` (a peer accepted it), `refused` (the peers answered, none
-    /// accepted), `no-answer` (no peer answered in time).
-    pub events_forwarded: CounterVec,
-    /// `vireo_event_forward_failures_total{peer}`: forwarded POSTs a peer did not answer
-    /// usefully (timeout, connection refused, an error).
-    pub forward_failures: CounterVec,
+    /// `vireo_host_halves_total{request,result}`: hosts' halves of moves Nova asked for
+    /// here, result `succeeded`, `failed`, `timed-out` or `refused`.
+    pub host_halves: CounterVec,
+    /// `vireo_host_halves_in_flight`.
+    pub halves_in_flight: AtomicI64,
 }
 
 impl Default for Metrics {
@@ -272,25 +265,13 @@ impl Metrics {
                 &WAIT_BUCKETS,
             ),
             ops_in_flight: AtomicI64::new(0),
-            peer_requests: CounterVec::new(
+            host_halves: CounterVec::new(
                 &r,
-                "vireo_peer_requests_total",
-                "Requests other hosts' flows sent here, by request and result.",
+                "vireo_host_halves_total",
+                "Hosts' halves of moves between hosts run here, by request and result.",
                 &["request", "result"],
             ),
-            peer_in_flight: AtomicI64::new(0),
-            events_forwarded: CounterVec::new(
-                &r,
-                "vireo_events_forwarded_total",
-                "External events forwarded to the peers, by result (accepted, refused, no-answer).",
-                &["result"],
-            ),
-            forward_failures: CounterVec::new(
-                &r,
-                "vireo_event_forward_failures_total",
-                "Forwarded external-event POSTs a peer did not answer usefully.",
-                &["peer"],
-            ),
+            halves_in_flight: AtomicI64::new(0),
             registry: r,
         }
     }
@@ -321,9 +302,9 @@ impl Metrics {
         );
         gauge(
             &scrape,
-            "vireo_peer_requests_in_flight",
-            "Requests from other hosts running now.",
-            self.peer_in_flight.load(Ordering::Relaxed),
+            "vireo_host_halves_in_flight",
+            "Hosts' halves of moves running now.",
+            self.halves_in_flight.load(Ordering::Relaxed),
         );
         if let Some(n) = snap.instances {
             gauge(

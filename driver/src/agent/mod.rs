@@ -14,8 +14,6 @@
 //!   may name. [`metrics`]: the Prometheus registry. [`model`]: the wire format.
 //! - [`view`]: converts the driver's types to the wire format.
 //! - [`systemd`]: readiness and stop notifications, whether stderr is the journal.
-//! - [`peer`]: the other hosts' agents — [`peer::HttpPeer`] (a `PeerHost` over their
-//!   `POST /v1/peer/instances/{uuid}`) and the external-events forwarder.
 //!
 //! [`run`] is the binary's entry: load the config, check the token files, prepare the state
 //! directory, bind, start the actors and the driver, serve until SIGTERM/SIGINT.
@@ -29,7 +27,6 @@ pub mod microversion;
 pub mod model;
 pub mod ops;
 pub mod paths;
-pub mod peer;
 pub mod server;
 pub mod service;
 pub mod systemd;
@@ -47,13 +44,10 @@ use std::time::Duration;
 use tracing::{info, warn};
 use tracing_subscriber::EnvFilter;
 
-use vireo_actors::instance::Peers;
-
-use crate::compute::{ComputeDriver, DriverError, LibvirtDriver};
+use crate::compute::{ComputeDriver, DriverError};
 use crate::config::{AgentConfig, ConfigError, LogOutput};
 use auth::{Auth, Token, TokenError};
 use paths::PathPolicy;
-use peer::{EventForwarder, PeerLink};
 use service::Settings;
 
 /// Exit code: clean shutdown.
@@ -99,9 +93,6 @@ pub enum StartError {
         #[source]
         source: Box<DriverError>,
     },
-    /// A peer could not be set up.
-    #[error(transparent)]
-    Peer(#[from] peer::PeerError),
     /// The runtime could not be built.
     #[error("cannot start the runtime")]
     Runtime(#[source] io::Error),
@@ -152,25 +143,6 @@ impl Settings {
                 source,
             }
         })?;
-        let peers = cfg
-            .peers
-            .iter()
-            .map(|p| {
-                Ok(PeerLink {
-                    name: p.name.clone(),
-                    url: p.url.clone(),
-                    token: Token::load("peers.token_file", &p.token_file)?,
-                    migration_uri: p.migration_uri.clone(),
-                    timeout: cfg.peer_timeout(p),
-                })
-            })
-            .collect::<Result<Vec<_>, TokenError>>()?;
-        let forward_to: &[PeerLink] = if cfg.peering.forward_events {
-            &peers
-        } else {
-            &[]
-        };
-        let forwarder = EventForwarder::new(forward_to, cfg.forward_timeout())?;
         Ok(Settings {
             host: cfg.host_name(),
             auth: Auth::new(header, api, events, cfg.accept_noauth_events)
@@ -180,9 +152,7 @@ impl Settings {
             finished_operations: cfg.finished_operations,
             drain_timeout: cfg.drain_timeout(),
             http_workers: cfg.http_workers,
-            peers,
-            forwarder,
-            peer_serve_timeout: cfg.peer_serve_timeout(),
+            half_timeout: cfg.half_timeout(),
         })
     }
 }
@@ -229,36 +199,16 @@ pub fn prepare_default_libvirt(cfg: &AgentConfig) -> Result<(), StartError> {
         .map_err(|source| StartError::StateDir { path: node, source })
 }
 
-/// The directory of hosts the driver starts with: every configured peer as an
-/// [`peer::HttpPeer`] (the driver adds this host itself, in-process).
-pub fn peer_directory(settings: &Settings) -> Result<Arc<Peers>, StartError> {
-    Ok(peer::directory(&settings.peers)?)
-}
-
 /// Load the virt driver named in `[driver] name` with the configuration derived from the
 /// file (see [`AgentConfig::driver_config`]): it opens libvirt, starts its actors, the
-/// network service and the plugger, and recovers the instances libvirt has. The libvirt
-/// driver is built here (not through `compute::load_driver`) so that it starts with the
-/// configured peers in its directory — before recovery, which may call them.
-pub async fn load_driver(
-    cfg: &AgentConfig,
-    settings: &Settings,
-) -> Result<Arc<dyn ComputeDriver>, StartError> {
-    let driver_err = |source| StartError::Driver {
-        name: cfg.driver.name.clone(),
-        source: Box::new(source),
-    };
-    if cfg.driver.name == "libvirt" {
-        let driver = LibvirtDriver::builder(cfg.driver_config())
-            .peers(peer_directory(settings)?)
-            .build()
-            .await
-            .map_err(driver_err)?;
-        return Ok(Arc::new(driver));
-    }
+/// network service and the plugger, and recovers the instances libvirt has.
+pub async fn load_driver(cfg: &AgentConfig) -> Result<Arc<dyn ComputeDriver>, StartError> {
     let driver = crate::compute::load_driver(&cfg.driver.name, &cfg.driver_config())
         .await
-        .map_err(driver_err)?;
+        .map_err(|source| StartError::Driver {
+            name: cfg.driver.name.clone(),
+            source: Box::new(source),
+        })?;
     Ok(Arc::from(driver))
 }
 
@@ -384,9 +334,9 @@ fn run_inner(config_path: &Path) -> Result<(), StartError> {
     let system = actix_rt::System::new();
     system.block_on(async move {
         systemd::status("loading the driver and recovering this host's instances");
-        let driver = load_driver(&cfg, &settings).await?;
+        let driver = load_driver(&cfg).await?;
         info!(driver = driver.name(), host = %settings.host, uri = %cfg.libvirt_uri(),
-              network = %cfg.network.kind, peers = settings.peers.len(), "agent starting");
+              network = %cfg.network.kind, "agent starting");
         if cfg.instances.image_cache_interval > 0 {
             let every = Duration::from_secs(cfg.instances.image_cache_interval);
             actix_rt::spawn(evict_unused_images(driver.clone(), every));

@@ -385,14 +385,14 @@ pub struct EventsAnswer {
     pub events: Vec<EventAnswer>,
 }
 
-/// The answer to a peer request that succeeded: the state it left the instance in on the
-/// peer and what it did there.
+/// The answer to a host half that succeeded: the state it left the instance in here and what
+/// it did.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct PeerReply {
-    /// Lifecycle state on the peer.
+pub struct HalfReply {
+    /// Lifecycle state here.
     pub state: InstanceState,
-    /// The peer's report.
+    /// The report.
     pub report: Report,
 }
 

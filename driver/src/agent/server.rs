@@ -16,7 +16,7 @@
 //! | GET | `/v1/instances/{uuid}/handover` | 200 what another host needs to take it over |
 //! | GET | `/v1/operations` | 200 `{"operations": [...]}` (`?instance=UUID` filters) |
 //! | GET | `/v1/operations/{id}` | 200 operation (`?wait=S`: once it finished, or after S s, at most 30) |
-//! | POST | `/v1/peer/instances/{uuid}` | 200 `{"state", "report"}` (another host's flow; synchronous) |
+//! | POST | `/v1/instances/{uuid}/half` | 200 `{"state", "report"}` (one host's half of a move Nova orchestrates; synchronous) |
 
 use std::future::Future;
 use std::net::TcpListener;
@@ -44,7 +44,6 @@ use super::auth::Scope;
 use super::error::{ApiError, NovaFault};
 use super::microversion;
 use super::model::{Accepted, CreateInstance, InstanceList, OpStatus, OperationList};
-use super::peer::is_forwarded;
 use super::service::AgentService;
 
 /// Why the server could not run.
@@ -152,10 +151,7 @@ async fn external_events(
     let body = read_body(&req, payload, svc.settings().max_body_bytes)
         .await
         .map_err(fault)?;
-    let (status, answer) = svc
-        .external_events(&body, version, is_forwarded(req.headers()))
-        .await
-        .map_err(fault)?;
+    let (status, answer) = svc.external_events(&body, version).await.map_err(fault)?;
     let status = StatusCode::from_u16(status).unwrap_or(StatusCode::MULTI_STATUS);
     let mut resp = HttpResponse::build(status);
     for h in microversion::answer_headers(version) {
@@ -343,7 +339,7 @@ async fn show_operation(
     Ok(HttpResponse::Ok().json(op))
 }
 
-async fn peer_request(
+async fn host_half(
     req: HttpRequest,
     path: web::Path<String>,
     payload: web::Payload,
@@ -351,8 +347,8 @@ async fn peer_request(
 ) -> Result<HttpResponse, ApiError> {
     api(&req, &svc)?;
     let uuid = parse_uuid("instance", &path)?;
-    let body = for_caller(json_body(&req, payload, &svc).await?, Caller::Peer)?;
-    Ok(HttpResponse::Ok().json(svc.peer_request(uuid, body).await?))
+    let body = for_caller(json_body(&req, payload, &svc).await?, Caller::Orchestrator)?;
+    Ok(HttpResponse::Ok().json(svc.host_half(uuid, body).await?))
 }
 
 /// The request id header, as every OpenStack API names it: in an answer, this request's id
@@ -463,10 +459,10 @@ pub async fn serve(
                     .route("/instances/{uuid}", web::delete().to(delete_instance))
                     .route("/instances/{uuid}/action", web::post().to(instance_action))
                     .route("/instances/{uuid}/console", web::get().to(show_console))
+                    .route("/instances/{uuid}/half", web::post().to(host_half))
                     .route("/instances/{uuid}/handover", web::get().to(show_handover))
                     .route("/operations", web::get().to(list_operations))
-                    .route("/operations/{id}", web::get().to(show_operation))
-                    .route("/peer/instances/{uuid}", web::post().to(peer_request)),
+                    .route("/operations/{id}", web::get().to(show_operation)),
             )
             .default_service(web::to(no_route))
     })
@@ -506,13 +502,13 @@ pub async fn serve(
             warn!("in-flight requests did not finish in time");
         }
     };
-    if svc.peer_requests_in_flight() > 0 {
-        // A peer request is an operation of this host that another host's flow waits for
+    if svc.host_halves_in_flight() > 0 {
+        // A host half is an operation of this host that Nova's compute manager waits for
         // over HTTP, possibly waiting for network events itself: stop the driver while the
         // server drains, so that it rolls back now and its answer still goes out.
         info!(
-            peer_requests = svc.peer_requests_in_flight(),
-            "peer requests in flight: stopping the driver while they finish"
+            host_halves = svc.host_halves_in_flight(),
+            "host halves in flight: stopping the driver while they finish"
         );
         tokio::join!(drain, svc.shutdown(deadline));
     } else {

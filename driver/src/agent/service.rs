@@ -14,7 +14,7 @@
 //! stop); the agent waits for its operation tasks until the deadline; whatever still runs
 //! then is aborted and recorded as failed with code `shutdown`.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -24,7 +24,7 @@ use actix_web::http::header::HeaderMap;
 use futures::FutureExt;
 use serde_json::Value;
 use tokio::time::Instant;
-use tracing::{debug, info, info_span, warn, Instrument};
+use tracing::{info, info_span, warn, Instrument};
 use uuid::Uuid;
 use vireo_actors::instance::{
     AdmissionError, Admitted, BootSource, DestroyArgs, InstanceReply, NetworkRequest, Operation,
@@ -42,14 +42,12 @@ use super::error::ApiError;
 use super::events::{self, Departed, Placement};
 use super::metrics::{LibvirtStatus, Metrics, Snapshot};
 use super::microversion::ApiVersion;
-use super::model::PeerReply;
 use super::model::{
-    CreateInstance, ErrorDetail, EventsAnswer, Flavor, Health, Instance, OpKind, OpStatus,
-    PortRequest,
+    CreateInstance, ErrorDetail, EventsAnswer, Flavor, HalfReply, Health, Instance, OpKind,
+    OpStatus, PortRequest,
 };
 use super::ops::Operations;
 use super::paths::PathPolicy;
-use super::peer::{EventForwarder, ForwardAnswer, PeerLink};
 use super::view;
 use crate::compute::{ComputeDriver, ComputeOps};
 
@@ -70,13 +68,8 @@ pub struct Settings {
     pub drain_timeout: Duration,
     /// HTTP worker threads.
     pub http_workers: usize,
-    /// The configured peers (`[[peers]]`), tokens loaded.
-    pub peers: Vec<PeerLink>,
-    /// Forwards external events to the peers (empty without peers or with
-    /// `[peering] forward_events = false`).
-    pub forwarder: EventForwarder,
-    /// Bound on one peer request served here.
-    pub peer_serve_timeout: Duration,
+    /// Bound on one host half served here (`half_timeout`).
+    pub half_timeout: Duration,
 }
 
 /// Largest vCPU count accepted in a flavor.
@@ -185,7 +178,6 @@ pub struct AgentService {
     ops: Operations,
     metrics: Metrics,
     departed: Departed,
-    linked: Departed,
     highest_generation: AtomicU64,
     spawner: tokio::runtime::Handle,
     lifecycle: Arc<super::lifecycle::LifecycleFeed>,
@@ -217,7 +209,6 @@ impl AgentService {
             ops: Operations::new(settings.finished_operations),
             metrics: Metrics::new(),
             departed: Departed::new(DEPARTED_REMEMBERED),
-            linked: Departed::new(DEPARTED_REMEMBERED),
             highest_generation: AtomicU64::new(0),
             spawner: tokio::runtime::Handle::current(),
             lifecycle,
@@ -456,7 +447,7 @@ impl AgentService {
     }
 
     /// `POST /v1/instances/{uuid}/action`: an [`Operation`] as read from the body; only the
-    /// ones an API caller may ask for (not a peer's half of a migration).
+    /// ones an API caller may ask for (not one host's half of a move).
     pub async fn action(self: &Arc<Self>, uuid: Uuid, op: Operation) -> Result<OpStatus, ApiError> {
         let kind = OpKind::of(&op);
         if let Err(e) = self.check_action(&op) {
@@ -470,7 +461,8 @@ impl AgentService {
     fn check_action(&self, op: &Operation) -> Result<(), ApiError> {
         match op {
             op if op.kind().caller() != Caller::Api => Err(ApiError::Invalid(format!(
-                "action: {} is not an action (it is one host's request to another)",
+                "action: {} is not an action (it is one host's half of a move: POST \
+                 /v1/instances/{{uuid}}/half)",
                 op.kind()
             ))),
             Operation::PowerOff { timeout } if timeout.is_some_and(|t| t.as_secs() > 3_600) => {
@@ -584,7 +576,7 @@ impl AgentService {
             AdmissionError::NotAttached { port } => ApiError::Invalid(format!(
                 "port_id: port {port} is not attached to the instance"
             )),
-            AdmissionError::Unavailable => ApiError::Refused(e),
+            AdmissionError::Unavailable | AdmissionError::CrossHost { .. } => ApiError::Refused(e),
         }
     }
 
@@ -665,76 +657,68 @@ impl AgentService {
         all
     }
 
-    /// `POST /v1/peer/instances/{uuid}`: run a request of another host's flow here and wait
-    /// for it (at most `peer_serve_timeout`; the operation itself is not cut short then, only
-    /// the answer).
-    pub async fn peer_request(&self, uuid: Uuid, req: Operation) -> Result<PeerReply, ApiError> {
+    /// `POST /v1/instances/{uuid}/half`: run one host's half of a move that Nova's compute
+    /// manager orchestrates (finish a resize, clean up a confirmed one's source, finish a
+    /// revert, the destination's parts of a live migration) and wait for it (at most
+    /// `half_timeout`; the operation itself is not cut short then, only the answer).
+    pub async fn host_half(&self, uuid: Uuid, req: Operation) -> Result<HalfReply, ApiError> {
         let kind = req.kind();
         let label = kind.as_str();
         if self.ops.is_closed() {
-            self.metrics.peer_requests.inc(&[label, "refused"]);
+            self.metrics.host_halves.inc(&[label, "refused"]);
             return Err(ApiError::ShuttingDown);
         }
-        let req = match self.check_peer_request(req) {
+        let req = match self.check_host_half(req) {
             Ok(r) => r,
             Err(e) => {
-                self.metrics.peer_requests.inc(&[label, "refused"]);
+                self.metrics.host_halves.inc(&[label, "refused"]);
                 return Err(e);
             }
         };
-        // The live migration's destination: from now on its events may also be the
-        // source's (the rollback's profile updates), until the source finishes it here.
-        let ends_link = matches!(
-            req,
-            Operation::PostLiveMigrationAtDestination { .. }
-                | Operation::RollbackLiveMigrationAtDestination { .. }
-        );
-        if matches!(req, Operation::PreLiveMigration { .. }) {
-            self.linked.insert(uuid);
-        }
-        self.metrics.peer_in_flight.fetch_add(1, Ordering::Relaxed);
+        self.metrics
+            .halves_in_flight
+            .fetch_add(1, Ordering::Relaxed);
         let t0 = Instant::now();
-        info!(instance = %uuid, request = label, "peer request");
-        let bound = self.settings.peer_serve_timeout;
+        info!(instance = %uuid, request = label, "host half");
+        let bound = self.settings.half_timeout;
         let r = tokio::time::timeout(bound, self.driver.complete(uuid, req)).await;
-        self.metrics.peer_in_flight.fetch_sub(1, Ordering::Relaxed);
-        if ends_link {
-            self.linked.remove(&uuid);
-        }
+        self.metrics
+            .halves_in_flight
+            .fetch_sub(1, Ordering::Relaxed);
         let ms = t0.elapsed().as_millis() as u64;
         let (result, answer) = match r {
             Err(_) => (
                 "timed-out",
-                Err(ApiError::PeerTimeout {
+                Err(ApiError::HalfTimeout {
                     secs: bound.as_secs(),
                 }),
             ),
             Ok(Ok(InstanceReply::Done { state, report })) => (
                 "succeeded",
-                Ok(PeerReply {
+                Ok(HalfReply {
                     state,
                     report: view::report_wire(&report),
                 }),
             ),
             Ok(Err(e)) => ("failed", Err(ApiError::from(e))),
         };
-        self.metrics.peer_requests.inc(&[label, result]);
+        self.metrics.host_halves.inc(&[label, result]);
         match &answer {
-            Ok(_) => info!(instance = %uuid, request = label, ms, "peer request done"),
+            Ok(_) => info!(instance = %uuid, request = label, ms, "host half done"),
             Err(e) => warn!(instance = %uuid, request = label, ms, code = e.code(),
-                            error = %e, "peer request failed"),
+                            error = %e, "host half failed"),
         }
         answer
     }
 
-    /// The same rules as a create for what a peer request builds here: the domain name, the
+    /// The same rules as a create for what a host half builds here: the domain name, the
     /// flavors, and the boot source's paths, which must resolve inside this host's
     /// `image_dirs` (they are replaced by the resolved paths). A rollback builds nothing:
     /// only its name is checked, so that it can always clean up.
-    fn check_peer_request(&self, mut req: Operation) -> Result<Operation, ApiError> {
-        if req.kind().caller() != Caller::Peer {
+    fn check_host_half(&self, mut req: Operation) -> Result<Operation, ApiError> {
+        if req.kind().caller() != Caller::Orchestrator {
             return Err(ApiError::Invalid(format!(
-                "action: {} is not a peer request",
+                "action: {} is not one host's half of a move",
                 req.kind()
             )));
         }
@@ -775,23 +759,9 @@ impl AgentService {
         Ok(req)
     }
 
-    /// Peer requests being served now.
-    pub fn peer_requests_in_flight(&self) -> i64 {
-        self.metrics.peer_in_flight.load(Ordering::Relaxed)
-    }
-
-    /// An instance here whose flow has its other half on a peer right now: an API operation
-    /// of a cross-host kind runs on it, or a peer prepared it as a live migration's
-    /// destination. Its events are delivered here and forwarded too, since either host may
-    /// be the one waiting and Neutron posts to one endpoint.
-    fn spans_hosts(&self, uuid: Uuid) -> bool {
-        let op = self.ops.running_for(uuid).map(|o| o.kind);
-        matches!(
-            op,
-            Some(OpKind::Action(
-                Request::Resize | Request::RevertResize | Request::LiveMigrate
-            ))
-        ) || self.linked.contains(&uuid)
+    /// Host halves being served now.
+    pub fn host_halves_in_flight(&self) -> i64 {
+        self.metrics.halves_in_flight.load(Ordering::Relaxed)
     }
 
     async fn placement(&self, uuid: Uuid) -> Placement {
@@ -805,40 +775,26 @@ impl AgentService {
     }
 
     /// `POST /os-server-external-events`: validate, ask the driver once per distinct
-    /// instance whether it is here, answer per event, hand the accepted ones to the driver
-    /// as one batch, and — unless the POST was itself `forwarded` — forward the events of the
-    /// instances not here (and of those whose flow spans hosts now) to every peer, taking
-    /// the best code any host answered. `version` is the request's microversion (it decides
-    /// which event names are valid, and the peers are asked at it). Returns the HTTP status
-    /// (200 or 207) and the body.
+    /// instance whether it is here, answer per event and hand the accepted ones to the
+    /// driver as one batch. `version` is the request's microversion (it decides which event
+    /// names are valid). Returns the HTTP status (200 or 207) and the body. An event for an
+    /// instance not here is answered 404 (422 when it left through this agent): Nova casts
+    /// each event to its instance's host only, and its driver hands it to that host's
+    /// agent.
     pub async fn external_events(
         &self,
         body: &[u8],
         version: ApiVersion,
-        forwarded: bool,
     ) -> Result<(u16, EventsAnswer), ApiError> {
         let parsed = events::parse(body, version)?;
         let ids = parsed.instances();
         let found = futures::future::join_all(ids.iter().map(|u| self.placement(*u))).await;
-        let forwarding = !forwarded && !self.settings.forwarder.is_empty();
-        let forward: HashSet<Uuid> = if forwarding {
-            ids.iter()
-                .zip(&found)
-                .filter(|(u, p)| **p != Placement::OnHost || self.spans_hosts(**u))
-                .map(|(u, _)| *u)
-                .collect()
-        } else {
-            HashSet::new()
-        };
         let placements: HashMap<Uuid, Placement> = ids.into_iter().zip(found).collect();
-        let mut outcome = events::decide(parsed, &placements, &forward);
+        let mut outcome = events::decide(parsed, &placements);
         let accepted = std::mem::take(&mut outcome.accepted);
         if !accepted.is_empty() {
             self.driver.external_events(accepted);
             self.metrics.event_batches.inc(&[]);
-        }
-        if !outcome.forward.is_empty() {
-            self.forward(&mut outcome, version).await;
         }
         let mut counts = [0u64; 4];
         for e in &outcome.answer.events {
@@ -857,52 +813,6 @@ impl AgentService {
             "external events"
         );
         Ok((status, outcome.answer))
-    }
-
-    /// Forward `outcome.forward` to every peer and merge their codes in.
-    async fn forward(&self, outcome: &mut events::Outcome, version: ApiVersion) {
-        let events: Vec<Value> = outcome.forward.iter().map(|(_, e)| e.clone()).collect();
-        let indices: Vec<usize> = outcome.forward.iter().map(|(i, _)| *i).collect();
-        let answers = self.settings.forwarder.forward(&events, version).await;
-        let mut answered = false;
-        for (peer, answer) in &answers {
-            match answer {
-                ForwardAnswer::Codes(codes) => {
-                    answered = true;
-                    for (index, code) in indices.iter().zip(codes) {
-                        outcome.merge(*index, *code);
-                    }
-                }
-                ForwardAnswer::Failed(_) => self.metrics.forward_failures.inc(&[peer]),
-            }
-        }
-        let mut by_result = [0u64; 3];
-        for pos in 0..indices.len() {
-            let accepted_by_peer = answers
-                .iter()
-                .any(|(_, a)| matches!(a, ForwardAnswer::Codes(c) if c.get(pos) == Some(&200)));
-            let slot = if accepted_by_peer {
-                0
-            } else if answered {
-                1
-            } else {
-                2
-            };
-            by_result[slot] += 1;
-        }
-        for (slot, n) in by_result.iter().enumerate() {
-            if *n > 0 {
-                self.metrics
-                    .events_forwarded
-                    .add(&[["accepted", "refused", "no-answer"][slot]], *n);
-            }
-        }
-        debug!(
-            events = events.len(),
-            peers = answers.len(),
-            answered,
-            "events forwarded"
-        );
     }
 
     /// `GET /metrics`.

@@ -161,7 +161,7 @@ class AgentClient(object):
         """Run one host's half of a move that Nova orchestrates (``finish-resize``,
         ``confirm-resize-source``, ``finish-revert-resize``): synchronous, answered with
         ``{"state", "report"}`` once it ended, within the operation timeout."""
-        return self.request('POST', '/v1/peer/instances/%s' % uuid, body,
+        return self.request('POST', '/v1/instances/%s/half' % uuid, body,
                             timeout=self._operation_timeout)
 
     def _run(self, method, path, body=None, params=None):
