@@ -794,6 +794,76 @@ EOF
   esac
 }
 
+# Nova's libvirt driver copies the disks of a cold migration or resize over SSH (and probes the
+# destination's instances path with it). For the side-by-side only: while host B's nova-compute
+# runs that driver, host B runs an sshd on its own address, inside its namespaces (so it sees
+# host B's instances path), that takes host A's root with a key of the tier's and nothing else
+# (no password, no other user); root's ssh client uses that key, and knows host B's key, for
+# host B's address only. vireo needs none of it: its destination copies the disks over the
+# libvirt connection the hosts already trust.
+SSH_DIR=$HB_DIR/ssh
+SSH_CLIENT_CONF=/etc/ssh/ssh_config.d/vireo-integration-hostb.conf
+
+ssh_b_answers() { ssh -o ConnectTimeout=2 "$ADDR_B" true 2>/dev/null; }
+
+ssh_up() {
+  if [[ ! -x /usr/sbin/sshd ]]; then
+    log "installing openssh-server (for Nova's libvirt driver only; its own service is not started)"
+    local added_policy=0
+    if [[ ! -e /usr/sbin/policy-rc.d ]]; then
+      printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d
+      chmod 755 /usr/sbin/policy-rc.d
+      added_policy=1
+    fi
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends openssh-server >&2
+    if ((added_policy)); then rm -f /usr/sbin/policy-rc.d; fi
+  fi
+  mkdir -p "$SSH_DIR"
+  chmod 700 "$SSH_DIR"
+  [[ -s $SSH_DIR/id_ed25519 ]] || ssh-keygen -q -t ed25519 -N '' -C vireo-integration -f "$SSH_DIR/id_ed25519"
+  [[ -s $SSH_DIR/host_ed25519 ]] || ssh-keygen -q -t ed25519 -N '' -C host-b -f "$SSH_DIR/host_ed25519"
+  install -m 600 "$SSH_DIR/id_ed25519.pub" "$SSH_DIR/authorized_keys"
+  printf '%s %s\n' "$ADDR_B" "$(cut -d' ' -f1,2 "$SSH_DIR/host_ed25519.pub")" >"$SSH_DIR/known_hosts"
+  cat >"$SSH_DIR/sshd_config" <<EOF
+# Host B's sshd for Nova's libvirt driver (two-host.sh nova-compute-driver libvirt).
+ListenAddress $ADDR_B
+HostKey $SSH_DIR/host_ed25519
+AuthorizedKeysFile $SSH_DIR/authorized_keys
+AllowUsers root
+PermitRootLogin prohibit-password
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+UsePAM no
+PidFile none
+# scp speaks SFTP since OpenSSH 9.0.
+Subsystem sftp internal-sftp
+EOF
+  cat >"$SSH_CLIENT_CONF" <<EOF
+# two-host.sh: host A's root reaches host B's sshd (Nova's libvirt driver only).
+Host $ADDR_B
+  IdentityFile $SSH_DIR/id_ed25519
+  IdentitiesOnly yes
+  UserKnownHostsFile $SSH_DIR/known_hosts
+  StrictHostKeyChecking yes
+  BatchMode yes
+EOF
+  # Started again on the configuration just written.
+  stop_pid sshd 10 alive_b
+  in_b mkdir -p /run/sshd
+  setsid nsenter --mount="$NS_DIR/mnt" --uts="$NS_DIR/uts" --net="/run/netns/$NETNS" -- \
+    "$SELF" __in-b /usr/sbin/sshd -D -e -f "$SSH_DIR/sshd_config" >>"$LOG/sshd.log" 2>&1 </dev/null &
+  echo $! >"$RUN/sshd.pid"
+  wait_for 20 "host B's sshd" ssh_b_answers || {
+    tail -20 "$LOG/sshd.log" >&2 || true
+    die "host B's sshd does not take host A's key"
+  }
+}
+
+ssh_down() {
+  stop_pid sshd 10 alive_b
+  rm -f "$SSH_CLIENT_CONF"
+}
+
 # Host B's nova-compute restarted on another driver (nova-up starts it on vireo's again).
 cmd_nova_compute_driver() {
   local driver=$1 since
@@ -802,12 +872,14 @@ cmd_nova_compute_driver() {
     "$PY" -c 'import libvirt' 2>/dev/null || die "Nova's libvirt driver needs python3-libvirt"
     mkdir -p "$NOVA_INSTANCES_PATH" "$NOVA_B/instances"
     in_b mountpoint -q "$NOVA_INSTANCES_PATH" || in_b mount --bind "$NOVA_B/instances" "$NOVA_INSTANCES_PATH"
+    ssh_up
   fi
   write_nova_b_driver_config "$driver"
   # Stopped first: the old process reports until it exits (host-setup.sh's reason).
   stop_pid nova-compute 30 alive_b
-  if [[ $driver == vireo ]] && in_b mountpoint -q "$NOVA_INSTANCES_PATH"; then
-    in_b umount "$NOVA_INSTANCES_PATH"
+  if [[ $driver == vireo ]]; then
+    ssh_down
+    if in_b mountpoint -q "$NOVA_INSTANCES_PATH"; then in_b umount "$NOVA_INSTANCES_PATH"; fi
   fi
   since=$(date -u +%FT%T)
   setsid nsenter --mount="$NS_DIR/mnt" --uts="$NS_DIR/uts" --net="/run/netns/$NETNS" -- \
@@ -832,6 +904,7 @@ cmd_nova_compute_driver() {
 cmd_nova_down() {
   stop_pid nova-compute 30 alive_b
   stop_pid vireo-agent 30 alive_b
+  ssh_down
   if ns_ready && in_b mountpoint -q "$INSTANCES_PATH"; then in_b umount "$INSTANCES_PATH"; fi
   if ns_ready && in_b mountpoint -q "$NOVA_INSTANCES_PATH"; then in_b umount "$NOVA_INSTANCES_PATH"; fi
   local f

@@ -18,11 +18,12 @@ if it runs, is disabled meanwhile so that every resize stays on host A. Leaves h
 nova-compute on vireo.
 
 With --moves, the moves between hosts instead: boot on host A, a live migration to host B and
-one back, delete, with both hosts' nova-computes on one driver per turn (`two-host.sh
-nova-up` first; `two-host.sh nova-compute-driver` switches host B's). The disks are copied by
-each migration (the hosts share no instances directory). No cold migration or resize between
-hosts: Nova's libvirt driver copies their disks over SSH, which the tier has no trust for; a
-live migration needs none. Leaves both on vireo.
+one back, a resize to host B reverted, a cold migration to host B confirmed, delete, with both
+hosts' nova-computes on one driver per turn (`two-host.sh nova-up` first; `two-host.sh
+nova-compute-driver` switches host B's). The disks are copied by each move (the hosts share no
+instances directory): vireo's destination over the libvirt connection, Nova's libvirt driver
+over SSH (for its turn `two-host.sh nova-compute-driver libvirt` runs an sshd in host B that
+takes host A's root with a key of the tier's). Leaves both on vireo.
 """
 
 import argparse
@@ -65,6 +66,12 @@ class Server(object):
 
     def show(self):
         return self.cloud.nova('GET', '/servers/%s' % self.id)['server']
+
+    def on(self, host):
+        """Raise unless the server is on `host` now."""
+        there = self.show()['OS-EXT-SRV-ATTR:host']
+        if there != host.name:
+            raise OperationFailed('on %s, not %s' % (there, host.name))
 
     def wait(self, status):
         deadline = time.monotonic() + OP_DEADLINE
@@ -143,22 +150,49 @@ def operations(cloud, image, flavors):
 def moves(cloud, image, flavors):
     """The moves between hosts: (name, run(state)) as `operations`."""
     boot = operations(cloud, image, flavors)[0]
+    larger = flavors[1]
 
     def live_migrate(host):
         def run(state):
             server = state['server']
             cloud.nova('POST', '/servers/%s/action' % server.id, {'os-migrateLive': {
                 'host': host.name, 'block_migration': 'auto'}}, version='2.30')
-            there = server.wait('ACTIVE')['OS-EXT-SRV-ATTR:host']
-            if there != host.name:
-                raise OperationFailed('on %s after the live migration to %s' % (
-                    there, host.name))
+            server.wait('ACTIVE')
+            server.on(host)
         return run
+
+    def resize_to_b(state):
+        # The scheduler sees host B only (host A's service disabled meanwhile: both drivers
+        # pay the same two calls).
+        server = state['server']
+        cloud.compute_service(cloud.host_a.name, enabled=False)
+        try:
+            server.act({'resize': {'flavorRef': larger}}, 'VERIFY_RESIZE')
+        finally:
+            cloud.compute_service(cloud.host_a.name, enabled=True)
+        server.on(cloud.host_b)
+
+    def then_on(body, status, host):
+        def run(state):
+            state['server'].act(body, status)
+            state['server'].on(host)
+        return run
+
+    def cold_migrate_to_b(state):
+        server = state['server']
+        cloud.nova('POST', '/servers/%s/action' % server.id,
+                   {'migrate': {'host': cloud.host_b.name}}, version='2.56')
+        server.wait('VERIFY_RESIZE')
+        server.on(cloud.host_b)
 
     return [
         boot,
         ('live migration A > B', live_migrate(cloud.host_b)),
         ('live migration B > A', live_migrate(cloud.host_a)),
+        ('resize A > B', resize_to_b),
+        ('revert resize (back on A)', then_on({'revertResize': None}, 'ACTIVE', cloud.host_a)),
+        ('cold migration A > B', cold_migrate_to_b),
+        ('confirm (on B)', then_on({'confirmResize': None}, 'ACTIVE', cloud.host_b)),
         ('delete', lambda state: state['server'].gone()),
     ]
 
@@ -255,7 +289,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument('--runs', type=int, default=5)
     parser.add_argument('--moves', action='store_true',
-                        help='live migrations between hosts A and B instead')
+                        help='moves between hosts A and B instead')
     parser.add_argument('--json', type=pathlib.Path)
     parser.add_argument('--markdown', type=pathlib.Path)
     args = parser.parse_args()
