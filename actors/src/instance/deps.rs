@@ -78,14 +78,6 @@ impl Peers {
             .and_then(|h| h.get(name).cloned())
             .ok_or_else(|| InstanceError::UnknownHost(name.to_owned()))
     }
-
-    /// Every host name.
-    pub fn names(&self) -> Vec<String> {
-        self.hosts
-            .read()
-            .map(|h| h.keys().cloned().collect())
-            .unwrap_or_default()
-    }
 }
 
 /// Host-wide settings of the instance actors.

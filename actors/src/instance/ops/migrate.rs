@@ -462,8 +462,9 @@ async fn end_journal(op: &mut OpCtx) {
 }
 
 /// The destination takes over the guest that runs there now (its post-live-migration).
-/// Nothing can roll back any more, so a destination whose agent cannot be reached — it is
-/// restarting; its recovery adopts the arrived guest — is asked again every
+/// Nothing can roll back any more, so a destination that cannot answer — its host is
+/// restarting (hosts of one process; under Nova its compute manager asks the destination
+/// itself); its recovery adopts the arrived guest — is asked again every
 /// [`HANDOVER_RETRY_EVERY`] for up to the policy's `handover_retry`; one not known yet (hosts
 /// served by one process start one after the other) is waited for up to `peer_wait`.
 async fn hand_over(
@@ -502,7 +503,7 @@ async fn hand_over(
 /// How often an unreachable destination is asked again to take a guest over.
 const HANDOVER_RETRY_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
-/// The other host's agent could not be reached, or was stopping (not: it refused or failed).
+/// The other host could not answer: it was stopping or is gone (not: it refused or failed).
 fn unreachable(e: &InstanceError) -> bool {
     match e {
         InstanceError::Peer { source, .. } => unreachable(source),
