@@ -178,8 +178,7 @@ impl AgentClient {
         query: Option<(&str, String)>,
         body: Option<Vec<u8>>,
     ) -> Result<(StatusCode, actix_web::web::Bytes), ClientError> {
-        self.send_with(method, path, query, body, Extra::default())
-            .await
+        self.send_with(method, path, query, body, None).await
     }
 
     async fn send_with(
@@ -188,7 +187,7 @@ impl AgentClient {
         path: &str,
         query: Option<(&str, String)>,
         body: Option<Vec<u8>>,
-        extra: Extra,
+        timeout: Option<Duration>,
     ) -> Result<(StatusCode, actix_web::web::Bytes), ClientError> {
         let mut req = self
             .http
@@ -197,7 +196,8 @@ impl AgentClient {
         if let Some(q) = query {
             req = req.query(&[q]);
         }
-        if let Some(t) = extra.timeout {
+        // Overrides the client's 60 s bound.
+        if let Some(t) = timeout {
             req = req.timeout(t);
         }
         if let Some(b) = body {
@@ -347,11 +347,8 @@ impl AgentClient {
     ) -> Result<HalfReply, ClientError> {
         let path = format!("/v1/instances/{uuid}/half");
         let body = serde_json::to_vec(request).unwrap_or_default();
-        let extra = Extra {
-            timeout: Some(timeout),
-        };
         let (status, bytes) = self
-            .send_with(Method::POST, &path, None, Some(body), extra)
+            .send_with(Method::POST, &path, None, Some(body), Some(timeout))
             .await?;
         decode(&Method::POST, &path, status, &bytes)
     }
@@ -376,13 +373,6 @@ impl AgentClient {
             tokio::time::sleep(every).await;
         }
     }
-}
-
-/// Per-request options.
-#[derive(Debug, Default, Clone, Copy)]
-struct Extra {
-    /// Overrides the client's 60 s bound.
-    timeout: Option<Duration>,
 }
 
 /// A Nova fault body's name and message.

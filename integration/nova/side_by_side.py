@@ -86,8 +86,8 @@ class Server(object):
                     server['status'], status, OP_DEADLINE))
             time.sleep(POLL)
 
-    def act(self, body, status):
-        self.cloud.nova('POST', '/servers/%s/action' % self.id, body)
+    def act(self, body, status, version='2.53'):
+        self.cloud.nova('POST', '/servers/%s/action' % self.id, body, version=version)
         self.wait(status)
 
     def gone(self):
@@ -152,15 +152,6 @@ def moves(cloud, image, flavors):
     boot = operations(cloud, image, flavors)[0]
     larger = flavors[1]
 
-    def live_migrate(host):
-        def run(state):
-            server = state['server']
-            cloud.nova('POST', '/servers/%s/action' % server.id, {'os-migrateLive': {
-                'host': host.name, 'block_migration': 'auto'}}, version='2.30')
-            server.wait('ACTIVE')
-            server.on(host)
-        return run
-
     def resize_to_b(state):
         # The scheduler sees host B only (host A's service disabled meanwhile: both drivers
         # pay the same two calls).
@@ -172,18 +163,16 @@ def moves(cloud, image, flavors):
             cloud.compute_service(cloud.host_a.name, enabled=True)
         server.on(cloud.host_b)
 
-    def then_on(body, status, host):
+    def then_on(body, status, host, version='2.53'):
+        """The action, its end state, and the host the server must be on then."""
         def run(state):
-            state['server'].act(body, status)
+            state['server'].act(body, status, version)
             state['server'].on(host)
         return run
 
-    def cold_migrate_to_b(state):
-        server = state['server']
-        cloud.nova('POST', '/servers/%s/action' % server.id,
-                   {'migrate': {'host': cloud.host_b.name}}, version='2.56')
-        server.wait('VERIFY_RESIZE')
-        server.on(cloud.host_b)
+    def live_migrate(host):
+        return then_on({'os-migrateLive': {'host': host.name, 'block_migration': 'auto'}},
+                       'ACTIVE', host, '2.30')
 
     return [
         boot,
@@ -191,7 +180,8 @@ def moves(cloud, image, flavors):
         ('live migration B > A', live_migrate(cloud.host_a)),
         ('resize A > B', resize_to_b),
         ('revert resize (back on A)', then_on({'revertResize': None}, 'ACTIVE', cloud.host_a)),
-        ('cold migration A > B', cold_migrate_to_b),
+        ('cold migration A > B', then_on({'migrate': {'host': cloud.host_b.name}},
+                                         'VERIFY_RESIZE', cloud.host_b, '2.56')),
         ('confirm (on B)', then_on({'confirmResize': None}, 'ACTIVE', cloud.host_b)),
         ('delete', lambda state: state['server'].gone()),
     ]
