@@ -455,20 +455,29 @@ def _live_migration_fails(cloud, host_b, name, sid, ports):
     host_a = cloud.host_a
     cloud.cli('--os-compute-api-version', '2.30', 'server', 'migrate', '--live-migration',
               '--host', host_b.name, '--wait', name, check=False)
-    deadline = time.monotonic() + 120
-    while True:
-        migrations = cloud.nova('GET', '/os-migrations?instance_uuid=%s' % sid,
-                                version='2.59')['migrations']
-        live = [m for m in migrations if m['migration_type'] == 'live-migration']
-        if live and live[0]['status'] in ('error', 'failed'):
-            break
-        assert time.monotonic() < deadline, live
-        time.sleep(1)
+    live = _live_migration_ended(cloud, sid)
+    assert live['status'] in ('error', 'failed'), live
     server = cloud.wait_status(name, 'ACTIVE')
     assert server['OS-EXT-SRV-ATTR:host'] == host_a.name, server
     held = host_a.agent_instance(sid)
     assert (held['state'], held['power_state']) == ('running', 'running'), held
-    return live[0]
+    return live
+
+
+def _live_migration_ended(cloud, sid, timeout=120):
+    """The server's latest live migration once it ended. Nova clears the server's task
+    before it writes the migration's end: `completed` after the destination's post
+    (ComputeManager._post_live_migration), `error`/`failed` at the very end of
+    _rollback_live_migration; a settled server's migration can still be `running`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        migrations = cloud.nova('GET', '/os-migrations?instance_uuid=%s' % sid,
+                                version='2.59')['migrations']
+        live = [m for m in migrations if m['migration_type'] == 'live-migration']
+        if live and live[0]['status'] in ('completed', 'error', 'failed', 'cancelled'):
+            return live[0]
+        assert time.monotonic() < deadline, live
+        time.sleep(0.5)
 
 
 def test_a_live_migration_whose_destination_cannot_take_the_port_is_rolled_back(
@@ -551,14 +560,16 @@ _STALL = ['INPUT', '-p', 'tcp', '--dport', '49152:49215', '-m', 'connbytes', '--
 
 
 def _settled(cloud, name, timeout=300):
-    """The server once Nova's task on it ended (no task state)."""
+    """The server once Nova's task on it ended: no task state, and not building (a build,
+    or a rescheduled one, taken by its host has no task until it claims the networking:
+    ComputeManager._do_build_and_run_instance clears it first)."""
     deadline = time.monotonic() + timeout
     while True:
         server = cloud.server(name)
-        if server.get('OS-EXT-STS:task_state') is None:
+        if server.get('OS-EXT-STS:task_state') is None and server['status'] != 'BUILD':
             return server
-        assert time.monotonic() < deadline, 'server %s still %s after %d s' % (
-            name, server.get('OS-EXT-STS:task_state'), timeout)
+        assert time.monotonic() < deadline, 'server %s still %s/%s after %d s' % (
+            name, server['status'], server.get('OS-EXT-STS:task_state'), timeout)
         time.sleep(1)
 
 
@@ -628,11 +639,9 @@ def test_an_agent_killed_during_a_live_migration(cloud, flavor, image, host_b, v
         there, away = (host_a, host_b) if kill.endswith('failed') else (host_b, host_a)
         assert server['status'] == 'ACTIVE', server.get('fault')
         assert server['OS-EXT-SRV-ATTR:host'] == there.name, server
-        migrations = cloud.nova('GET', '/os-migrations?instance_uuid=%s' % sid,
-                                version='2.59')['migrations']
-        live = [m for m in migrations if m['migration_type'] == 'live-migration']
-        assert live[0]['status'] in (('error', 'failed') if there is host_a
-                                     else ('completed',)), live[0]
+        live = _live_migration_ended(cloud, sid)
+        assert live['status'] in (('error', 'failed') if there is host_a
+                                  else ('completed',)), live
         held = there.agent_instance(sid)
         assert (held['state'], held['power_state']) == ('running', 'running'), held
         if killed is host_a:
