@@ -595,12 +595,15 @@ async fn bring_back(op: &mut OpCtx, record: InstanceRecord, moved_by_caller: boo
             let plug = op.expect(Timing::PlugTime, plug_events, pol).await?;
             op.phase("bind ports back");
             bind_ports_here(op, &record.network_info).await?;
-            op.phase("wait for bind-time events");
-            op.wait(bind).await?;
+            // The guest starts paused before either wait (as a boot does): the bind-time
+            // event, often already kept, and the plug-time ones overlap the domain's start;
+            // nothing runs in the guest before both came.
             op.phase("plug");
             op.plug_all(&record).await?;
             op.phase("start paused");
             op.start_paused().await?;
+            op.phase("wait for bind-time events");
+            op.wait(bind).await?;
             op.phase("wait for plug-time events");
             op.wait(plug).await?;
             if was_running {
