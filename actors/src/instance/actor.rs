@@ -705,7 +705,6 @@ impl Handler<RecoverInterrupted> for InstanceActor {
             .and_then(|r| r.resize.as_ref())
             .map(|r| r.role);
         let target = role == Some(ResizeRole::Target);
-        let source = role == Some(ResizeRole::Source);
         let direct = match &interrupted {
             Interrupted::Marked(marker) => match &marker.operation {
                 // A build that did not finish is rolled back: nothing stays, networking released.
@@ -721,10 +720,8 @@ impl Handler<RecoverInterrupted> for InstanceActor {
                 InFlight::FinishResize(_) | InFlight::RevertResize(_) if target => {
                     Some(Operation::RevertResize {})
                 }
-                // The source bringing a reverted instance back: do it again.
-                InFlight::FinishRevertResize(_) if source => {
-                    Some(Operation::FinishRevertResize { caller: None })
-                }
+                // The source bringing a reverted instance back is stopped and does it again
+                // (ops::recover: the interrupted attempt may have started the guest).
                 // A start that did not finish (a soft reboot's too, which shuts the guest
                 // down and starts it): start again, waiting for what the model predicts.
                 InFlight::PowerOn | InFlight::RebootHard | InFlight::RebootSoft => {

@@ -18,7 +18,7 @@ use crate::instance::types::{InstanceError, InvalidOperation};
 
 use super::interfaces::detach;
 use super::migrate::{recover_live_migration_for_caller, recover_live_migration_source};
-use super::resize::{stop_interrupted_revert, undo_finish_for_caller};
+use super::resize::{finish_revert_resize, stop_interrupted_revert, undo_finish_for_caller};
 
 use super::{boot_with_events, running_or_stopped, settle_state, with_rollback, Finished};
 
@@ -56,8 +56,21 @@ pub(crate) async fn recover(
             }
         }
         Some(InFlight::FinishRevertResize(step)) if step.by_caller => {
+            // Nova's driver asks for the finish again once the agent is back.
             if let Err(e) = stop_interrupted_revert(op).await {
                 failure = Some(e);
+            }
+        }
+        // vireo's own revert, interrupted on the source while it brought the guest back: the
+        // guest that attempt started (paused for its events, or resumed already) is stopped
+        // and the instance is brought back again from the top.
+        Some(InFlight::FinishRevertResize(_))
+            if from == InstanceState::ResizeSource
+                && record.resize.as_ref().map(|r| r.role) == Some(ResizeRole::Source) =>
+        {
+            match stop_interrupted_revert(op).await {
+                Ok(()) => return finish_revert_resize(op, record, None).await,
+                Err(e) => failure = Some(e),
             }
         }
         Some(InFlight::FinishResize(step)) if step.by_caller => {

@@ -325,14 +325,14 @@ pub(crate) async fn undo_finish_for_caller(
     removed.map_err(|e| e.to_string())
 }
 
-/// A revert Nova runs, interrupted on this host (the source) by an agent stop while it
-/// brought the guest back: the guest is stopped again (a domain started paused, or already
-/// resumed), its definition, devices and disks kept, so that the instance waits as the
-/// resize's source (see the recovery) and Nova's driver can ask for the revert's finish
-/// again once the agent is back.
+/// A revert interrupted on this host (the source) by an agent stop while it brought the
+/// guest back: the guest is stopped again (a domain started paused, or already resumed), its
+/// definition, devices and disks kept, so that the instance waits as the resize's source
+/// (see the recovery) for the revert's finish to run again: Nova's driver asks for it once
+/// the agent is back; vireo's own revert runs it from the recovery.
 pub(crate) async fn stop_interrupted_revert(op: &mut OpCtx) -> Result<(), String> {
     op.phase("recover: stop the interrupted revert");
-    info!(instance = %op.uuid, "stopping the guest of an interrupted finish-revert-resize: Nova's driver asks for it again");
+    info!(instance = %op.uuid, "stopping the guest of an interrupted finish-revert-resize: it runs again");
     op.destroy_domain().await.map_err(|e| e.to_string())
 }
 
