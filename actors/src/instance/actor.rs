@@ -720,15 +720,14 @@ impl Handler<RecoverInterrupted> for InstanceActor {
                 InFlight::FinishResize(_) | InFlight::RevertResize(_) if target => {
                     Some(Operation::RevertResize {})
                 }
-                // The source bringing a reverted instance back is stopped and does it again
-                // (ops::recover: the interrupted attempt may have started the guest).
                 // A start that did not finish (a soft reboot's too, which shuts the guest
                 // down and starts it): start again, waiting for what the model predicts.
                 InFlight::PowerOn | InFlight::RebootHard | InFlight::RebootSoft => {
                     Some(Operation::RebootHard {})
                 }
                 // Everything else (a live migration the guest never left for, a resize handed
-                // over or not, an interface half attached or detached): see ops::recover.
+                // over or not, a revert bringing the guest back on the source, an interface
+                // half attached or detached): see ops::recover.
                 InFlight::FinishResize(_)
                 | InFlight::RevertResize(_)
                 | InFlight::FinishRevertResize(_)
