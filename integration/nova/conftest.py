@@ -325,11 +325,18 @@ def host_b(cloud):
 
 
 @pytest.fixture(scope='session')
-def hybrid():
-    """Does Neutron's OVS agent run the iptables_hybrid firewall (`host-setup.sh
-    neutron-firewall`), so that ports are plugged through qbr/qvb/qvo? Never on ML2/OVN."""
-    return NOVA_NETWORK == 'ovs' and (
-        (STATE_DIR / 'firewall').read_text().strip() == 'iptables_hybrid')
+def hybrid(cloud):
+    """Do the hosts' Neutron OVS agents run the iptables_hybrid firewall, so that ports are
+    plugged through qbr/qvb/qvo? Never on ML2/OVN. Read from the agents' own reports, not
+    from the set-up's record: `host-setup.sh neutron-firewall` switches host A alone and host
+    B follows at `two-host.sh up`, so the two can differ; a scenario that expects one plug on
+    both hosts fails here, naming the cause, rather than in an assertion on vireo."""
+    hosts = [cloud.host_a] + ([cloud.host_b] if cloud.host_b is not None else [])
+    plugs = {host.name: cloud.hybrid_plug(host.name) for host in hosts}
+    if len(set(plugs.values())) != 1:
+        pytest.fail('the OVS agents disagree on hybrid plug %s: run integration/two-host.sh '
+                    'up after host-setup.sh neutron-firewall' % plugs)
+    return plugs[cloud.host_a.name]
 
 
 @pytest.fixture(scope='session')
