@@ -13,6 +13,8 @@
 #                                         after nova-up: host B's nova-compute on vireo.VireoDriver
 #                                         or on Nova's libvirt.LibvirtDriver (the side-by-side's
 #                                         moves between hosts, integration/nova/side_by_side.py)
+#   two-host.sh nova-instances own|shared after nova-up: host B's agent on its own instances
+#                                         directory (the default) or on host A's (a shared one)
 #   two-host.sh selftest [--events] [--no-boot] [--no-neutron] [--only PART,...]
 #                                         live migrations A -> B -> A (diskless, OVS, booted
 #                                         guest, Neutron port bindings), an offline move and
@@ -690,7 +692,9 @@ cmd_nova_up() {
   set_ovn_hostname_b
   mkdir -p "$INSTANCES_PATH" "$INSTANCES_B"
   chmod 0711 "$INSTANCES_B"
-  in_b mountpoint -q "$INSTANCES_PATH" || in_b mount --bind "$INSTANCES_B" "$INSTANCES_PATH"
+  if [[ $(instances_mode) == own ]]; then
+    in_b mountpoint -q "$INSTANCES_PATH" || in_b mount --bind "$INSTANCES_B" "$INSTANCES_PATH"
+  fi
   s=$(now)
   # A new binary or configuration restarts the agent (its own pid file and sum).
   local sum
@@ -862,6 +866,33 @@ EOF
 ssh_down() {
   stop_pid sshd 10 alive_b
   rm -f "$SSH_CLIENT_CONF"
+}
+
+# Whose instances directory host B's agent uses: `own` (its own, mounted at host A's path
+# inside B) or `shared` (host A's itself: nothing mounted over it), as nova-instances set.
+INSTANCES_MODE_FILE=$HB_DIR/instances-mode
+instances_mode() {
+  cat "$INSTANCES_MODE_FILE" 2>/dev/null || echo own
+}
+
+# Switch host B's agent between its own instances directory and host A's. Neither may hold
+# an instance: the disks would stay behind on the other side of the switch.
+cmd_nova_instances() {
+  local mode=$1 left
+  [[ $mode == own || $mode == shared ]] || die "usage: two-host.sh nova-instances own|shared"
+  ns_ready || die "host B is not up (run: $0 up)"
+  left=$(find "$INSTANCES_B" "$INSTANCES_PATH" -mindepth 1 -maxdepth 1 -type d 2>/dev/null |
+    grep -v '/_' || true)
+  [[ -z $left ]] || die "instance directories are left; remove the servers first: $left"
+  if [[ $mode == shared ]]; then
+    if in_b mountpoint -q "$INSTANCES_PATH"; then in_b umount "$INSTANCES_PATH"; fi
+    in_b mountpoint -q "$INSTANCES_PATH" && die "host B's own instances directory is still mounted"
+  else
+    mkdir -p "$INSTANCES_PATH" "$INSTANCES_B"
+    in_b mountpoint -q "$INSTANCES_PATH" || in_b mount --bind "$INSTANCES_B" "$INSTANCES_PATH"
+  fi
+  echo "$mode" >"$INSTANCES_MODE_FILE"
+  echo "host B's instances directory: $mode ($INSTANCES_PATH inside B)"
 }
 
 # Host B's nova-compute restarted on another driver (nova-up starts it on vireo's again).
@@ -1152,7 +1183,7 @@ cmd_status() {
 }
 
 usage() {
-  sed -n '2,14p' "$SELF" | sed 's/^# \{0,1\}//'
+  sed -n '2,21p' "$SELF" | sed 's/^# \{0,1\}//'
   exit "${1:-2}"
 }
 
@@ -1220,6 +1251,10 @@ up) cmd_up ;;
 down) cmd_down ;;
 nova-up) cmd_nova_up ;;
 nova-down) cmd_nova_down ;;
+nova-instances)
+  [[ $# -eq 1 ]] || die "usage: two-host.sh nova-instances own|shared"
+  cmd_nova_instances "$1"
+  ;;
 nova-compute-driver)
   [[ $# -eq 1 ]] || die "usage: two-host.sh nova-compute-driver vireo|libvirt"
   cmd_nova_compute_driver "$1"

@@ -66,6 +66,11 @@ done
 bash integration/host-setup.sh neutron-firewall iptables_hybrid
 /usr/bin/python3 -m pytest -q -p no:cacheprovider integration/nova -k plug_differently
 bash integration/two-host.sh up >/dev/null
+# Host B's agent on host A's instances directory: live migrations that copy no disk.
+section "nova tier on a shared instances directory"
+bash integration/two-host.sh nova-instances shared
+/usr/bin/python3 -m pytest -q -p no:cacheprovider integration/nova -k shared_instances
+bash integration/two-host.sh nova-instances own
 # The other networks under Nova: ML2/OVN in both of vireo's forms of a native OVS port, then
 # the Linux bridge agents. nova-network moves
 # every Nova service and host A's agent to that network (on lb, nova-compute runs as the Linux

@@ -32,6 +32,7 @@ use crate::network::neutron::{NeutronClient, NeutronConfig};
 use crate::network::nova_owned::{NovaOwnedPorts, PortsOwner};
 use crate::plug::{HostPlugger, PlugConfig};
 use crate::storage::{HostStorage, ImageId, StorageConfig};
+use vireo_actors::storage::{migration_probe, InstanceStorage, StorageError};
 
 /// The hypervisor layer of one compute host.
 ///
@@ -73,6 +74,18 @@ pub trait ComputeDriver: Send + Sync + std::fmt::Debug {
     /// What this host offers instances: hypervisor, CPUs, memory and the instances
     /// directory's filesystem (what a compute agent's resource tracker reports).
     async fn host_resources(&self) -> Result<HostResources, HostError>;
+
+    /// A caller's shared-directory check before a live migration (Nova's: the
+    /// destination's host writes a probe file, the source's looks for it, the destination's
+    /// removes it): write the probe `probe` names in this host's instances directory.
+    async fn write_probe(&self, probe: Uuid) -> Result<(), StorageError>;
+
+    /// Does this host's instances directory hold the probe `probe` names (the directory of
+    /// the host that wrote it)?
+    async fn sees_probe(&self, probe: Uuid) -> bool;
+
+    /// Remove the probe `probe` names (gone already is fine).
+    async fn remove_probe(&self, probe: Uuid);
 
     /// A subscription to the hypervisor's domain events (lifecycle changes, connection
     /// losses); None: this driver has none.
@@ -701,6 +714,18 @@ impl ComputeDriver for LibvirtDriver {
 
     async fn knows(&self, uuid: Uuid) -> bool {
         self.host.knows(uuid).await
+    }
+
+    async fn write_probe(&self, probe: Uuid) -> Result<(), StorageError> {
+        self.storage.write_probe(&migration_probe(probe)).await
+    }
+
+    async fn sees_probe(&self, probe: Uuid) -> bool {
+        self.storage.sees_probe(&migration_probe(probe)).await
+    }
+
+    async fn remove_probe(&self, probe: Uuid) {
+        self.storage.remove_probe(&migration_probe(probe)).await
     }
 
     async fn evict_unused_images(&self) -> Result<Vec<ImageId>, DriverError> {

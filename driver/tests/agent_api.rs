@@ -764,6 +764,56 @@ async fn the_host_is_described_as_libvirt_and_its_filesystem_see_it() {
 }
 
 #[actix_rt::test]
+async fn a_shared_directory_probe_is_written_seen_and_removed_in_the_instances_directory() {
+    let mut agent = TestAgent::start().await;
+    let c = http();
+    let probe = Uuid::new_v4();
+    let path = format!("/v1/storage/probes/{probe}");
+    let file = agent
+        .dir
+        .path()
+        .join(format!("state/instances/.vireo-probe-{probe}"));
+    let (status, seen) = get(&c, &agent, &path).await;
+    assert_eq!(
+        (status, seen["seen"].as_bool()),
+        (200, Some(false)),
+        "{seen}"
+    );
+    let r = c.put(agent.url(&path)).send().await.unwrap();
+    assert_eq!(r.status(), 201);
+    assert!(file.is_file(), "{}", file.display());
+    let (status, seen) = get(&c, &agent, &path).await;
+    assert_eq!(
+        (status, seen["seen"].as_bool()),
+        (200, Some(true)),
+        "{seen}"
+    );
+    // A second write of one probe is refused: the file was there already.
+    let r = c.put(agent.url(&path)).send().await.unwrap();
+    assert_eq!(r.status(), 500);
+    let e: Value = r.json().await.unwrap();
+    assert_eq!(e["error"]["code"], "storage", "{e}");
+    for _ in 0..2 {
+        let r = c.delete(agent.url(&path)).send().await.unwrap();
+        assert_eq!(r.status(), 204);
+        assert!(!file.exists());
+    }
+    let r = c
+        .put(agent.url("/v1/storage/probes/../../etc"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+    let r = c
+        .put(agent.url("/v1/storage/probes/not-a-uuid"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    agent.stop().await.unwrap();
+}
+
+#[actix_rt::test]
 async fn the_api_needs_the_token() {
     let mut agent = TestAgent::start().await;
     let anon = anonymous();

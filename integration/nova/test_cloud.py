@@ -384,7 +384,7 @@ def test_an_interface_is_attached_and_a_detach_the_guest_ignores_is_refused(
         cloud.neutron_port_delete(port['id'])
 
 
-def _moved_cleanly(cloud, server_id, host, others):
+def _moved_cleanly(cloud, server_id, host, others, disks=True):
     """The server runs on `host`: its ports bound there alone, ACTIVE, without
     `migrating_to`, and nothing of it on the `others`. After a rolled-back live migration
     Nova clears `migrating_to` and deletes the destination's bindings in the destination's
@@ -397,7 +397,7 @@ def _moved_cleanly(cloud, server_id, host, others):
         bindings = {p['id']: [(b['host'], b['status']) for b in cloud.neutron_bindings(p['id'])]
                     for p in ports}
         left = [found for other in others
-                for found in other.leaks(server_id, [p['id'] for p in ports])]
+                for found in other.leaks(server_id, [p['id'] for p in ports], disks=disks)]
         if not left and all(p['status'] == 'ACTIVE' and p['binding:host_id'] == host.name
                             and 'migrating_to' not in (p['binding:profile'] or {})
                             and bindings[p['id']] == [(host.name, 'ACTIVE')] for p in ports):
@@ -455,6 +455,54 @@ def _live_migrates_both_ways(cloud, flavor, image, host_b):
             _moved_cleanly(cloud, sid, there, [here])
     finally:
         cloud.cli('server', 'delete', '--wait', name, check=False)
+    _nothing_left_after_live_migration(cloud, sid, ports, offsets, [host_a, host_b])
+
+
+def test_a_server_live_migrates_on_a_shared_instances_directory(
+        cloud, flavor, image, hybrid, host_b, shared_instances):
+    """Host B's agent on host A's instances directory (`two-host.sh nova-instances shared`;
+    scripts/test.sh runs this pass on its own). Nova's probe, which the destination's agent
+    writes and the source's finds, tells the halves the directory is shared: both ways the
+    guest moves with its disks where they are (the same files: a destination that made or
+    copied disks would have found them there and refused), each source's clean-up keeps
+    them, a migration the destination refuses is rolled back with them kept, and the
+    server's delete removes them once."""
+    if not shared_instances:
+        pytest.skip('host B uses its own instances directory: scripts/test.sh runs this '
+                    'after two-host.sh nova-instances shared')
+    host_a = cloud.host_a
+    offsets = {h.name: h.log_offset() for h in (host_a, host_b)}
+    name = 'vireo-%s' % uuid.uuid4().hex[:8]
+    sid = _boot(cloud, flavor, image, name)['id']
+    ports = _ports(cloud, sid)
+    instance_dir = host_a.state_dir / 'instances' / sid
+    root = instance_dir / 'disk'
+    inode = root.stat().st_ino
+    squatter = ('qvb' if hybrid else 'tap') + ports[0][:11]
+    try:
+        for there, here in ((host_b, host_a), (host_a, host_b)):
+            cloud.cli('--os-compute-api-version', '2.30', 'server', 'migrate',
+                      '--live-migration', '--host', there.name, '--wait', name)
+            _on(cloud, name, there, 'ACTIVE')
+            live = _live_migration_ended(cloud, sid)
+            assert live['status'] == 'completed', live
+            held = there.agent_instance(sid)
+            assert (held['state'], held['power_state']) == ('running', 'running'), held
+            assert held['disks'][0]['path'] == str(root), held
+            assert root.stat().st_ino == inode
+            _moved_cleanly(cloud, sid, there, [here], disks=False)
+        # B refuses the port (a bridge under its device's name): Nova rolls back; B's
+        # rollback removes what it plugged and keeps the disks, which are A's guest's.
+        host_b.run('ip', 'link', 'add', squatter, 'type', 'bridge')
+        _live_migration_fails(cloud, host_b, name, sid, ports)
+        host_b.run('ip', 'link', 'del', squatter)
+        _moved_cleanly(cloud, sid, host_a, [host_b], disks=False)
+        assert root.stat().st_ino == inode
+    finally:
+        subprocess.run(['bash', str(TWO_HOST), 'exec', 'ip', 'link', 'del', squatter],
+                       capture_output=True)
+        cloud.cli('server', 'delete', '--wait', name, check=False)
+    assert not instance_dir.exists()
     _nothing_left_after_live_migration(cloud, sid, ports, offsets, [host_a, host_b])
 
 

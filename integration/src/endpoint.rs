@@ -253,6 +253,27 @@ impl ComputeDriver for Router {
             .map_err(vireo::compute::ConsoleError::Instance)?;
         driver.console_output(uuid, max_bytes).await
     }
+    async fn write_probe(&self, probe: Uuid) -> Result<(), vireo_actors::storage::StorageError> {
+        match self.last() {
+            Ok(d) => d.write_probe(probe).await,
+            Err(_) => Err(vireo_actors::storage::StorageError::Io {
+                action: "write the shared-directory probe",
+                path: std::path::PathBuf::from("(no driver behind the endpoint)"),
+                source: std::io::Error::from(std::io::ErrorKind::NotConnected),
+            }),
+        }
+    }
+    async fn sees_probe(&self, probe: Uuid) -> bool {
+        match self.last() {
+            Ok(d) => d.sees_probe(probe).await,
+            Err(_) => false,
+        }
+    }
+    async fn remove_probe(&self, probe: Uuid) {
+        if let Ok(d) = self.last() {
+            d.remove_probe(probe).await
+        }
+    }
     async fn host_resources(
         &self,
     ) -> Result<vireo::compute::HostResources, vireo::compute::HostError> {

@@ -510,6 +510,114 @@ async fn nova_never_costs_the_source_its_disks_on_a_shared_directory() {
     c.destroy_and_assert_clean(&[id], &[]).await;
 }
 
+/// Nova's `pre_live_migration` on `host` for a migration whose probe found the instances
+/// directory shared (`caller.shared_instance_path`).
+async fn nova_pre_live_migration_shared(
+    host: &Host,
+    id: uuid::Uuid,
+    m: &Migration,
+    handover: Handover,
+) -> Result<vireo_actors::instance::OpReport, InstanceError> {
+    host.driver
+        .run(
+            id,
+            Operation::PreLiveMigration {
+                migration: m.clone(),
+                handover: Box::new(handover),
+                caller: Some(Box::new(CallerTask {
+                    shared_instance_path: true,
+                    ..CallerTask::default()
+                })),
+            },
+        )
+        .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_directory_nova_found_is_used_in_place_and_kept_through_a_rollback() {
+    let c = spec(&["h1", "h2"]).shared_instances(true).start().await;
+    let (h1, h2) = (c.host("h1"), c.host("h2"));
+    let id = uuid();
+    h1.driver
+        .spawn(id, image_args(&c, "vm-nova-lm-in-place"))
+        .await
+        .unwrap();
+    let handover = h1.driver.show(id).await.unwrap().handover.unwrap();
+    let disks = handover.storage.disks.clone();
+    let inode = |p: &std::path::Path| std::os::unix::fs::MetadataExt::ino(&p.metadata().unwrap());
+    let before: Vec<u64> = disks.iter().map(|d| inode(&d.path)).collect();
+    let m = lm_migration();
+    // Nova's probe said shared: the destination takes the source's disks as they are.
+    nova_pre_live_migration_shared(h2, id, &m, handover.clone())
+        .await
+        .unwrap();
+    let incoming = h2.driver.show(id).await.unwrap();
+    assert_eq!(incoming.state, InstanceState::Incoming);
+    assert_eq!(
+        incoming.disks, disks,
+        "the destination's disks are the source's"
+    );
+    // The source migrates nothing of the disks; libvirt's test driver cannot migrate at
+    // all: the source rolls back its part, the guest keeps running on its disks.
+    let e = h1
+        .driver
+        .live_migrate(id, {
+            let mut args = lm_args(&m, "test:///default");
+            if let Some(caller) = args.caller.as_mut() {
+                caller.shared_instance_path = true;
+            }
+            args
+        })
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(e, InstanceError::RolledBack { .. }),
+        "{}",
+        chain(&e)
+    );
+    // Nova's rollback at the destination keeps the disks (is_shared_block_storage).
+    h2.driver
+        .run(
+            id,
+            Operation::RollbackLiveMigrationAtDestination {
+                handover: Box::new(handover),
+                do_cleanup: true,
+                destroy_disks: false,
+                migration_id: Some(m.id),
+                caller: Some(Box::new(CallerTask::default())),
+            },
+        )
+        .await
+        .unwrap();
+    assert!(!h2.driver.knows(id).await);
+    let after: Vec<u64> = disks.iter().map(|d| inode(&d.path)).collect();
+    assert_eq!(before, after, "the disks were replaced or removed");
+    assert_eq!(
+        h1.driver.show(id).await.unwrap().state,
+        InstanceState::Running
+    );
+    c.destroy_and_assert_clean(&[id], &[]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_directory_the_destination_does_not_share_is_refused_before_anything_is_made() {
+    let c = spec(&["h1", "h2"]).start().await;
+    let (h1, h2) = (c.host("h1"), c.host("h2"));
+    let id = uuid();
+    h1.driver
+        .spawn(id, image_args(&c, "vm-nova-lm-not-shared"))
+        .await
+        .unwrap();
+    let handover = h1.driver.show(id).await.unwrap().handover.unwrap();
+    let e = nova_pre_live_migration_shared(h2, id, &lm_migration(), handover)
+        .await
+        .unwrap_err();
+    assert!(chain(&e).contains("are not on h2"), "{}", chain(&e));
+    assert!(!h2.driver.knows(id).await);
+    assert!(h2.plugger.plugged().is_empty());
+    c.destroy_and_assert_clean(&[id], &[]).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_destination_takes_over_a_guest_nova_moved_without_waiting_for_the_sources_events() {
     let c = spec(&["h1", "h2"]).start().await;

@@ -251,6 +251,12 @@ pub struct CallerTask {
     /// interface its own binding calls for, as the destination plugged it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dest_network_info: Option<serde_json::Value>,
+    /// A live migration between hosts that share the instances directory (the caller's
+    /// probe, written by the destination's host and seen by the source's, said so before
+    /// the migration began): the destination makes no disks (it checks the instance's are
+    /// there), the migration copies none and the source's clean-up keeps them.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub shared_instance_path: bool,
 }
 
 impl ResizeArgs {

@@ -570,6 +570,16 @@ pub enum InvalidOperation {
         /// This host.
         host: String,
     },
+    /// A live migration's caller said the instances directory is shared, but this host
+    /// does not find the instance's disks in it: nothing is made in their place.
+    #[error(
+        "the instance's disks are not on {host}, whose instances directory the caller said \
+         the source shares"
+    )]
+    SharedDisksMissing {
+        /// This host.
+        host: String,
+    },
     /// A resize's destination cannot copy the disks: the source has no libvirt URI (its
     /// migration URI) to read them through.
     #[error("host {host} has no libvirt URI to copy disks from")]

@@ -535,10 +535,15 @@ def test_a_live_migration_that_fails_in_libvirt_is_recovered_by_the_driver(
     instance.flavor = _flavor(1, 64, 'm1.tiny')
     # Nova's checks: the destination's, then the source's.
     data = driver_b.check_can_live_migrate_destination(None, instance, {}, {}, None, None)
+    probe = '/v1/storage/probes/%s' % data.filename
+    assert agent_b.get(probe).json() == {'seen': True}
     data = driver.check_can_live_migrate_source(None, instance, data)
+    # The hosts' instances directories are their own: the source does not see B's probe.
     assert data.block_migration is True and data.is_shared_instance_path is False
+    assert data.is_shared_block_storage is False
     assert data.target_connect_addr == 'qemu+tcp://192.0.2.10/system'
     driver_b.cleanup_live_migration_destination_check(None, data)
+    assert agent_b.get(probe).json() == {'seen': False}
     # The source's disk info carries its handover to the destination's pre_live_migration.
     disk_info = driver.get_instance_disk_info(instance)
     assert json.loads(disk_info)['handover']['name'] == 'instance-%s' % instance.uuid[:8]
@@ -633,6 +638,24 @@ def test_a_live_migration_that_copies_no_disk_is_refused_before_anything_moves(d
     data = objects.LibvirtLiveMigrateData(block_migration=False)
     with pytest.raises(exception.MigrationPreCheckError):
         driver.check_can_live_migrate_source(None, instance, data)
+
+
+def test_a_shared_instances_directory_is_found_by_the_destinations_probe(driver, agent):
+    # Source and destination on one instances directory (here: one agent's): the source
+    # finds the probe the destination's check wrote, and the migrate data says shared
+    # block storage (Nova then rolls the destination back, and keeps the disks), not a
+    # shared instance path (Nova would skip the destination's rollback). A migration that
+    # copies no disk is fine there.
+    instance = make_instance()
+    data = driver.check_can_live_migrate_destination(None, instance, {}, {}, False, None)
+    data = driver.check_can_live_migrate_source(None, instance, data)
+    assert data.is_shared_block_storage is True and data.is_shared_instance_path is False
+    assert data.block_migration is True
+    assert driver._shared(data)
+    driver.cleanup_live_migration_destination_check(None, data)
+    assert agent.get('/v1/storage/probes/%s' % data.filename).json() == {'seen': False}
+    assert not driver._shared(objects.LibvirtLiveMigrateData(is_shared_block_storage=False))
+    assert not driver._shared(None)
 
 
 def test_a_live_migrations_destination_plugs_by_its_own_binding(driver_b, monkeypatch):

@@ -85,6 +85,9 @@ pub enum ApiError {
     /// An instance's console output could not be read.
     #[error("{}", vireo_actors::instance::error_chain(.0))]
     Console(crate::compute::ConsoleError),
+    /// A shared-directory probe could not be written in the instances directory.
+    #[error("{}", vireo_actors::instance::error_chain(.0))]
+    Probe(vireo_actors::storage::StorageError),
 }
 
 impl From<crate::compute::ConsoleError> for ApiError {
@@ -121,6 +124,7 @@ impl ApiError {
             ApiError::Host(_) => "internal",
             ApiError::Console(crate::compute::ConsoleError::NoConsoleLog) => "no-console-log",
             ApiError::Console(_) => "internal",
+            ApiError::Probe(_) => "storage",
         }
     }
 
@@ -205,7 +209,7 @@ impl ResponseError for ApiError {
             }
             ApiError::Host(_) => StatusCode::INTERNAL_SERVER_ERROR,
             ApiError::Console(crate::compute::ConsoleError::NoConsoleLog) => StatusCode::CONFLICT,
-            ApiError::Console(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            ApiError::Console(_) | ApiError::Probe(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 

@@ -17,6 +17,9 @@
 //! | GET | `/v1/operations` | 200 `{"operations": [...]}` (`?instance=UUID` filters) |
 //! | GET | `/v1/operations/{id}` | 200 operation (`?wait=S`: once it finished, or after S s, at most 30) |
 //! | POST | `/v1/instances/{uuid}/half` | 200 `{"state", "report"}` (one host's half of a move Nova orchestrates; synchronous) |
+//! | PUT | `/v1/storage/probes/{uuid}` | 201 `{"probe": uuid}` (a shared-directory probe written in the instances directory) |
+//! | GET | `/v1/storage/probes/{uuid}` | 200 `{"seen": bool}` (is that probe in this host's instances directory?) |
+//! | DELETE | `/v1/storage/probes/{uuid}` | 204 (removed; gone already is fine) |
 
 use std::future::Future;
 use std::net::TcpListener;
@@ -163,6 +166,44 @@ async fn external_events(
 async fn show_host(req: HttpRequest, svc: Svc) -> Result<HttpResponse, ApiError> {
     api(&req, &svc)?;
     Ok(HttpResponse::Ok().json(svc.host_resources().await?))
+}
+
+/// A caller's shared-directory check (Nova's, before a live migration): the destination's
+/// host writes the probe, the source's looks for it, the destination's removes it.
+async fn write_probe(
+    req: HttpRequest,
+    path: web::Path<String>,
+    svc: Svc,
+) -> Result<HttpResponse, ApiError> {
+    api(&req, &svc)?;
+    let probe = parse_uuid("probe", &path)?;
+    svc.driver()
+        .write_probe(probe)
+        .await
+        .map_err(ApiError::Probe)?;
+    Ok(HttpResponse::Created().json(serde_json::json!({ "probe": probe })))
+}
+
+async fn show_probe(
+    req: HttpRequest,
+    path: web::Path<String>,
+    svc: Svc,
+) -> Result<HttpResponse, ApiError> {
+    api(&req, &svc)?;
+    let probe = parse_uuid("probe", &path)?;
+    let seen = svc.driver().sees_probe(probe).await;
+    Ok(HttpResponse::Ok().json(serde_json::json!({ "seen": seen })))
+}
+
+async fn remove_probe(
+    req: HttpRequest,
+    path: web::Path<String>,
+    svc: Svc,
+) -> Result<HttpResponse, ApiError> {
+    api(&req, &svc)?;
+    let probe = parse_uuid("probe", &path)?;
+    svc.driver().remove_probe(probe).await;
+    Ok(HttpResponse::NoContent().finish())
 }
 
 async fn list_instances(req: HttpRequest, svc: Svc) -> Result<HttpResponse, ApiError> {
@@ -461,6 +502,9 @@ pub async fn serve(
                     .route("/instances/{uuid}/console", web::get().to(show_console))
                     .route("/instances/{uuid}/half", web::post().to(host_half))
                     .route("/instances/{uuid}/handover", web::get().to(show_handover))
+                    .route("/storage/probes/{uuid}", web::put().to(write_probe))
+                    .route("/storage/probes/{uuid}", web::get().to(show_probe))
+                    .route("/storage/probes/{uuid}", web::delete().to(remove_probe))
                     .route("/operations", web::get().to(list_operations))
                     .route("/operations/{id}", web::get().to(show_operation)),
             )

@@ -936,6 +936,13 @@ async fn update_profiles(
     Ok(())
 }
 
+/// A failed pre-live-migration: the instance goes, and with it what the event actor was
+/// told to track of it (its buffer included).
+fn incoming_failed(op: &OpCtx, e: InstanceError) -> Finished {
+    op.deps.events.forget(op.uuid);
+    Finished::err(InstanceState::Gone, None, e)
+}
+
 /// Destination: pre-wire the devices so the guest has its network the moment it arrives.
 pub(crate) async fn pre_live_migration(
     op: &mut OpCtx,
@@ -953,19 +960,28 @@ pub(crate) async fn pre_live_migration(
     // QEMU opens the serial log of the incoming domain here: its directory must exist (on a
     // shared instance directory it does already).
     if let Err(e) = record.prepare_console_log_dir(&op.deps.config.domain) {
-        return Finished::err(InstanceState::Gone, None, InstanceError::Record(e));
+        return incoming_failed(op, InstanceError::Record(e));
     }
-    // The disks: where the source's probe is, this host uses the source's directory (at the
-    // same path, Nova's assumption); otherwise the migration will copy into disks made here.
+    // The disks: where the source's probe is, or where the caller's probe showed the
+    // directory shared, this host uses the source's directory (at the same path, Nova's
+    // assumption) and its disks must be there; otherwise the migration will copy into disks
+    // made here.
     let storage = op.deps.storage.clone();
-    let shared = storage.sees_probe(&migration_probe(migration.id)).await;
+    let shared = caller.as_ref().is_some_and(|c| c.shared_instance_path)
+        || storage.sees_probe(&migration_probe(migration.id)).await;
+    if shared && !record.storage.disks.is_empty() && !storage.holds_disks(op.uuid).await {
+        let refused = InvalidOperation::SharedDisksMissing {
+            host: op.deps.host.clone(),
+        };
+        return incoming_failed(op, refused.into());
+    }
     let made_disks = !shared && !record.storage.disks.is_empty();
     if made_disks {
         if storage.holds_disks(op.uuid).await {
             let refused = InvalidOperation::DisksAlreadyHere {
                 host: op.deps.host.clone(),
             };
-            return Finished::err(InstanceState::Gone, None, refused.into());
+            return incoming_failed(op, refused.into());
         }
         op.phase("prepare disks");
         let source_uri = caller.as_ref().and_then(|c| c.source_uri.clone());
@@ -995,7 +1011,7 @@ pub(crate) async fn pre_live_migration(
         .await;
         match prepared {
             Ok(disks) => record.storage.disks = disks,
-            Err(e) => return Finished::err(InstanceState::Gone, None, e),
+            Err(e) => return incoming_failed(op, e),
         }
         op.use_record(&record);
     }
@@ -1011,7 +1027,7 @@ pub(crate) async fn pre_live_migration(
             if made_disks {
                 let _ = op.store("remove disks", storage.remove(op.uuid)).await;
             }
-            Finished::err(InstanceState::Gone, None, e)
+            incoming_failed(op, e)
         }
     }
 }
@@ -1226,6 +1242,10 @@ async fn live_migrate_for_caller(
     caller: CallerTask,
 ) -> Finished {
     let has_disks = !record.storage.disks.is_empty();
+    // On a shared instances directory (the caller's probe) the disks stay where they are:
+    // none is copied, and the clean-up after the departure keeps them.
+    let shared = caller.shared_instance_path;
+    let copies = has_disks && !shared;
     let in_flight = op.in_flight(
         "migrate",
         InFlight::LiveMigrate(MigrationStep {
@@ -1242,17 +1262,17 @@ async fn live_migrate_for_caller(
             // Journaled as vireo's own flow does: a source stopped until the guest has left
             // finds no domain at its next start, only this entry, and cleans up after it.
             // Every disk is copied (see below).
-            journal_migration(op, &record, in_flight, Some(has_disks)).await?;
+            journal_migration(op, &record, in_flight, Some(copies)).await?;
             let uri = caller.dest_uri.clone().ok_or_else(|| {
                 InstanceError::from(InvalidOperation::NoLiveMigrationTo {
                     host: migration.dest_host.clone(),
                 })
             })?;
             // The destination made its disks at this host's paths (Nova's assumption of one
-            // instances path on every host) and was refused if it saw them there already
-            // (a shared directory): every disk is copied.
+            // instances path on every host) and was refused if it saw them there already:
+            // every disk is copied. On a shared directory it uses these very files.
             let prepared = IncomingDisks {
-                shared_instance_path: false,
+                shared_instance_path: shared,
                 disks: record.storage.disks.clone(),
             };
             let mut block = if has_disks {
@@ -1299,7 +1319,7 @@ async fn live_migrate_for_caller(
                 if let Ok(PowerState::NoDomain) = state {
                     warn!(instance = %op.uuid, error = %cause,
                         "the live migration's call failed, but the guest left");
-                    return departed_for_caller(op, &record, has_disks).await;
+                    return departed_for_caller(op, &record, copies).await;
                 }
             }
             warn!(instance = %op.uuid, error = %cause, "live migration failed; Nova rolls back the network and the destination");
@@ -1314,7 +1334,7 @@ async fn live_migrate_for_caller(
         Ok(()) => {
             // The guest runs on the destination: this host's devices and disks go (libvirt
             // undefined the domain); Nova deletes the source's bindings.
-            departed_for_caller(op, &record, has_disks).await
+            departed_for_caller(op, &record, copies).await
         }
         Err(rolled_back) => rolled_back,
     }

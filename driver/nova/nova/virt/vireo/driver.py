@@ -694,10 +694,18 @@ class VireoDriver(driver.ComputeDriver):
     # source's live_migration, then post_live_migration_at_destination or
     # rollback_live_migration_at_destination. vireo copies the disks (a block migration)
     # into the destination's at the same paths (one instances path on every host, as Nova's
-    # libvirt driver assumes); a destination that finds the source's disks there already (a
-    # shared instances directory) refuses in pre_live_migration. The migrate data is Nova's
-    # LibvirtLiveMigrateData, so that Nova's clean-up flags follow it (no shared path: the
-    # source cleans up); `target_connect_addr` carries the destination's libvirt URI.
+    # libvirt driver assumes), unless the hosts share the instances directory: Nova's own
+    # probe (the destination's agent writes a file there, named in the migrate data's
+    # `filename`; the source's looks for it; the destination's removes it) says so before
+    # the migration, and the agents are told through `caller` (`shared_instance_path`).
+    # The migrate data is Nova's LibvirtLiveMigrateData, so that Nova's clean-up flags
+    # follow it; a shared directory is reported as shared block storage, not as a shared
+    # instance path: with the latter Nova never calls rollback_live_migration_at_destination
+    # (its `do_cleanup` is false) and the devices the destination plugged would stay, with
+    # the former it calls it, and the source's clean-up, with destroy_disks false.
+    # `block_migration` stays true either way: it is how Nova hands the source's handover
+    # (get_instance_disk_info) to the destination. `target_connect_addr` carries the
+    # destination's libvirt URI.
 
     def check_can_live_migrate_destination(self, context, instance, src_compute_info,
                                            dst_compute_info, block_migration=False,
@@ -710,6 +718,13 @@ class VireoDriver(driver.ComputeDriver):
             data.disk_over_commit = disk_over_commit
         data.is_shared_instance_path = False
         data.is_shared_block_storage = False
+        probe = str(uuid.uuid4())
+        try:
+            self.agent.request('PUT', '/v1/storage/probes/%s' % probe)
+        except vclient.AgentError as e:
+            raise exception.MigrationPreCheckError(
+                reason='the vireo agent could not write its shared-directory probe: %s' % e)
+        data.filename = probe
         data.graphics_listen_addr_vnc = None
         data.graphics_listen_addr_spice = None
         data.serial_listen_addr = None
@@ -720,23 +735,50 @@ class VireoDriver(driver.ComputeDriver):
         return data
 
     def cleanup_live_migration_destination_check(self, context, dest_check_data):
-        # The check made nothing here (no probe file: see check_can_live_migrate_source).
-        pass
+        if 'filename' not in dest_check_data or not dest_check_data.filename:
+            return
+        try:
+            self.agent.request('DELETE', '/v1/storage/probes/%s' % dest_check_data.filename)
+        except vclient.AgentError as e:
+            LOG.warning('The shared-directory probe %(probe)s may be left: %(error)s',
+                        {'probe': dest_check_data.filename, 'error': e})
 
     def check_can_live_migrate_source(self, context, instance, dest_check_data,
                                       block_device_info=None):
         if driver.block_device_info_get_mapping(block_device_info):
             raise exception.MigrationPreCheckError(
                 reason='vireo attaches no volumes')
-        if ('block_migration' in dest_check_data
+        shared = self._sees_probe(dest_check_data)
+        if (not shared and 'block_migration' in dest_check_data
                 and dest_check_data.block_migration is False):
             raise exception.MigrationPreCheckError(
-                reason='vireo live-migrates with the disks copied (block migration); a '
-                       'migration that copies none needs a shared instances directory, '
-                       'which vireo under Nova does not use')
+                reason='vireo live-migrates with the disks copied (block migration) unless '
+                       'the hosts share the instances directory, and these do not')
+        dest_check_data.is_shared_block_storage = shared
         dest_check_data.block_migration = True
         dest_check_data.instance_relative_path = instance.uuid
         return dest_check_data
+
+    def _sees_probe(self, dest_check_data):
+        """Does this host's agent find the destination's probe in its instances directory
+        (the hosts share it)?"""
+        if 'filename' not in dest_check_data or not dest_check_data.filename:
+            return False
+        try:
+            found = self.agent.request('GET',
+                                       '/v1/storage/probes/%s' % dest_check_data.filename)
+        except vclient.AgentError as e:
+            raise exception.MigrationPreCheckError(
+                reason='the vireo agent could not look for the shared-directory probe: %s'
+                % e)
+        return bool(found and found.get('seen'))
+
+    @staticmethod
+    def _shared(migrate_data):
+        """Whether the check found the instances directory shared (see above)."""
+        return bool(migrate_data is not None
+                    and 'is_shared_block_storage' in migrate_data
+                    and migrate_data.is_shared_block_storage)
 
     def get_instance_disk_info(self, instance, block_device_info=None):
         """What the destination's pre_live_migration needs (Nova passes it along for a
@@ -753,6 +795,8 @@ class VireoDriver(driver.ComputeDriver):
                                            self._bound_here(network_info, migrate_data),
                                            None, block_device_info, exception.MigrationError)
         migration = self._live_migration_of(instance, migrate_data)
+        if self._shared(migrate_data):
+            caller['shared_instance_path'] = True
         self._incoming[instance.uuid] = (migration, handover)
         self._host_half(instance, 'pre-live-migration', migration=migration,
                         handover=handover, caller=caller)
@@ -777,6 +821,8 @@ class VireoDriver(driver.ComputeDriver):
         moving = self._migration_in(migrate_data)
         args = {'action': 'live-migrate', 'dest_host': dest,
                 'caller': {'dest_uri': migrate_data.target_connect_addr}}
+        if self._shared(migrate_data):
+            args['caller']['shared_instance_path'] = True
         bound_there = self._bound_here(None, migrate_data)
         if bound_there is not None:
             # The destination plugged its ports by its own bindings: its domain follows.
