@@ -235,6 +235,19 @@ async fn boot_predicted(
     run: bool,
 ) -> Result<(), InstanceError> {
     let (bind, plug) = expect_predicted(op, prediction).await?;
+    start_awaited(op, record, bind, plug, run).await
+}
+
+/// The tail of a boot once its waits are registered: plug, start paused, await the
+/// bind-time and plug-time events (the domain's start overlaps them; nothing runs in the
+/// guest before both came), then resume (`run`) or stop again.
+async fn start_awaited(
+    op: &mut OpCtx,
+    record: &InstanceRecord,
+    bind: PendingWait,
+    plug: PendingWait,
+    run: bool,
+) -> Result<(), InstanceError> {
     op.phase("plug");
     op.plug_all(record).await?;
     op.phase("start paused");

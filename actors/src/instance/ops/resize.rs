@@ -32,7 +32,7 @@ use crate::instance::journal::BuildEntry;
 use super::spawn::end_journal as end_build_journal;
 use super::{
     boot_with_events, expect_predicted, handover, policy, predicted, record_from_handover,
-    remove_domain, running_or_stopped, with_rollback, Finished,
+    remove_domain, running_or_stopped, start_awaited, with_rollback, Finished,
 };
 
 /// Source side of a resize. Same host: the whole resize here. Otherwise: power off (devices
@@ -595,22 +595,9 @@ async fn bring_back(op: &mut OpCtx, record: InstanceRecord, moved_by_caller: boo
             let plug = op.expect(Timing::PlugTime, plug_events, pol).await?;
             op.phase("bind ports back");
             bind_ports_here(op, &record.network_info).await?;
-            // The guest starts paused before either wait (as a boot does): the bind-time
-            // event, often already kept, and the plug-time ones overlap the domain's start;
-            // nothing runs in the guest before both came.
-            op.phase("plug");
-            op.plug_all(&record).await?;
-            op.phase("start paused");
-            op.start_paused().await?;
-            op.phase("wait for bind-time events");
-            op.wait(bind).await?;
-            op.phase("wait for plug-time events");
-            op.wait(plug).await?;
-            if was_running {
-                op.resume().await?;
-            } else {
-                op.destroy_domain().await?;
-            }
+            // As a boot: the bind-time event (often kept already) and the plug-time ones
+            // are awaited while the guest starts paused.
+            start_awaited(op, &record, bind, plug, was_running).await?;
             let mut done = record.clone();
             done.resize = None;
             done.state = running_or_stopped(was_running);
