@@ -378,16 +378,35 @@ async fn nova_pre_live_migration(
     m: &Migration,
     handover: Handover,
 ) -> Result<vireo_actors::instance::OpReport, InstanceError> {
+    nova_pre_live_migration_with(host, id, m, handover, CallerTask::default()).await
+}
+
+/// The same with the `caller` Nova's driver sends (e.g. `shared_instance_path`: its probe
+/// found the instances directory shared).
+async fn nova_pre_live_migration_with(
+    host: &Host,
+    id: uuid::Uuid,
+    m: &Migration,
+    handover: Handover,
+    caller: CallerTask,
+) -> Result<vireo_actors::instance::OpReport, InstanceError> {
     host.driver
         .run(
             id,
             Operation::PreLiveMigration {
                 migration: m.clone(),
                 handover: Box::new(handover),
-                caller: Some(Box::new(CallerTask::default())),
+                caller: Some(Box::new(caller)),
             },
         )
         .await
+}
+
+fn shared_path() -> CallerTask {
+    CallerTask {
+        shared_instance_path: true,
+        ..CallerTask::default()
+    }
 }
 
 /// Nova's `rollback_live_migration_at_destination` on `host`, with its clean-up flags for a
@@ -398,13 +417,24 @@ async fn nova_rollback_at_destination(
     m: &Migration,
     handover: Handover,
 ) -> Result<vireo_actors::instance::OpReport, InstanceError> {
+    nova_rollback_at_destination_with(host, id, m, handover, true).await
+}
+
+/// The same with Nova's `destroy_disks` (false: its migrate data said shared block storage).
+async fn nova_rollback_at_destination_with(
+    host: &Host,
+    id: uuid::Uuid,
+    m: &Migration,
+    handover: Handover,
+    destroy_disks: bool,
+) -> Result<vireo_actors::instance::OpReport, InstanceError> {
     host.driver
         .run(
             id,
             Operation::RollbackLiveMigrationAtDestination {
                 handover: Box::new(handover),
                 do_cleanup: true,
-                destroy_disks: true,
+                destroy_disks,
                 migration_id: Some(m.id),
                 caller: Some(Box::new(CallerTask::default())),
             },
@@ -510,29 +540,6 @@ async fn nova_never_costs_the_source_its_disks_on_a_shared_directory() {
     c.destroy_and_assert_clean(&[id], &[]).await;
 }
 
-/// Nova's `pre_live_migration` on `host` for a migration whose probe found the instances
-/// directory shared (`caller.shared_instance_path`).
-async fn nova_pre_live_migration_shared(
-    host: &Host,
-    id: uuid::Uuid,
-    m: &Migration,
-    handover: Handover,
-) -> Result<vireo_actors::instance::OpReport, InstanceError> {
-    host.driver
-        .run(
-            id,
-            Operation::PreLiveMigration {
-                migration: m.clone(),
-                handover: Box::new(handover),
-                caller: Some(Box::new(CallerTask {
-                    shared_instance_path: true,
-                    ..CallerTask::default()
-                })),
-            },
-        )
-        .await
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shared_directory_nova_found_is_used_in_place_and_kept_through_a_rollback() {
     let c = spec(&["h1", "h2"]).shared_instances(true).start().await;
@@ -548,7 +555,7 @@ async fn a_shared_directory_nova_found_is_used_in_place_and_kept_through_a_rollb
     let before: Vec<u64> = disks.iter().map(|d| inode(&d.path)).collect();
     let m = lm_migration();
     // Nova's probe said shared: the destination takes the source's disks as they are.
-    nova_pre_live_migration_shared(h2, id, &m, handover.clone())
+    nova_pre_live_migration_with(h2, id, &m, handover.clone(), shared_path())
         .await
         .unwrap();
     let incoming = h2.driver.show(id).await.unwrap();
@@ -576,17 +583,7 @@ async fn a_shared_directory_nova_found_is_used_in_place_and_kept_through_a_rollb
         chain(&e)
     );
     // Nova's rollback at the destination keeps the disks (is_shared_block_storage).
-    h2.driver
-        .run(
-            id,
-            Operation::RollbackLiveMigrationAtDestination {
-                handover: Box::new(handover),
-                do_cleanup: true,
-                destroy_disks: false,
-                migration_id: Some(m.id),
-                caller: Some(Box::new(CallerTask::default())),
-            },
-        )
+    nova_rollback_at_destination_with(h2, id, &m, handover, false)
         .await
         .unwrap();
     assert!(!h2.driver.knows(id).await);
@@ -609,7 +606,7 @@ async fn a_shared_directory_the_destination_does_not_share_is_refused_before_any
         .await
         .unwrap();
     let handover = h1.driver.show(id).await.unwrap().handover.unwrap();
-    let e = nova_pre_live_migration_shared(h2, id, &lm_migration(), handover)
+    let e = nova_pre_live_migration_with(h2, id, &lm_migration(), handover, shared_path())
         .await
         .unwrap_err();
     assert!(chain(&e).contains("are not on h2"), "{}", chain(&e));

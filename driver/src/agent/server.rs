@@ -169,41 +169,27 @@ async fn show_host(req: HttpRequest, svc: Svc) -> Result<HttpResponse, ApiError>
 }
 
 /// A caller's shared-directory check (Nova's, before a live migration): the destination's
-/// host writes the probe, the source's looks for it, the destination's removes it.
-async fn write_probe(
+/// host writes the probe (PUT), the source's looks for it (GET), the destination's removes
+/// it (DELETE).
+async fn probe(
     req: HttpRequest,
     path: web::Path<String>,
     svc: Svc,
 ) -> Result<HttpResponse, ApiError> {
     api(&req, &svc)?;
     let probe = parse_uuid("probe", &path)?;
-    svc.driver()
-        .write_probe(probe)
-        .await
-        .map_err(ApiError::Probe)?;
-    Ok(HttpResponse::Created().json(serde_json::json!({ "probe": probe })))
-}
-
-async fn show_probe(
-    req: HttpRequest,
-    path: web::Path<String>,
-    svc: Svc,
-) -> Result<HttpResponse, ApiError> {
-    api(&req, &svc)?;
-    let probe = parse_uuid("probe", &path)?;
-    let seen = svc.driver().sees_probe(probe).await;
-    Ok(HttpResponse::Ok().json(serde_json::json!({ "seen": seen })))
-}
-
-async fn remove_probe(
-    req: HttpRequest,
-    path: web::Path<String>,
-    svc: Svc,
-) -> Result<HttpResponse, ApiError> {
-    api(&req, &svc)?;
-    let probe = parse_uuid("probe", &path)?;
-    svc.driver().remove_probe(probe).await;
-    Ok(HttpResponse::NoContent().finish())
+    let driver = svc.driver();
+    Ok(match *req.method() {
+        actix_web::http::Method::PUT => {
+            driver.write_probe(probe).await.map_err(ApiError::Probe)?;
+            HttpResponse::Created().json(serde_json::json!({ "probe": probe }))
+        }
+        actix_web::http::Method::DELETE => {
+            driver.remove_probe(probe).await;
+            HttpResponse::NoContent().finish()
+        }
+        _ => HttpResponse::Ok().json(serde_json::json!({ "seen": driver.sees_probe(probe).await })),
+    })
 }
 
 async fn list_instances(req: HttpRequest, svc: Svc) -> Result<HttpResponse, ApiError> {
@@ -502,9 +488,9 @@ pub async fn serve(
                     .route("/instances/{uuid}/console", web::get().to(show_console))
                     .route("/instances/{uuid}/half", web::post().to(host_half))
                     .route("/instances/{uuid}/handover", web::get().to(show_handover))
-                    .route("/storage/probes/{uuid}", web::put().to(write_probe))
-                    .route("/storage/probes/{uuid}", web::get().to(show_probe))
-                    .route("/storage/probes/{uuid}", web::delete().to(remove_probe))
+                    .route("/storage/probes/{uuid}", web::put().to(probe))
+                    .route("/storage/probes/{uuid}", web::get().to(probe))
+                    .route("/storage/probes/{uuid}", web::delete().to(probe))
                     .route("/operations", web::get().to(list_operations))
                     .route("/operations/{id}", web::get().to(show_operation)),
             )
