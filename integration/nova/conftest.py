@@ -208,6 +208,27 @@ class Host(object):
         return subprocess.run([*self._wrap, *args], capture_output=True, text=True,
                               check=True).stdout
 
+    def _root_disk(self, server_id):
+        """The server's root disk as this host's agent holds it: (path, format)."""
+        [root] = [d for d in self.agent_instance(server_id)['disks'] if d['role'] == 'root']
+        return root['path'], root['format']
+
+    def disk_write(self, server_id, offset, pattern):
+        """Write 64 KiB of byte `pattern` at `offset` of the server's root disk as the guest
+        sees it (into its overlay), with qemu-io inside this host's namespaces. Only while
+        no guest runs on the disk."""
+        path, fmt = self._root_disk(server_id)
+        self.run('qemu-io', '-f', fmt, '-c', 'write -P %d %d 64k' % (pattern, offset), path)
+
+    def disk_holds(self, server_id, offset, pattern):
+        """Do the 64 KiB at `offset` of the server's root disk here, as the guest sees it
+        (through its backing chain), all hold byte `pattern`? Read-only, with qemu-io."""
+        path, fmt = self._root_disk(server_id)
+        read = subprocess.run([*self._wrap, 'qemu-io', '-r', '-f', fmt, '-c',
+                               'read -P %d %d 64k' % (pattern, offset), path],
+                              capture_output=True, text=True)
+        return read.returncode == 0 and 'read 65536/65536 bytes' in read.stdout
+
     def kill_agent(self):
         """SIGKILL this host's vireo agent (its process group) and wait until its API is
         gone."""

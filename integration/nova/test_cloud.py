@@ -280,6 +280,59 @@ def test_a_server_moves_to_host_b_and_a_resize_back_is_reverted(
         assert not BAD.search(log), (host.name, BAD.search(log).group(0))
 
 
+def test_what_a_server_wrote_on_its_disk_moves_with_it(
+        cloud, flavor, larger_flavors, image, host_b):
+    """Data on a server's root disk (written into its overlay while the guest is stopped,
+    read back through the backing chain: the guest's view) is found on the destination after
+    a cold migration, a block live migration and a resize across hosts, and on the source
+    again after that resize is reverted: the disks move with the server, through Nova."""
+    host_a = cloud.host_a
+    larger, _ = larger_flavors
+    offsets = {h.name: h.log_offset() for h in (host_a, host_b)}
+    name = 'vireo-%s' % uuid.uuid4().hex[:8]
+    sid = _boot(cloud, flavor, image, name)['id']
+    ports = _ports(cloud, sid)
+    first, second = (1 << 20, 0x5a), (2 << 20, 0xa5)
+    try:
+        cloud.cli('server', 'stop', name)
+        cloud.wait_status(name, 'SHUTOFF')
+        host_a.disk_write(sid, *first)
+        assert host_a.disk_holds(sid, *first)
+        assert not host_a.disk_holds(sid, *second)
+        # A cold migration of the stopped server: it stays stopped, on B.
+        cloud.cli('--os-compute-api-version', '2.56', 'server', 'migrate', '--host',
+                  host_b.name, '--wait', name)
+        _on(cloud, name, host_b, 'VERIFY_RESIZE')
+        cloud.cli('server', 'resize', 'confirm', name)
+        _on(cloud, name, host_b, 'SHUTOFF')
+        assert host_b.disk_holds(sid, *first)
+        # A block live migration back to A.
+        cloud.cli('server', 'start', name)
+        cloud.wait_status(name, 'ACTIVE')
+        cloud.cli('--os-compute-api-version', '2.30', 'server', 'migrate', '--live-migration',
+                  '--host', host_a.name, '--wait', name)
+        _on(cloud, name, host_a, 'ACTIVE')
+        cloud.cli('server', 'stop', name)
+        cloud.wait_status(name, 'SHUTOFF')
+        assert host_a.disk_holds(sid, *first)
+        host_a.disk_write(sid, *second)
+        # A resize to B, reverted: B had both writes; A's own disk comes back with both.
+        with _scheduling_only(cloud, host_b):
+            cloud.cli('server', 'resize', '--flavor', larger, '--wait', name)
+        _on(cloud, name, host_b, 'VERIFY_RESIZE')
+        assert host_b.disk_holds(sid, *first) and host_b.disk_holds(sid, *second)
+        cloud.cli('server', 'resize', 'revert', name)
+        _on(cloud, name, host_a, 'SHUTOFF')
+        assert host_a.disk_holds(sid, *first) and host_a.disk_holds(sid, *second)
+        assert host_b.leaks(sid, ports) == []
+    finally:
+        cloud.cli('server', 'delete', '--wait', name, check=False)
+    assert leaks(cloud, sid, ports, hosts=[host_a, host_b]) == []
+    for host in (host_a, host_b):
+        bad = BAD.search(host.log_since(offsets[host.name]))
+        assert not bad, (host.name, bad.group(0))
+
+
 def test_a_build_that_fails_on_this_host_is_rescheduled_to_host_b(
         cloud, flavor, image, hybrid, host_b):
     """Seed bug 1 under Nova: a real failure on A (a device of another kind holds the name

@@ -570,11 +570,12 @@ pub enum InvalidOperation {
         /// This host.
         host: String,
     },
-    /// A live migration's caller said the instances directory is shared, but this host
-    /// does not find the instance's disks in it: nothing is made in their place.
+    /// A live migration's destination shares the instances directory with the source (the
+    /// source's probe is here, or the caller's probe said so) but does not find the
+    /// instance's disks in it: nothing is made in their place.
     #[error(
-        "the instance's disks are not on {host}, whose instances directory the caller said \
-         the source shares"
+        "the instance's disks are not on {host}, although it shares the instances directory \
+         with the source"
     )]
     SharedDisksMissing {
         /// This host.

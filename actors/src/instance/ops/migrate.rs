@@ -1261,7 +1261,7 @@ async fn live_migrate_for_caller(
             op.save(&record, Some(in_flight.clone())).await?;
             // Journaled as vireo's own flow does: a source stopped until the guest has left
             // finds no domain at its next start, only this entry, and cleans up after it.
-            // Every disk is copied (see below).
+            // Whether the disks are copied (see below) is journaled with it.
             journal_migration(op, &record, in_flight, Some(copies)).await?;
             let uri = caller.dest_uri.clone().ok_or_else(|| {
                 InstanceError::from(InvalidOperation::NoLiveMigrationTo {
