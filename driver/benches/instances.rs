@@ -7,6 +7,9 @@
 //!
 //! `cargo bench -p vireo --bench instances [-- N]` (default N = 100). A bench binary, not a
 //! timed test: it prints figures; it fails only if vireo itself fails.
+//!
+//! `INSTANCES_BENCH_ONLY=vireo|plain` runs one side once (after the warm-up), for a profiler
+//! (e.g. `valgrind --tool=callgrind`, which counts instructions whatever else the machine does).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::sync::atomic::AtomicU64;
@@ -330,12 +333,26 @@ fn main() {
     // Warm up both paths once.
     rt.block_on(vireo_run(4));
     plain_run(4, 4, &payload);
+    if let Ok(side) = std::env::var("INSTANCES_BENCH_ONLY") {
+        let took = match side.as_str() {
+            "vireo" => rt.block_on(vireo_run(n)),
+            "plain" => plain_run(n, 4, &payload),
+            other => panic!("INSTANCES_BENCH_ONLY={other}: vireo or plain"),
+        };
+        println!("{side}: {n} instances in {:.0} ms", took.as_secs_f64() * 1000.0);
+        return;
+    }
     let mut ratios = Vec::new();
-    // Five rounds, vireo and the plain loop alternating, so that drift in the machine's speed
-    // hits both alike; the median is the figure.
+    // Five rounds, vireo and the plain loop alternating which goes first (vireo in even
+    // rounds), so that drift in the machine's speed hits both alike; the median is the figure.
     for round in 0..5 {
-        let v = rt.block_on(vireo_run(n));
-        let p = plain_run(n, 4, &payload);
+        let (v, p) = if round % 2 == 0 {
+            let v = rt.block_on(vireo_run(n));
+            (v, plain_run(n, 4, &payload))
+        } else {
+            let p = plain_run(n, 4, &payload);
+            (rt.block_on(vireo_run(n)), p)
+        };
         let vireo_rate = n as f64 / v.as_secs_f64();
         let plain_rate = n as f64 / p.as_secs_f64();
         ratios.push(vireo_rate / plain_rate);

@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """vireo.VireoDriver and Nova's own libvirt.LibvirtDriver side by side on one cloud.
 
-    integration/nova/side_by_side.py [--runs 5] [--moves] [--json FILE] [--markdown FILE]
+    integration/nova/side_by_side.py [--runs 5] [--moves] [--only delete|revert]
+                                     [--json FILE] [--markdown FILE]
 
 The same server goes through the same operations on host A's nova-compute, once on each
 driver per run, the drivers' order alternating from run to run (vireo first in even runs).
@@ -16,6 +17,12 @@ deleted server (domain, devices, instance directories, ports).
 Needs `host-setup.sh up --with-neutron` and `host-setup.sh nova-up`; host B's nova-compute,
 if it runs, is disabled meanwhile so that every resize stays on host A. Leaves host A's
 nova-compute on vireo.
+
+With --only, one operation and only what it needs (`FOCUS`): many runs of it in little time.
+`delete`: the boot, with --moves the cold migration to host B and its confirm, the delete;
+`revert`: the boot, the resize (with --moves to host B), its revert, the delete. Every table
+also splits the delete as nova-compute logs it: the driver's destroy, then the network's
+deallocation through Neutron.
 
 With --moves, the moves between hosts instead: boot on host A, a live migration to host B and
 one back, a resize to host B reverted, a cold migration to host B confirmed, delete, with both
@@ -47,6 +54,14 @@ HOST_SETUP = pathlib.Path(__file__).resolve().parents[1] / 'host-setup.sh'
 TWO_HOST = pathlib.Path(__file__).resolve().parents[1] / 'two-host.sh'
 DRIVERS = ('vireo', 'libvirt')
 TIMEOUT = re.compile(r'Timeout waiting for')
+# nova-compute's own account of a delete (ComputeManager._shutdown_instance): the driver's
+# destroy, then the network's deallocation through Neutron.
+DELETE_PARTS = (
+    ('delete: driver destroy', re.compile(
+        r'Took ([0-9.]+) seconds to destroy the instance on the hypervisor')),
+    ('delete: deallocate network', re.compile(
+        r'Took ([0-9.]+) seconds to deallocate network for instance')),
+)
 UNEXPECTED = re.compile(r'Received unexpected event network-vif-plugged')
 POLL = 0.2
 # One operation may take Nova's whole vif_plugging_timeout (300 s) and its clean-up.
@@ -187,6 +202,21 @@ def moves(cloud, image, flavors):
     ]
 
 
+# --only: the operations of a turn that one operation needs, by its name; those of `ops` (one
+# host) or of `moves` (--moves) that are named here run, in their order. Every turn ends with
+# the delete (the leak check follows it).
+FOCUS = {
+    'delete': ('boot', 'cold migration A > B', 'confirm (on B)', 'delete'),
+    'revert': ('boot', 'resize again', 'revert resize', 'resize A > B',
+               'revert resize (back on A)', 'delete'),
+}
+
+
+def focus(ops, only):
+    """Only what the operation `only` needs of `ops` (see FOCUS)."""
+    return [(name, op) for name, op in ops if name in FOCUS[only]]
+
+
 def switch(driver, hosts):
     """Host A's nova-compute (and host B's, if among `hosts`) on `driver`."""
     commands = [['bash', str(HOST_SETUP), 'nova-compute-driver', driver]]
@@ -235,6 +265,12 @@ def turn(cloud, ops, hosts):
         except (OperationFailed, AssertionError, requests.RequestException) as e:
             failed += '; the clean-up failed too: %s' % e
     log = ''.join(h.log_since(o) for h, o in zip(hosts, offsets))
+    if 'delete' in times:
+        # The turn's last delete is the server's (a build's clean-up logs the same lines).
+        for part, pattern in DELETE_PARTS:
+            found = pattern.findall(log)
+            if found:
+                times[part] = float(found[-1])
     server_id = state['server'].id if 'server' in state else None
     return {
         'seconds': times,
@@ -280,6 +316,8 @@ def main():
     parser.add_argument('--runs', type=int, default=5)
     parser.add_argument('--moves', action='store_true',
                         help='moves between hosts A and B instead')
+    parser.add_argument('--only', choices=sorted(FOCUS),
+                        help='one operation and only what it needs (see FOCUS)')
     parser.add_argument('--json', type=pathlib.Path)
     parser.add_argument('--markdown', type=pathlib.Path)
     args = parser.parse_args()
@@ -302,6 +340,8 @@ def main():
         ops = operations(cloud, image, flavors)
         if cloud.host_b is not None:
             cloud.compute_service(cloud.host_b.name, enabled=False)
+    if args.only:
+        ops = focus(ops, args.only)
     results = {d: [] for d in DRIVERS}
     try:
         for run in range(args.runs):
@@ -318,7 +358,7 @@ def main():
         for f in flavors:
             cloud.nova('DELETE', '/flavors/%s' % f)
         cloud.cli('image', 'delete', image, check=False)
-    markdown = table(results, [name for name, _ in ops])
+    markdown = table(results, [name for name, _ in ops] + [p for p, _ in DELETE_PARTS])
     print('\nfirewall driver: %s, %d runs\n\n%s' % (firewall, args.runs, markdown))
     if args.json:
         args.json.write_text(json.dumps({'firewall': firewall, 'results': results}, indent=1))
