@@ -10,6 +10,8 @@ import threading
 
 import pytest
 
+from oslo_context import context as oslo_context
+
 from nova.compute import utils as compute_utils
 from nova.virt.vireo import client as vclient
 
@@ -21,6 +23,7 @@ class DroppingServer(object):
     def __init__(self, drops):
         self.drops = drops
         self.requests = []
+        self.heads = []
         self.sock = socket.socket()
         self.sock.bind(('127.0.0.1', 0))
         self.sock.listen(8)
@@ -44,6 +47,7 @@ class DroppingServer(object):
                 if not head:
                     continue
                 self.requests.append(head.split(b' ', 2)[:2])
+                self.heads.append(head.decode('latin-1'))
                 if self.drops > 0:
                     self.drops -= 1
                     continue
@@ -90,6 +94,24 @@ def test_a_second_drop_is_an_error_not_a_loop(dropping):
     with pytest.raises(vclient.AgentUnavailable):
         agent.instances()
     assert len(server.requests) == 2
+
+
+def test_a_request_names_the_nova_request_it_serves(dropping):
+    # A context made is current (oslo.context's store; Nova's RequestContext, a subclass,
+    # is made for every request nova-compute serves): the agent's log lines then carry
+    # Nova's request id.
+    server = dropping(0)
+    agent = vclient.AgentClient(server.url, 't' * 32, request_timeout=5)
+    ctx = oslo_context.RequestContext()
+    assert ctx.request_id.startswith('req-')
+    agent.instances()
+    child = oslo_context.RequestContext(global_request_id=ctx.request_id)
+    agent.instances()
+    assert child.request_id != ctx.request_id
+    first, second = server.heads
+    assert 'x-openstack-request-id: %s\r\n' % ctx.request_id in first.lower()
+    # A request that continues another (a global request id) carries that one.
+    assert 'x-openstack-request-id: %s\r\n' % ctx.request_id in second.lower()
 
 
 def test_an_agent_error_is_a_fault_nova_can_store():

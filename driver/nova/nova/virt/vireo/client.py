@@ -2,6 +2,9 @@
 
 nova-compute monkey-patches the standard library before it loads a driver, so ``requests``
 sockets are green: a request or a long poll of a running operation never blocks the hub.
+Every request carries the global id of the Nova request it serves (``X-OpenStack-Request-ID``,
+from the oslo context Nova made current for it), which the agent's log lines carry beside
+their own request id: one grep follows an operation from nova-api to the agent.
 Errors keep the agent's stable code (``agent_code``: ``busy``,
 ``illegal-state``, ``not-found``, ``build-failed``, ...) so the driver can map each to Nova's
 exception.
@@ -11,6 +14,7 @@ import os
 import stat
 import time
 
+from oslo_context import context as oslo_context
 import requests
 from requests import adapters
 from urllib3.util import retry
@@ -102,6 +106,7 @@ class AgentClient(object):
     def request(self, method, path, body=None, params=None, timeout=None):
         try:
             resp = self._session.request(method, self.url + path, json=body, params=params,
+                                         headers=self._request_id(),
                                          timeout=timeout or self._timeout)
         except requests.RequestException as e:
             raise AgentUnavailable('unavailable', '%s %s: %s' % (method, path, e))
@@ -118,6 +123,14 @@ class AgentClient(object):
         if not resp.content:
             return None
         return resp.json()
+
+    @staticmethod
+    def _request_id():
+        """The header naming the Nova request this call serves: its global id (oslo.context's
+        ``global_id``: the caller's global request id, else its own), when one is current."""
+        ctx = oslo_context.get_current()
+        rid = getattr(ctx, 'global_id', None) if ctx is not None else None
+        return {'X-OpenStack-Request-ID': rid} if rid else None
 
     def health(self):
         return self.request('GET', '/healthz')
