@@ -1324,10 +1324,7 @@ cmd_nova_up() {
   # The ML2/OVN server posts to nova-api too (its neutron.conf is the other's).
   if alive neutron-ovn-server; then timed restart-neutron-ovn-server start_neutron_ovn_server; fi
   timed start-vireo-agent start_vireo_agent
-  bash "$REPO_DIR/driver/nova/install.sh" >"$LOG_DIR/nova-driver-install.log" 2>&1 || {
-    cat "$LOG_DIR/nova-driver-install.log" >&2
-    die "installing the vireo Nova driver failed"
-  }
+  install_nova_driver
   s=$(now)
   write_compute_driver_config vireo
   # A new driver (this checkout's) restarts nova-compute.
@@ -1351,9 +1348,20 @@ cmd_nova_up() {
   print_timings
 }
 
+# This checkout's driver package, beside python3-nova (what nova-compute loads), before any
+# start that stamps this checkout's driver files: a process started on an older installed
+# copy under a new stamp would keep it through the next nova-up.
+install_nova_driver() {
+  bash "$REPO_DIR/driver/nova/install.sh" >"$LOG_DIR/nova-driver-install.log" 2>&1 || {
+    cat "$LOG_DIR/nova-driver-install.log" >&2
+    die "installing the vireo Nova driver failed"
+  }
+}
+
 cmd_nova_compute_driver() { # host A's nova-compute restarted on another driver
   local driver=$1 since
   alive nova-compute || die "no nova-compute here: host-setup.sh nova-up first"
+  install_nova_driver
   if [[ $driver == libvirt ]]; then
     "$PY" -c 'import libvirt' 2>/dev/null || die "Nova's libvirt driver needs python3-libvirt"
     detect_domain_type # the one vireo's agent uses here

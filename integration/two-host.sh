@@ -589,6 +589,16 @@ forced_down_b() {
     -d "{\"forced_down\": $2}" "$api/$id" >/dev/null
 }
 
+# The driver package both nova-computes load is host A's (one filesystem): this checkout's,
+# installed before a start names it in nova-compute.sum (a process started on an older copy
+# under a new sum would keep it through the next nova-up).
+install_nova_driver() {
+  bash "$SCRIPT_DIR"/../driver/nova/install.sh >"$LOG/nova-driver-install.log" 2>&1 || {
+    cat "$LOG/nova-driver-install.log" >&2
+    die "installing the vireo Nova driver failed"
+  }
+}
+
 write_nova_b_configs() {
   local domain_type=qemu network form neutron_port=9696 bridge=br-int
   [[ -e /dev/kvm ]] && domain_type=kvm
@@ -716,7 +726,8 @@ cmd_nova_up() {
   record hostb-vireo-agent "$s"
   s=$(now)
   # The driver package is host A's (one filesystem): a new driver or configuration restarts
-  # nova-compute.
+  # nova-compute, on this checkout's driver installed first.
+  install_nova_driver
   sum=$(cat "$NOVA_B_CONF" "$SCRIPT_DIR"/../driver/nova/nova/virt/vireo/*.py | md5sum)
   if alive_b nova-compute && [[ $(cat "$RUN/nova-compute.sum" 2>/dev/null) != "$sum" ]]; then
     stop_pid nova-compute 30 alive_b
@@ -906,6 +917,8 @@ cmd_nova_compute_driver() {
     ssh_up
   fi
   write_nova_b_driver_config "$driver"
+  # This checkout's driver, installed (host A's filesystem) before the sum below names it.
+  install_nova_driver
   # Stopped first: the old process reports until it exits (host-setup.sh's reason).
   stop_pid nova-compute 30 alive_b
   if [[ $driver == vireo ]]; then
