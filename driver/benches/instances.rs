@@ -339,7 +339,10 @@ fn main() {
             "plain" => plain_run(n, 4, &payload),
             other => panic!("INSTANCES_BENCH_ONLY={other}: vireo or plain"),
         };
-        println!("{side}: {n} instances in {:.0} ms", took.as_secs_f64() * 1000.0);
+        println!(
+            "{side}: {n} instances in {:.0} ms",
+            took.as_secs_f64() * 1000.0
+        );
         return;
     }
     let mut ratios = Vec::new();
