@@ -128,8 +128,7 @@ class AgentClient(object):
     def _request_id():
         """The header naming the Nova request this call serves: its global id (oslo.context's
         ``global_id``: the caller's global request id, else its own), when one is current."""
-        ctx = oslo_context.get_current()
-        rid = getattr(ctx, 'global_id', None) if ctx is not None else None
+        rid = getattr(oslo_context.get_current(), 'global_id', None)
         return {'X-OpenStack-Request-ID': rid} if rid else None
 
     def health(self):
