@@ -272,6 +272,14 @@ class Host(object):
         return subprocess.run(['virsh', '-c', self.libvirt_uri, 'list', '--all', '--uuid'],
                               capture_output=True, text=True, check=True).stdout.split()
 
+    def migrating_out(self, server_id):
+        """True while libvirt on this host runs an outgoing migration job of the server's
+        domain (`virsh domjobinfo`): the agent names its phase before its call reaches
+        libvirt."""
+        info = subprocess.run(['virsh', '-c', self.libvirt_uri, 'domjobinfo', server_id],
+                              capture_output=True, text=True).stdout
+        return 'Outgoing migration' in info
+
     def log_offset(self, log=None):
         log = log or self.log
         return log.stat().st_size if log.exists() else 0

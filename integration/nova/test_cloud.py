@@ -720,8 +720,11 @@ def test_an_agent_killed_during_a_live_migration(cloud, flavor, image, host_b, v
         host_b.run('iptables', '-I', *stall)
         cloud.cli('--os-compute-api-version', '2.30', 'server', 'migrate', '--live-migration',
                   '--host', host_b.name, name)
+        # The agent names its phase "migrate" just before its call reaches libvirt: a kill
+        # in between would stop a migration that never started. Wait for libvirt's own job.
         _until_operation(host_a, sid, 'the migration',
-                         lambda o: o.get('phase', '').startswith('migrate'))
+                         lambda o: o.get('phase', '').startswith('migrate')
+                         and host_a.migrating_out(sid))
         killed.kill_agent()
         if kill == 'kept-down':
             host_b.run('iptables', '-D', *stall)
