@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """vireo.VireoDriver and Nova's own libvirt.LibvirtDriver side by side on one cloud.
 
-    integration/nova/side_by_side.py [--runs 5] [--moves] [--only delete|revert]
+    integration/nova/side_by_side.py [--runs 5] [--moves] [--only delete|revert] [--cpu]
                                      [--json FILE] [--markdown FILE]
 
 The same server goes through the same operations on host A's nova-compute, once on each
@@ -12,7 +12,8 @@ qemu:///system) stays the same. Each operation is timed from the API call that s
 the server's arrival in its end state, polled every 0.2 s through nova-api; interface attach
 is a synchronous call and is timed as such. After each driver's turn: the event timeouts and
 unexpected plug events nova-compute logged meanwhile, and what the host still holds of the
-deleted server (domain, devices, instance directories, ports).
+deleted server (domain, devices, instance directories, ports). With --cpu, also the CPU time
+each of the tier's processes (by kind and host) spent during each operation, from /proc.
 
 Needs `host-setup.sh up --with-neutron` and `host-setup.sh nova-up`; host B's nova-compute,
 if it runs, is disabled meanwhile so that every resize stays on host A. Leaves host A's
@@ -35,6 +36,7 @@ takes host A's root with a key of the tier's). Leaves both on vireo.
 
 import argparse
 import json
+import os
 import pathlib
 import re
 import statistics
@@ -63,6 +65,22 @@ DELETE_PARTS = (
         r'Took ([0-9.]+) seconds to deallocate network for instance')),
 )
 UNEXPECTED = re.compile(r'Received unexpected event network-vif-plugged')
+# --cpu: the tier's processes by what their command line holds, first match wins; host B's
+# (under its state directory; a qemu by its libvirtd's `tini`) get " B". A process's CPU time
+# is its user + system time and that of the children it waited for (a short-lived `ip` or
+# `iptables-restore` counts for the agent that ran it); the `tini`s that reap each libvirtd's
+# guests are left out (a guest's whole life would count for its end).
+CPU_GROUPS = (
+    ('neutron-ovn.conf', 'neutron-server (OVN)'), ('neutron-server', 'neutron-server'),
+    ('neutron-openvswitch-agent', 'neutron OVS agent'),
+    ('neutron-linuxbridge-agent', 'neutron LB agent'), ('privsep-helper', 'neutron privsep'),
+    ('nova.cmd.api', 'nova-api'), ('nova.cmd.conductor', 'nova-conductor'),
+    ('nova.cmd.scheduler', 'nova-scheduler'), ('nova.cmd.compute', 'nova-compute'),
+    ('vireo agent', 'vireo agent'), ('libvirtd', 'libvirtd'), ('qemu-system', 'qemu'),
+    ('ovs-vswitchd', 'ovs-vswitchd'), ('ovsdb-server', 'ovsdb-server'), ('ovn-', 'OVN'),
+    ('mariadbd', 'MariaDB'), ('beam.smp', 'RabbitMQ'), ('glance-api', 'glance-api'),
+)
+CLK_TCK = os.sysconf('SC_CLK_TCK')
 POLL = 0.2
 # One operation may take Nova's whole vif_plugging_timeout (300 s) and its clean-up.
 OP_DEADLINE = 420
@@ -241,19 +259,63 @@ def leftovers(cloud, server_id, ports, hosts):
     return found
 
 
-def turn(cloud, ops, hosts):
-    """One driver's pass: seconds per operation, failures, log findings, leftovers."""
+def cpu_ticks():
+    """{pid: (group, CPU ticks)} of the tier's processes, and the machine's busy ticks."""
+    found, args = {}, {}
+    for entry in os.scandir('/proc'):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open('/proc/%s/cmdline' % entry.name, 'rb') as f:
+                args[entry.name] = f.read().replace(b'\0', b' ').decode(errors='replace')
+            with open('/proc/%s/stat' % entry.name) as f:
+                found[entry.name] = f.read().rsplit(')', 1)[1].split()
+        except OSError:
+            found.pop(entry.name, None)
+    groups = {}
+    for pid, fields in found.items():
+        group = next((g for key, g in CPU_GROUPS if key in args[pid]), None)
+        if group is None or args[pid].startswith('tini '):
+            continue
+        # After the command name: the parent is field 4, utime..cstime are fields 14-17.
+        where = args.get(fields[1], '') if group == 'qemu' else args[pid]
+        if 'hostb' in where:
+            group += ' B'
+        groups[int(pid)] = (group, sum(int(x) for x in fields[11:15]))
+    with open('/proc/stat') as f:
+        cpu = [int(x) for x in f.readline().split()[1:]]
+    busy = sum(cpu) - cpu[3] - cpu[4]
+    return groups, busy
+
+
+def cpu_spent(before, after):
+    """CPU seconds per group between two `cpu_ticks`, and the machine's ('all')."""
+    (procs0, busy0), (procs1, busy1) = before, after
+    spent = {'all': (busy1 - busy0) / CLK_TCK}
+    for pid, (group, ticks) in procs1.items():
+        was = procs0.get(pid)
+        ticks -= was[1] if was and was[0] == group else 0
+        spent[group] = spent.get(group, 0) + ticks / CLK_TCK
+    return {g: round(s, 2) for g, s in spent.items() if s > 0}
+
+
+def turn(cloud, ops, hosts, cpu=False):
+    """One driver's pass: seconds per operation (with `cpu`, the CPU seconds of the tier's
+    processes meanwhile), failures, log findings, leftovers."""
     offsets = [h.log_offset() for h in hosts]
-    state, times, failed = {}, {}, None
+    state, times, failed, cpus = {}, {}, None, {}
     ports = set()
     for name, op in ops:
         start = time.monotonic()
+        ticks = cpu_ticks() if cpu else None
         try:
             op(state)
         except (OperationFailed, AssertionError, requests.RequestException) as e:
             failed = '%s: %s' % (name, e)
             break
         times[name] = round(time.monotonic() - start, 2)
+        if cpu:
+            cpus[name] = cpu_spent(ticks, cpu_ticks())
         if 'server' in state and name != 'delete':
             ports.update(p['id'] for p in cloud.neutron_ports(device_id=state['server'].id))
     if failed and 'server' in state:
@@ -274,6 +336,7 @@ def turn(cloud, ops, hosts):
     server_id = state['server'].id if 'server' in state else None
     return {
         'seconds': times,
+        'cpu': cpus,
         'failed': failed,
         'timeouts': len(TIMEOUT.findall(log)),
         'unexpected_plug_events': len(UNEXPECTED.findall(log)),
@@ -311,6 +374,23 @@ def table(results, names):
     return '\n'.join(rows)
 
 
+def cpu_table(results, name):
+    """The median CPU seconds per process group during the operation `name`, by driver."""
+    per = {d: [t['cpu'][name] for t in results[d] if name in t.get('cpu', {})]
+           for d in DRIVERS}
+    groups = sorted({g for d in DRIVERS for c in per[d] for g in c})
+
+    def median(d, g):
+        return statistics.median([c.get(g, 0) for c in per[d]]) if per[d] else 0
+
+    groups.sort(key=lambda g: -max(median(d, g) for d in DRIVERS))
+    rows = ['| CPU s during %s (median) | vireo | libvirt |' % name, '|---|---|---|']
+    for g in groups:
+        if g == 'all' or max(median(d, g) for d in DRIVERS) >= 0.02:
+            rows.append('| %s | %.2f | %.2f |' % (g, median('vireo', g), median('libvirt', g)))
+    return '\n'.join(rows)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument('--runs', type=int, default=5)
@@ -318,6 +398,8 @@ def main():
                         help='moves between hosts A and B instead')
     parser.add_argument('--only', choices=sorted(FOCUS),
                         help='one operation and only what it needs (see FOCUS)')
+    parser.add_argument('--cpu', action='store_true',
+                        help="the CPU time of the tier's processes during each operation")
     parser.add_argument('--json', type=pathlib.Path)
     parser.add_argument('--markdown', type=pathlib.Path)
     args = parser.parse_args()
@@ -347,7 +429,7 @@ def main():
         for run in range(args.runs):
             for driver in (DRIVERS if run % 2 == 0 else DRIVERS[::-1]):
                 switch(driver, hosts)
-                result = turn(cloud, ops, hosts)
+                result = turn(cloud, ops, hosts, args.cpu)
                 result['run'] = run
                 results[driver].append(result)
                 print('run %d %-7s %s' % (run, driver, json.dumps(result)), flush=True)
@@ -359,6 +441,8 @@ def main():
             cloud.nova('DELETE', '/flavors/%s' % f)
         cloud.cli('image', 'delete', image, check=False)
     markdown = table(results, [name for name, _ in ops] + [p for p, _ in DELETE_PARTS])
+    if args.cpu:
+        markdown += ''.join('\n\n' + cpu_table(results, name) for name, _ in ops)
     print('\nfirewall driver: %s, %d runs\n\n%s' % (firewall, args.runs, markdown))
     if args.json:
         args.json.write_text(json.dumps({'firewall': firewall, 'results': results}, indent=1))
