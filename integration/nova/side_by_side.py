@@ -306,8 +306,8 @@ def turn(cloud, ops, hosts, cpu=False):
     state, times, failed, cpus = {}, {}, None, {}
     ports = set()
     for name, op in ops:
-        start = time.monotonic()
         ticks = cpu_ticks() if cpu else None
+        start = time.monotonic()
         try:
             op(state)
         except (OperationFailed, AssertionError, requests.RequestException) as e:
