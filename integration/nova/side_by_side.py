@@ -51,6 +51,7 @@ from conftest import Cloud
 from conftest import leaks
 from conftest import NOVA_URL
 from conftest import STATE_DIR
+from conftest import write_halting_image
 
 HOST_SETUP = pathlib.Path(__file__).resolve().parents[1] / 'host-setup.sh'
 TWO_HOST = pathlib.Path(__file__).resolve().parents[1] / 'two-host.sh'
@@ -407,7 +408,7 @@ def main():
     cloud = Cloud()
     firewall = (STATE_DIR / 'firewall').read_text().strip()
     image_path = STATE_DIR / 'nova-test-image.raw'
-    image_path.write_bytes(b'\0' * (1 << 20))
+    write_halting_image(image_path)
     image = cloud.cli('image', 'create', '--disk-format', 'raw', '--container-format', 'bare',
                       '--file', str(image_path), 'vireo-sbs-%s' % uuid.uuid4().hex[:8],
                       '-f', 'json')['id']

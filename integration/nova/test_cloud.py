@@ -85,7 +85,7 @@ def test_a_server_lives_and_dies_on_vireo(cloud, flavor, image, hybrid):
     assert {e['tag'] for w in plugged for e in w['expected']} == set(ports)
 
     # The serial console log virtlogd keeps for the guest is what `console log show` prints.
-    # The zero image's guest writes nothing to its serial port, so a line is appended the way
+    # The halting image's guest writes nothing to its serial port, so a line is appended the way
     # virtlogd appends the guest's output.
     log = STATE_DIR / 'vireo-agent' / 'instances' / sid / 'console.log'
     marker = 'vireo-console-%s' % uuid.uuid4().hex[:8]
@@ -382,8 +382,8 @@ def test_a_build_that_fails_on_this_host_is_rescheduled_to_host_b(
 def test_an_interface_is_attached_and_a_detach_the_guest_ignores_is_refused(
         cloud, flavor, image, hybrid):
     """`server add port` hot-plugs the user's port (plugged, bound, its event awaited);
-    `server remove port` asks the guest to release it, and the zero image's guest, which
-    never boots, never does: the detach fails and nothing is taken from under the guest
+    `server remove port` asks the guest to release it, and the halting image's guest, which
+    runs no OS, never does: the detach fails and nothing is taken from under the guest
     (the port stays on the server, bound and plugged here)."""
     host_a = cloud.host_a
     offset = host_a.log_offset()
