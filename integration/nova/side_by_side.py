@@ -2,7 +2,7 @@
 """vireo.VireoDriver and Nova's own libvirt.LibvirtDriver side by side on one cloud.
 
     integration/nova/side_by_side.py [--runs 5] [--moves] [--only delete|revert] [--cpu]
-                                     [--json FILE] [--markdown FILE]
+                                     [--settle] [--json FILE] [--markdown FILE]
 
 The same server goes through the same operations on host A's nova-compute, once on each
 driver per run, the drivers' order alternating from run to run (vireo first in even runs).
@@ -14,6 +14,8 @@ is a synchronous call and is timed as such. After each driver's turn: the event 
 unexpected plug events nova-compute logged meanwhile, and what the host still holds of the
 deleted server (domain, devices, instance directories, ports). With --cpu, also the CPU time
 each of the tier's processes (by kind and host) spent during each operation, from /proc.
+With --settle, each operation on a running server starts once its guest has gone idle (as a
+user acts on a server they have seen up, not in its first second); the wait is not timed.
 
 Needs `host-setup.sh up --with-neutron` and `host-setup.sh nova-up`; host B's nova-compute,
 if it runs, is disabled meanwhile so that every resize stays on host A. Leaves host A's
@@ -83,6 +85,10 @@ CPU_GROUPS = (
 )
 CLK_TCK = os.sysconf('SC_CLK_TCK')
 POLL = 0.2
+# --settle: the guests are idle when they spend at most this share of one CPU over the window.
+SETTLE_IDLE = 0.1
+SETTLE_WINDOW = 1.0
+SETTLE_LIMIT = 60.0
 # One operation may take Nova's whole vif_plugging_timeout (300 s) and its clean-up.
 OP_DEADLINE = 420
 
@@ -300,13 +306,31 @@ def cpu_spent(before, after):
     return {g: round(s, 2) for g, s in spent.items() if s > 0}
 
 
-def turn(cloud, ops, hosts, cpu=False):
+def settle(limit=SETTLE_LIMIT):
+    """Waits until the tier's guests spend at most SETTLE_IDLE of a CPU over SETTLE_WINDOW
+    (a guest that booted the halting image, once its firmware is done), at most `limit`
+    seconds; returns the seconds waited."""
+    start = time.monotonic()
+    while True:
+        before = cpu_ticks()
+        time.sleep(SETTLE_WINDOW)
+        spent = cpu_spent(before, cpu_ticks())
+        guests = sum(s for g, s in spent.items() if g.startswith('qemu'))
+        waited = time.monotonic() - start
+        if guests <= SETTLE_IDLE * SETTLE_WINDOW or waited >= limit:
+            return round(waited, 2)
+
+
+def turn(cloud, ops, hosts, cpu=False, settled=False):
     """One driver's pass: seconds per operation (with `cpu`, the CPU seconds of the tier's
-    processes meanwhile), failures, log findings, leftovers."""
+    processes meanwhile; with `settled`, each operation on a running server started once its
+    guest was idle), failures, log findings, leftovers."""
     offsets = [h.log_offset() for h in hosts]
-    state, times, failed, cpus = {}, {}, None, {}
+    state, times, failed, cpus, waits = {}, {}, None, {}, {}
     ports = set()
     for name, op in ops:
+        if settled and 'server' in state:
+            waits[name] = settle()
         ticks = cpu_ticks() if cpu else None
         start = time.monotonic()
         try:
@@ -338,6 +362,7 @@ def turn(cloud, ops, hosts, cpu=False):
     return {
         'seconds': times,
         'cpu': cpus,
+        'settled': waits,
         'failed': failed,
         'timeouts': len(TIMEOUT.findall(log)),
         'unexpected_plug_events': len(UNEXPECTED.findall(log)),
@@ -401,6 +426,8 @@ def main():
                         help='one operation and only what it needs (see FOCUS)')
     parser.add_argument('--cpu', action='store_true',
                         help="the CPU time of the tier's processes during each operation")
+    parser.add_argument('--settle', action='store_true',
+                        help='start each operation on a running server once its guest is idle')
     parser.add_argument('--json', type=pathlib.Path)
     parser.add_argument('--markdown', type=pathlib.Path)
     args = parser.parse_args()
@@ -430,7 +457,7 @@ def main():
         for run in range(args.runs):
             for driver in (DRIVERS if run % 2 == 0 else DRIVERS[::-1]):
                 switch(driver, hosts)
-                result = turn(cloud, ops, hosts, args.cpu)
+                result = turn(cloud, ops, hosts, args.cpu, args.settle)
                 result['run'] = run
                 results[driver].append(result)
                 print('run %d %-7s %s' % (run, driver, json.dumps(result)), flush=True)
