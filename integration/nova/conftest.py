@@ -57,6 +57,16 @@ def write_halting_image(path):
     path.write_bytes(bytes(disk))
 
 
+def upload_halting_image(cloud, prefix):
+    """The halting image, written under the state directory and uploaded to Glance as
+    `<prefix>-<8 hex>`; returns its id."""
+    path = STATE_DIR / 'nova-test-image.raw'
+    write_halting_image(path)
+    name = '%s-%s' % (prefix, uuid.uuid4().hex[:8])
+    return cloud.cli('image', 'create', '--disk-format', 'raw', '--container-format', 'bare',
+                     '--file', str(path), name, '-f', 'json')['id']
+
+
 def _env_file():
     values = {}
     for line in (STATE_DIR / 'neutron.env').read_text().splitlines():
@@ -402,13 +412,9 @@ def kept_wired(hybrid):
 def image(cloud):
     """The halting image (`write_halting_image`): domains start and VIFs plug; no guest OS
     is needed for Nova."""
-    path = STATE_DIR / 'nova-test-image.raw'
-    write_halting_image(path)
-    name = 'vireo-test-%s' % uuid.uuid4().hex[:8]
-    img = cloud.cli('image', 'create', '--disk-format', 'raw', '--container-format', 'bare',
-                    '--file', str(path), name, '-f', 'json')
-    yield img['id']
-    cloud.cli('image', 'delete', img['id'], check=False)
+    image_id = upload_halting_image(cloud, 'vireo-test')
+    yield image_id
+    cloud.cli('image', 'delete', image_id, check=False)
 
 
 def _flavor(cloud, vcpus, ram, disk):

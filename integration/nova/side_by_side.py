@@ -53,7 +53,7 @@ from conftest import Cloud
 from conftest import leaks
 from conftest import NOVA_URL
 from conftest import STATE_DIR
-from conftest import write_halting_image
+from conftest import upload_halting_image
 
 HOST_SETUP = pathlib.Path(__file__).resolve().parents[1] / 'host-setup.sh'
 TWO_HOST = pathlib.Path(__file__).resolve().parents[1] / 'two-host.sh'
@@ -434,11 +434,7 @@ def main():
 
     cloud = Cloud()
     firewall = (STATE_DIR / 'firewall').read_text().strip()
-    image_path = STATE_DIR / 'nova-test-image.raw'
-    write_halting_image(image_path)
-    image = cloud.cli('image', 'create', '--disk-format', 'raw', '--container-format', 'bare',
-                      '--file', str(image_path), 'vireo-sbs-%s' % uuid.uuid4().hex[:8],
-                      '-f', 'json')['id']
+    image = upload_halting_image(cloud, 'vireo-sbs')
     flavors = [flavor(cloud, 1, 128, 1), flavor(cloud, 2, 192, 2), flavor(cloud, 1, 160, 2)]
     hosts = [cloud.host_a]
     if args.moves:
