@@ -653,7 +653,12 @@ fn recovered_state(recorded: InstanceState, power: PowerState) -> InstanceState 
     match (recorded, power) {
         // A build that never finished stays one, whatever its domain does (it was started
         // paused): recovery rolls it back.
-        (S::Building | S::ResizeSource | S::ResizeTarget | S::Error | S::Suspended, _) => recorded,
+        // A confirmed resize's source recorded as gone before its removal: left behind,
+        // removed by its actor.
+        (
+            S::Building | S::ResizeSource | S::ResizeTarget | S::Error | S::Suspended | S::Gone,
+            _,
+        ) => recorded,
         (_, PowerState::Running) => S::Running,
         (_, PowerState::Paused) => S::Paused,
         (_, PowerState::Suspended) => S::Suspended,

@@ -340,6 +340,17 @@ class Host(object):
                     found.append('%s: device %s%s' % (self.name, prefix, short))
         return found
 
+    def leaks_once_removed(self, server_id, ports, within=10):
+        """`leaks` once this host's removal of a server that left it ended (at most
+        `within` s): a confirmed resize's source answers Nova once the old instance is off
+        and recorded as gone, and removes it right after."""
+        deadline = time.monotonic() + within
+        while True:
+            found = self.leaks(server_id, ports)
+            if not found or time.monotonic() >= deadline:
+                return found
+            time.sleep(0.1)
+
 
 def compute_log_offset():
     path = LOG / 'nova-compute.log'

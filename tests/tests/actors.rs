@@ -325,7 +325,9 @@ fn sample(req: Request, vif: &Vif, handover: &Handover) -> Operation {
             caller: None,
         },
         Request::ConfirmResize => Operation::ConfirmResize {},
-        Request::ConfirmResizeSource => Operation::ConfirmResizeSource {},
+        Request::ConfirmResizeSource => Operation::ConfirmResizeSource {
+            remove_after: false,
+        },
         Request::RevertResize => Operation::RevertResize {},
         Request::FinishRevertResize => Operation::FinishRevertResize { caller: None },
         Request::LiveMigrate => Operation::LiveMigrate(Box::new(LiveMigrateArgs::of(&migration))),

@@ -139,18 +139,82 @@ async fn a_resize_nova_runs_is_finished_by_the_destination_and_confirmed_on_the_
         .await
         .unwrap();
 
+    // Nova's confirm: answered once the old instance left h1, removed right after.
     h1.driver
-        .run(id, Operation::ConfirmResizeSource {})
+        .run(id, Operation::ConfirmResizeSource { remove_after: true })
         .await
         .unwrap();
     assert!(matches!(
         h1.driver.show(id).await,
         Err(InstanceError::Refused(AdmissionError::NotFound(_)))
     ));
-    assert!(h1.plugger.plugged().is_empty());
-    assert!(h1.driver.libvirt().list_all().await.unwrap().is_empty());
+    assert!(!h1.driver.knows(id).await);
+    // Asked again (while the removal runs, or after): not here, which Nova's driver takes
+    // as confirmed.
+    let again = h1
+        .driver
+        .run(id, Operation::ConfirmResizeSource { remove_after: true })
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(again, InstanceError::Refused(AdmissionError::NotFound(_))),
+        "{again:?}"
+    );
+    removed_from(&c, "h1", id).await;
     for p in ports {
         assert_eq!(c.port(p).await.host_id, "h2");
+    }
+    c.destroy_and_assert_clean(&[id], &[]).await;
+}
+
+/// Nothing of the instance is left on `host` — domain, devices, disks — once its removal
+/// after the answer ended (5 s at most).
+async fn removed_from(c: &TestCloud, host: &str, id: uuid::Uuid) {
+    let h = c.host(host);
+    let dir = c.instances_dir(host).join(id.to_string());
+    eventually(
+        Duration::from_secs(5),
+        "the old instance removed",
+        || async {
+            let domains = h.driver.libvirt().list_all().await.unwrap();
+            (h.plugger.plugged().is_empty() && domains.is_empty() && !dir.exists()).then_some(())
+        },
+    )
+    .await;
+}
+
+/// The agent on the source stops after Nova's confirm was answered and before the old
+/// instance was removed: its domain says the instance left, and the restarted agent removes
+/// it without being asked (Nova asks nothing more of the source).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_confirmed_source_recorded_as_gone_is_removed_by_the_restarted_agent() {
+    let c = spec(&["h1", "h2"]).start().await;
+    let (id, _, ports) = resized_to_h2_by_nova(&c, "vm-nova-rg").await;
+    let mut domains = c.dump_domains().await;
+    // What the confirm writes before it answers: the record, in state gone.
+    let source = domains.get_mut("h1").unwrap();
+    let recorded = r#""state":"resize-source""#;
+    assert_eq!(source.matches(recorded).count(), 1, "{source}");
+    *source = source.replace(recorded, r#""state":"gone""#);
+    let remains = c.crash();
+    let c = TestCloud::restart(remains, domains).await;
+    let h1 = c.host("h1");
+    let recovered = h1.driver.recovery().clone();
+    assert!(
+        recovered
+            .instances
+            .iter()
+            .any(|i| i.uuid == id && i.state == InstanceState::Gone),
+        "{recovered:?}"
+    );
+    assert!(!h1.driver.knows(id).await);
+    removed_from(&c, "h1", id).await;
+    assert_eq!(
+        c.host("h2").driver.show(id).await.unwrap().state,
+        InstanceState::Running
+    );
+    for p in &ports {
+        assert_eq!(c.port(*p).await.host_id, "h2");
     }
     c.destroy_and_assert_clean(&[id], &[]).await;
 }

@@ -11,6 +11,12 @@
 //! leftovers on the next resync (libvirt reconnected) or destroy — never releasing the
 //! networking, which belongs to the host that has the instance — and then leaves. While it
 //! stays registered, the recovery after a reconnect does not adopt the domain again.
+//!
+//! A confirmed resize's source under Nova (`remove_after`) leaves that way on purpose: it
+//! answers once its domain is off and recorded as gone, and its actor removes the old
+//! instance at once, before it takes another request (any but destroy is `not found` from
+//! the answer on). A domain recorded as gone is recovered as left behind at start-up and
+//! removed then.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -164,6 +170,11 @@ impl InstanceActor {
     /// Whether the instance takes `request` now (see [`super::admission`]).
     fn refuse(&self, request: &Operation) -> Option<AdmissionError> {
         let kind = request.kind();
+        // An instance that left this host is not here, whether or not what it left is being
+        // removed (a confirmed resize's source asked again while its removal runs).
+        if self.state == InstanceState::Gone {
+            return Some(AdmissionError::NotFound(self.uuid));
+        }
         if let Some(running) = &self.running {
             return Some(AdmissionError::Busy {
                 running: running.request,
@@ -173,7 +184,7 @@ impl InstanceActor {
             return Some(AdmissionError::Unavailable);
         }
         if !accepts(self.state, kind) {
-            if matches!(self.state, InstanceState::Absent | InstanceState::Gone) {
+            if self.state == InstanceState::Absent {
                 return Some(AdmissionError::NotFound(self.uuid));
             }
             return Some(AdmissionError::IllegalState {
@@ -364,12 +375,14 @@ impl InstanceActor {
             state: self.state,
             report,
         });
-        self.after_op(ctx);
+        self.after_op(request, ctx);
         reply
     }
 
-    /// Run queued destroys, or leave once nothing of the instance is here.
-    fn after_op(&mut self, ctx: &mut Context<Self>) {
+    /// Run queued destroys, or leave once nothing of the instance is here. A confirmed
+    /// resize's source that answered before its removal (`remove_after`) removes the old
+    /// instance now, before anything else the actor is asked.
+    fn after_op(&mut self, request: Request, ctx: &mut Context<Self>) {
         if !self.queued_destroys.is_empty() {
             let waiters = std::mem::take(&mut self.queued_destroys);
             let args = DestroyArgs {
@@ -390,6 +403,10 @@ impl InstanceActor {
             return;
         }
         if self.left_behind() && !self.stopping {
+            if request == Request::ConfirmResizeSource {
+                self.remove_leftovers(ctx);
+                return;
+            }
             info!(instance = %self.uuid, "gone from this host; libvirt keeps some of it: removed on the next resync or destroy");
             return;
         }
@@ -556,8 +573,13 @@ impl InstanceActor {
 impl Actor for InstanceActor {
     type Context = Context<Self>;
 
-    fn started(&mut self, _ctx: &mut Self::Context) {
+    fn started(&mut self, ctx: &mut Self::Context) {
         debug!(instance = %self.uuid, state = %self.state, "instance actor started");
+        // Recovered as gone (an agent stopped between a confirmed resize's answer and the
+        // removal of the old instance): removed now.
+        if self.left_behind() {
+            self.remove_leftovers(ctx);
+        }
     }
 }
 

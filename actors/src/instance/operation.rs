@@ -77,7 +77,16 @@ pub enum Operation {
     /// Where the resized instance runs: confirm.
     ConfirmResize {},
     /// Source of a confirmed resize: remove the old instance.
-    ConfirmResizeSource {},
+    ConfirmResizeSource {
+        /// Answer once the old instance is off and recorded as gone, then remove it (the
+        /// devices kept wired through the resize, the definition, the disks) right after,
+        /// as the leftovers of an instance that left this host. Nova's confirm waits for
+        /// none of that removal, and a failure in it is this host's to retry, not a fault
+        /// of the resized server. Without it (a destination's own confirm) the answer comes
+        /// once everything is removed.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        remove_after: bool,
+    },
     /// Where the resized instance runs: revert.
     RevertResize {},
     /// Source of a reverted resize: bring the instance back after the destination removed
@@ -168,7 +177,7 @@ impl Operation {
             Operation::Resize(_) => Request::Resize,
             Operation::FinishResize { .. } => Request::FinishResize,
             Operation::ConfirmResize {} => Request::ConfirmResize,
-            Operation::ConfirmResizeSource {} => Request::ConfirmResizeSource,
+            Operation::ConfirmResizeSource { .. } => Request::ConfirmResizeSource,
             Operation::RevertResize {} => Request::RevertResize,
             Operation::FinishRevertResize { .. } => Request::FinishRevertResize,
             Operation::LiveMigrate(_) => Request::LiveMigrate,

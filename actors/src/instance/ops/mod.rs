@@ -378,7 +378,9 @@ pub(crate) async fn dispatch(
         R::Resume {} => power::resume(op, record).await,
         R::Resize(args) => resize::resize(op, record, from, *args).await,
         R::ConfirmResize {} => resize::confirm_resize(op, record).await,
-        R::ConfirmResizeSource {} => resize::confirm_resize_source(op, record).await,
+        R::ConfirmResizeSource { remove_after } => {
+            resize::confirm_resize_source(op, record, remove_after).await
+        }
         R::RevertResize {} => resize::revert_resize(op, record).await,
         R::FinishRevertResize { caller } => resize::finish_revert_resize(op, record, caller).await,
         R::LiveMigrate(args) => migrate::live_migrate(op, record, from, *args).await,

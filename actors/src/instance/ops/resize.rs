@@ -408,7 +408,9 @@ pub(crate) async fn confirm_resize(op: &mut OpCtx, record: InstanceRecord) -> Fi
                 .peer(
                     &resize.migration.source_host,
                     "confirm-resize-source",
-                    Operation::ConfirmResizeSource {},
+                    Operation::ConfirmResizeSource {
+                        remove_after: false,
+                    },
                 )
                 .await
             {
@@ -434,8 +436,37 @@ pub(crate) async fn confirm_resize(op: &mut OpCtx, record: InstanceRecord) -> Fi
 }
 
 /// The source of a confirmed resize: remove the old instance (domain, kept devices).
-pub(crate) async fn confirm_resize_source(op: &mut OpCtx, record: InstanceRecord) -> Finished {
+///
+/// `remove_after` (Nova's confirm): answer once the domain is off and its record says the
+/// instance left, which is what a restarted agent reads; the instance actor then removes it
+/// at once as the leftovers of an instance gone from this host (see [`super::super::actor`]),
+/// before it takes another request. Measured: the removal of a hybrid plug's bridge and veth
+/// pair alone takes the kernel 60-80 ms, which the libvirt driver spends at the migration
+/// instead. Disks shared with the destination are never left to that removal (it would take
+/// them): with them, and if the record cannot be written, everything is removed first.
+pub(crate) async fn confirm_resize_source(
+    op: &mut OpCtx,
+    record: InstanceRecord,
+    remove_after: bool,
+) -> Finished {
     remove_probe(op, &record).await;
+    let shared = record.resize.as_ref().is_some_and(|r| r.shared_disks);
+    if remove_after && !shared {
+        op.phase("leave");
+        let mut left = record.clone();
+        left.state = InstanceState::Gone;
+        let off = async {
+            op.destroy_domain().await?;
+            op.save(&left, None).await
+        }
+        .await;
+        match off {
+            Ok(()) => return Finished::ok(InstanceState::Gone, Some(left)),
+            Err(e) => {
+                warn!(instance = %op.uuid, error = %e, "not recorded as gone: removing the old instance before the answer");
+            }
+        }
+    }
     op.phase("remove the old instance");
     match remove_domain(op, &record).await {
         Ok(()) => {

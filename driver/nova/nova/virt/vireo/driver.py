@@ -655,8 +655,10 @@ class VireoDriver(driver.ComputeDriver):
             self._act(instance, 'confirm-resize')
             return
         # Nova asks only the source: the destination's instance is an ordinary one already.
+        # The agent answers once the old instance is off and recorded as gone, and removes
+        # it (devices, definition, disks) right after: nothing of Nova's waits for that.
         try:
-            self._host_half(instance, 'confirm-resize-source')
+            self._host_half(instance, 'confirm-resize-source', remove_after=True)
         except exception.InstanceNotFound:
             LOG.debug('The source holds nothing of the instance any more', instance=instance)
 
