@@ -9,7 +9,9 @@
 //! timed test: it prints figures; it fails only if vireo itself fails.
 //!
 //! `INSTANCES_BENCH_ONLY=vireo|plain` runs one side once (after the warm-up), for a profiler
-//! (e.g. `valgrind --tool=callgrind`, which counts instructions whatever else the machine does).
+//! (e.g. `valgrind --tool=callgrind`, which counts instructions whatever else the machine does);
+//! `layer` and `layer4` run the plain loop's calls through vireo's libvirt layer alone (all
+//! instances at once, or 4 at a time), to split the gap (see `layer_run`).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::sync::atomic::AtomicU64;
@@ -237,6 +239,62 @@ fn plain_run(n: usize, threads: usize, payload: &(String, String)) -> Duration {
     start.elapsed()
 }
 
+/// The plain loop's calls through vireo's libvirt layer alone (its worker threads and
+/// queue, a uuid lookup per call, its lifecycle-event callbacks registered), `at_once`
+/// instances at a time: which part of the gap between vireo and the plain loop is the
+/// layer's, and which the actors' and the rest's (`INSTANCES_BENCH_ONLY=layer|layer4`;
+/// `LAYER_WORKERS` sets the layer's worker count, `PLAIN_THREADS` the plain loop's threads).
+async fn layer_run(n: usize, at_once: usize, payload: &(String, String)) -> Duration {
+    use vireo_actors::libvirt::{Libvirt, LibvirtConfig, Metadata};
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("layer.xml");
+    std::fs::write(&file, "<node/>\n").unwrap();
+    let mut cfg = LibvirtConfig::for_uri(format!("test://{}", file.display()));
+    if let Ok(w) = std::env::var("LAYER_WORKERS") {
+        cfg.workers = w.parse().unwrap();
+    }
+    let lv = Libvirt::open(cfg).await.unwrap();
+    let (template, meta) = payload;
+    let gate = Arc::new(tokio::sync::Semaphore::new(at_once));
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for i in 0..n {
+        let (lv, gate) = (lv.clone(), gate.clone());
+        let xml = template.replace("{name}", &format!("layer-{i}"));
+        let meta = Metadata {
+            xml: meta.clone(),
+            key: "vireo".into(),
+            uri: vireo_xml::metadata::NAMESPACE_URI.into(),
+        };
+        tasks.push(tokio::spawn(async move {
+            let _permit = gate.acquire().await.unwrap();
+            let id = lv.define_xml(xml, true).await.unwrap().uuid;
+            let boot = || async {
+                lv.start_paused(id).await.unwrap();
+                lv.resume(id).await.unwrap();
+            };
+            let set_meta = || async {
+                let _ = lv.is_active(id).await.unwrap();
+                lv.save_metadata(id, meta.clone()).await.unwrap();
+            };
+            boot().await;
+            set_meta().await;
+            set_meta().await;
+            let _ = lv.info(id).await.unwrap();
+            lv.destroy(id).await.unwrap();
+            boot().await;
+            set_meta().await;
+            let _ = lv.info(id).await.unwrap();
+            lv.destroy(id).await.unwrap();
+            lv.undefine(id).await.unwrap();
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    start.elapsed()
+}
+
 async fn idle_actor_memory(count: usize) -> (u64, usize) {
     let dir = tempfile::tempdir().unwrap();
     let c = cloud(dir.path()).await;
@@ -336,8 +394,14 @@ fn main() {
     if let Ok(side) = std::env::var("INSTANCES_BENCH_ONLY") {
         let took = match side.as_str() {
             "vireo" => rt.block_on(vireo_run(n)),
-            "plain" => plain_run(n, 4, &payload),
-            other => panic!("INSTANCES_BENCH_ONLY={other}: vireo or plain"),
+            "plain" => plain_run(
+                n,
+                std::env::var("PLAIN_THREADS").map_or(4, |t| t.parse().unwrap()),
+                &payload,
+            ),
+            "layer" => rt.block_on(layer_run(n, n, &payload)),
+            "layer4" => rt.block_on(layer_run(n, 4, &payload)),
+            other => panic!("INSTANCES_BENCH_ONLY={other}: vireo, plain, layer or layer4"),
         };
         println!(
             "{side}: {n} instances in {:.0} ms",
