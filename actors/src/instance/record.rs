@@ -196,6 +196,12 @@ impl DomainSettings {
 }
 
 impl InstanceRecord {
+    /// A resize under way whose disks are shared with the other host (resized in place):
+    /// not this host's to remove.
+    pub fn resize_shares_disks(&self) -> bool {
+        self.resize.as_ref().is_some_and(|r| r.shared_disks)
+    }
+
     /// The metadata element for this record as `host` saves it (the host is recorded as the
     /// domain's owner), with `operation` in flight.
     pub fn metadata(

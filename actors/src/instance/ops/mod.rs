@@ -151,7 +151,7 @@ pub(crate) async fn remove_domain(
     let undefined = op.undefine_domain().await;
     let removed = destroyed.and(unplugged).and(undefined);
     // A resize's disks shared with the other host are not this host's to remove.
-    let shared = record.resize.as_ref().is_some_and(|r| r.shared_disks);
+    let shared = record.resize_shares_disks();
     if removed.is_ok() && !record.storage.disks.is_empty() && !shared {
         let storage = op.deps.storage.clone();
         let uuid = op.uuid;

@@ -343,7 +343,7 @@ async fn give_up_copy(op: &mut OpCtx, record: &InstanceRecord, e: InstanceError)
     // record, gone but kept, and the actor removes it once libvirt is back
     // (never adopted again as a resize target by the recovery after a reconnect).
     let mut removed = remove_domain(op, record).await;
-    if removed.is_ok() && record.resize.as_ref().is_some_and(|r| r.shared_disks) {
+    if removed.is_ok() && record.resize_shares_disks() {
         // The source's disks, resized in place: the kept ones go back.
         let storage = op.deps.storage.clone();
         let uuid = op.uuid;
@@ -450,8 +450,7 @@ pub(crate) async fn confirm_resize_source(
     remove_after: bool,
 ) -> Finished {
     remove_probe(op, &record).await;
-    let shared = record.resize.as_ref().is_some_and(|r| r.shared_disks);
-    if remove_after && !shared {
+    if remove_after && !record.resize_shares_disks() {
         op.phase("leave");
         let mut left = record.clone();
         left.state = InstanceState::Gone;
