@@ -89,5 +89,9 @@ async fn a_non_tap_device_with_the_tap_name_is_refused_and_kept() {
         "{err}"
     );
     assert!(link_exists(&v.tap_name()), "not vireo's: left alone");
+    // A failed build unplugs every VIF: that must not delete a device that is not a tap
+    // (plug refused it as not vireo's).
+    p.unplug(&ctx(DomainForm::PreCreated), &v).await.unwrap();
+    assert!(link_exists(&v.tap_name()), "unplug deleted a foreign veth");
     run("ip", &["link", "del", &v.tap_name()]);
 }

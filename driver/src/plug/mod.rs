@@ -553,21 +553,6 @@ impl Run<'_> {
         Ok(())
     }
 
-    /// Delete the link `name` if present (a vireo-owned name).
-    async fn delete_link(&self, step: PlugStep, name: &str) -> Result<(), PlugError> {
-        self.step(step)?;
-        self.p
-            .netlink
-            .delete(name)
-            .await
-            .map(|_| ())
-            .map_err(|e| PlugError::Delete {
-                port: self.port,
-                device: name.to_owned(),
-                source: cause(e),
-            })
-    }
-
     /// Delete `name` when it is a link of `kind`; a link of another kind is not the one
     /// vireo made under that name (plug refuses it with `NameTaken`) and is left alone.
     async fn delete_link_of_kind(
@@ -607,7 +592,10 @@ impl Run<'_> {
     /// DeleteTap of the VIF's tap (refused unless it is a `tap...` name).
     async fn delete_tap(&self, vif: &Vif) -> Result<(), PlugError> {
         let tap = names::owned(vif.id, &vif.tap_name(), "tap")?;
-        self.delete_link(PlugStep::DeleteTap, &tap).await
+        // A device of another kind under the tap's name is not the one vireo made (plug
+        // refused it): a failed build's unplug must leave it where it is.
+        self.delete_link_of_kind(PlugStep::DeleteTap, &tap, KIND_TUN)
+            .await
     }
 
     async fn delete_bridge_if_empty(&self, name: &str) -> Result<(), String> {
