@@ -17,7 +17,7 @@
 #                            side-by-side in integration/nova/side_by_side.py)
 #   host-setup.sh vireo-agent-up (after nova-up: host A's vireo agent started again if it does
 #                            not answer; the Nova tier's agent-kill scenarios)
-#   host-setup.sh nova-network ovs|ovn|lb [libvirt-managed|pre-created] (after nova-up: the
+#   host-setup.sh nova-network ovs|ovn|lb [pre-created|libvirt-managed] (after nova-up: the
 #                            network every Nova service and vireo agent uses: ML2/openvswitch,
 #                            ML2/OVN, or the Linux bridge agents (nova-compute then runs as
 #                            their host, <hostname>-lb), and the form of vireo's native OVS
@@ -91,7 +91,7 @@ OVN_SUBNET_CIDR=198.18.0.0/24
 NOVA_NETWORK_FILE=$STATE_DIR/nova-network
 NOVA_NEUTRON_PORT=$NEUTRON_PORT
 NOVA_OVS_BRIDGE=br-int
-NOVA_OVS_FORM=libvirt-managed
+NOVA_OVS_FORM=pre-created
 COMPUTE_HOST=$HOST
 PY=/usr/bin/python3 # Debian's python: the one the neutron packages install into
 
@@ -749,11 +749,12 @@ restore_after_lb_agent() {
 # ML2/OVN
 
 ovn_sb() { ovn-sbctl --db="unix:$OVN_DIR/run/sb.sock" --timeout=10 "$@"; }
-# The Nova tier's Neutron and port form (NOVA_NETWORK_FILE): "ovs libvirt-managed" by default.
+# The Nova tier's Neutron and port form (NOVA_NETWORK_FILE): "ovs pre-created" by default
+# (the agent's own default form).
 nova_network() {
   local words=()
   [[ -s $NOVA_NETWORK_FILE ]] && read -r -a words <"$NOVA_NETWORK_FILE"
-  echo "${words[0]:-ovs} ${words[1]:-libvirt-managed}"
+  echo "${words[0]:-ovs} ${words[1]:-pre-created}"
 }
 # NOVA_NEUTRON_PORT, NOVA_OVS_BRIDGE, NOVA_OVS_FORM and COMPUTE_HOST of the Nova tier's network.
 nova_network_settings() {
@@ -1388,7 +1389,7 @@ set_ovn_hostname() {
 }
 
 cmd_nova_network() { # the Nova tier moved to another Neutron (and vireo's OVS port form)
-  local network=$1 form=${2:-libvirt-managed} start
+  local network=$1 form=${2:-pre-created} start
   start=$(now)
   [[ $network == ovs || $network == ovn || $network == lb ]] ||
     die "nova-network: ovs, ovn or lb, not $network"
@@ -1663,7 +1664,7 @@ vireo-agent-up)
   ;;
 nova-network)
   [[ ${#POS[@]} == 1 || ${#POS[@]} == 2 ]] ||
-    die "usage: host-setup.sh nova-network ovs|ovn|lb [libvirt-managed|pre-created]"
+    die "usage: host-setup.sh nova-network ovs|ovn|lb [pre-created|libvirt-managed]"
   cmd_nova_network "${POS[@]}"
   ;;
 neutron-firewall)

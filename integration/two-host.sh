@@ -475,12 +475,12 @@ OVN_BRIDGE=br-ovn
 
 ovn_sb() { ovn-sbctl --db="unix:$OVN_DIR/run/sb.sock" --timeout=10 "$@"; }
 have_ovn() { [[ -S $OVN_DIR/run/sb.sock ]] && ovn_sb --timeout=3 show >/dev/null 2>&1; }
-# The Nova tier's Neutron and port form (host-setup.sh nova-network): "ovs libvirt-managed" by
+# The Nova tier's Neutron and port form (host-setup.sh nova-network): "ovs pre-created" by
 # default; on ovn, host B's chassis reports nova-compute's host name, HB_NAME.
 nova_network() {
   local words=()
   [[ -s $STATE_DIR/nova-network ]] && read -r -a words <"$STATE_DIR/nova-network"
-  echo "${words[0]:-ovs} ${words[1]:-libvirt-managed}"
+  echo "${words[0]:-ovs} ${words[1]:-pre-created}"
 }
 # Host B's nova-compute (and agent) host: HB_NAME, or on lb its Linux bridge agent's host.
 compute_host_b() { if [[ $(nova_network) == lb\ * ]]; then echo "$HB_LB_HOST"; else echo "$HB_NAME"; fi; }

@@ -310,7 +310,10 @@ pub struct InstancesSection {
     /// `["/var/lib/vireo/images"]`.
     #[serde(default = "default_image_dirs")]
     pub image_dirs: Vec<PathBuf>,
-    /// `libvirt-managed` (default) or `pre-created`.
+    /// `pre-created` (default: vireo creates the tap and keeps it wired until it unplugs the
+    /// VIF, so a domain recreated by a reboot, start, resume or resize keeps its port up and
+    /// awaits no event) or `libvirt-managed` (libvirt creates and deletes the tap with the
+    /// domain; the OVS agent reports the port down and up again each time).
     #[serde(default = "default_ovs_native_form")]
     pub ovs_native_form: OvsNativeForm,
     /// Domain type: `kvm` (default), `qemu` (TCG) or `test`.
@@ -435,7 +438,7 @@ fn default_image_dirs() -> Vec<PathBuf> {
     vec![Path::new(DEFAULT_STATE_DIR).join("images")]
 }
 fn default_ovs_native_form() -> OvsNativeForm {
-    OvsNativeForm::LibvirtManaged
+    OvsNativeForm::PreCreated
 }
 fn default_domain_type() -> DomainTypeName {
     DomainTypeName::Kvm
@@ -1155,6 +1158,11 @@ mod tests {
         assert_eq!(cfg.libvirt_config().workers, 4);
         assert_eq!(cfg.libvirt_config().call_timeout_ms, 60_000);
         assert_eq!(cfg.instances_dir(), Path::new("/var/lib/vireo/instances"));
+        assert_eq!(
+            cfg.driver_config().instances.ovs_native_form,
+            DomainForm::PreCreated,
+            "native OVS taps are vireo's by default"
+        );
         let shared = parse(
             "[instances]\nstate_dir = \"/srv/vireo\"\ninstances_path = \"/mnt/nfs/instances\"\n",
         )
@@ -1246,7 +1254,7 @@ vif_plugging_is_fatal = false
 [instances]
 state_dir = "/srv/vireo"
 image_dirs = ["/srv/images", "/srv/kernels"]
-ovs_native_form = "pre-created"
+ovs_native_form = "libvirt-managed"
 
 [logging]
 json = true
@@ -1264,13 +1272,13 @@ level = "debug"
         assert!(!cfg.wait_policy().fatal);
         assert_eq!(
             cfg.instances.ovs_native_form.domain_form(),
-            DomainForm::PreCreated
+            DomainForm::LibvirtManaged
         );
         let d = cfg.driver_config();
         assert_eq!(d.host, "compute-1");
         assert!(matches!(d.network, NetworkConfig::Neutron(_)));
         assert!(matches!(d.plugging, PluggingConfig::Host(_)));
-        assert_eq!(d.instances.ovs_native_form, DomainForm::PreCreated);
+        assert_eq!(d.instances.ovs_native_form, DomainForm::LibvirtManaged);
         assert_eq!(
             d.instances.domain.console_dir.as_deref(),
             Some("/srv/vireo/instances")

@@ -27,7 +27,7 @@ def _nova_network():
     """The tier's Neutron and vireo's OVS port form (`host-setup.sh nova-network`)."""
     path = STATE_DIR / 'nova-network'
     words = path.read_text().split() if path.is_file() else []
-    return (words + ['ovs', 'libvirt-managed'][len(words):])[:2]
+    return (words + ['ovs', 'pre-created'][len(words):])[:2]
 
 
 # ML2/openvswitch's server and OVS agents, ML2/OVN's server (a second neutron-server, its
