@@ -414,9 +414,10 @@ def hybrid(cloud):
 @pytest.fixture(scope='session')
 def kept_wired(hybrid):
     """Does a resize's source keep its ports wired while the guest is away (hybrid plug's
-    qvo, or a tap vireo made itself: the pre-created form), so that Neutron reports them up
-    again as soon as Nova binds them back?"""
-    return hybrid or OVS_FORM == 'pre-created'
+    qvo, or a tap vireo made itself: the pre-created form, which applies to native OVS ports
+    only; a Linux bridge tap is always libvirt's), so that Neutron reports them up again as
+    soon as Nova binds them back?"""
+    return hybrid or (OVS_FORM == 'pre-created' and not LB)
 
 
 @pytest.fixture(scope='session')
